@@ -1,0 +1,273 @@
+"""A small expression IR for pointwise and reduction kernels over strided views.
+
+A kernel iterates over an outer `shape`; every outer element may reduce over `rshape`.
+`Idx(d)` is the coordinate of outer dim d for d < len(shape), and of reduce dim
+d - len(shape) otherwise. A `Load`/`Store` addresses its argument by an integer element
+index expression, so strides, offsets, broadcasting and gathers are all just indices.
+Arguments are bound at run time as (allocation, byte offset), so the index never carries
+the view's storage offset.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, fields
+from typing import Any, Sequence, Union
+
+from aotrt.errors import InvalidArgument, ProgramError
+
+Scalar = Union[int, float, bool]
+
+FLOAT_DTYPES = ("float32", "float16", "bfloat16")
+INT_DTYPES = ("int64", "int32", "int16", "int8", "uint8")
+DTYPES = FLOAT_DTYPES + INT_DTYPES + ("bool",)
+
+UNARY_OPS = frozenset({
+    "neg", "abs", "exp", "exp2", "log", "log2", "log1p", "expm1", "sqrt", "rsqrt", "tanh",
+    "sigmoid", "relu", "erf", "sin", "cos", "tan", "atan", "floor", "ceil", "round", "trunc",
+    "reciprocal", "sign", "not", "isnan", "isinf", "bitwise_not", "gelu", "gelu_tanh", "silu",
+})
+BINARY_OPS = frozenset({
+    "add", "sub", "mul", "div", "floordiv", "truncdiv", "mod", "fmod", "pow", "maximum",
+    "minimum", "lt", "le", "gt", "ge", "eq", "ne", "and", "or", "xor", "bitwise_and",
+    "bitwise_or", "bitwise_xor", "atan2", "shl", "shr",
+})
+OTHER_OPS = frozenset({"where", "cast"})
+REDUCE_OPS = frozenset({"sum", "prod", "max", "min", "any", "all"})
+
+
+class Expr:
+    """Base of IR expressions; subclasses are frozen dataclasses with a `dtype`."""
+
+    dtype: str
+
+
+@dataclass(frozen=True)
+class Const(Expr):
+    """A literal value of a dtype."""
+
+    value: Scalar
+    dtype: str
+
+
+@dataclass(frozen=True)
+class Idx(Expr):
+    """The iteration coordinate of dim `dim` (outer dims first, then reduce dims)."""
+
+    dim: int
+    dtype: str = "int64"
+
+
+@dataclass(frozen=True)
+class Load(Expr):
+    """Element `index` of argument `arg`, read as `dtype` (the argument's dtype)."""
+
+    arg: int
+    index: Expr
+    dtype: str
+
+
+@dataclass(frozen=True)
+class Op(Expr):
+    """A pointwise operation whose result has dtype `dtype`."""
+
+    op: str
+    args: tuple[Expr, ...]
+    dtype: str
+
+
+@dataclass(frozen=True)
+class Reduce(Expr):
+    """A reduction of `body` over the kernel's whole reduce domain, per outer element."""
+
+    op: str
+    body: Expr
+    dtype: str
+
+
+@dataclass(frozen=True)
+class Store:
+    """Write `value` to element `index` of argument `arg`."""
+
+    arg: int
+    index: Expr
+    value: Expr
+
+
+@dataclass(frozen=True)
+class Arg:
+    """A kernel argument: a view of `dtype`, read ('r'), written ('w') or both ('rw')."""
+
+    dtype: str
+    mode: str
+
+
+@dataclass(frozen=True)
+class Kernel:
+    """One generated kernel: iteration shapes, arguments and stores."""
+
+    name: str
+    shape: tuple[int, ...]
+    rshape: tuple[int, ...]
+    args: tuple[Arg, ...]
+    stores: tuple[Store, ...]
+
+    def __post_init__(self) -> None:
+        validate(self)
+
+    @property
+    def numel(self) -> int:
+        """Number of outer elements (the grid size)."""
+        n = 1
+        for s in self.shape:
+            n *= s
+        return n
+
+    @property
+    def written_args(self) -> tuple[int, ...]:
+        """Indices of arguments the kernel writes."""
+        return tuple(i for i, a in enumerate(self.args) if "w" in a.mode)
+
+
+# ---------------------------------------------------------------------------------------------
+# builders
+
+
+def const(value: Scalar, dtype: str) -> Const:
+    """A literal."""
+    return Const(value, dtype)
+
+
+def strided_index(strides: Sequence[int], dims: Sequence[int] | None = None) -> Expr:
+    """The element index sum(Idx(d) * stride) over `dims` (default 0..len(strides)-1)."""
+    dims = range(len(strides)) if dims is None else dims
+    terms: list[Expr] = []
+    for d, s in zip(dims, strides):
+        if s == 0:
+            continue
+        term: Expr = Idx(d) if s == 1 else Op("mul", (Idx(d), Const(int(s), "int64")), "int64")
+        terms.append(term)
+    if not terms:
+        return Const(0, "int64")
+    out = terms[0]
+    for t in terms[1:]:
+        out = Op("add", (out, t), "int64")
+    return out
+
+
+def load(arg: int, strides: Sequence[int], dtype: str, dims: Sequence[int] | None = None) -> Load:
+    """Load argument `arg` through `strides` over iteration dims `dims`."""
+    return Load(arg, strided_index(strides, dims), dtype)
+
+
+def store(arg: int, strides: Sequence[int], value: Expr, dims: Sequence[int] | None = None) -> Store:
+    """Store `value` into argument `arg` through `strides`."""
+    return Store(arg, strided_index(strides, dims), value)
+
+
+def cast(x: Expr, dtype: str) -> Expr:
+    """`x` converted to `dtype` (no-op when already of it)."""
+    return x if x.dtype == dtype else Op("cast", (x,), dtype)
+
+
+# ---------------------------------------------------------------------------------------------
+# validation and (de)serialization
+
+
+def _walk(e: Expr, seen: set[int] | None = None):
+    yield e
+    if isinstance(e, Load):
+        yield from _walk(e.index)
+    elif isinstance(e, Op):
+        for a in e.args:
+            yield from _walk(a)
+    elif isinstance(e, Reduce):
+        yield from _walk(e.body)
+
+
+def validate(k: Kernel) -> None:
+    """Check a kernel's structure; raise InvalidArgument naming the fault."""
+    if not k.name.isidentifier():
+        raise InvalidArgument(f"kernel name {k.name!r} is not an identifier")
+    for s in (*k.shape, *k.rshape):
+        if not isinstance(s, int) or s < 0:
+            raise InvalidArgument(f"kernel {k.name}: bad iteration size {s!r}")
+    ndim = len(k.shape) + len(k.rshape)
+    for a in k.args:
+        if a.dtype not in DTYPES or a.mode not in ("r", "w", "rw"):
+            raise InvalidArgument(f"kernel {k.name}: bad argument {a!r}")
+    for st in k.stores:
+        if not 0 <= st.arg < len(k.args) or "w" not in k.args[st.arg].mode:
+            raise InvalidArgument(f"kernel {k.name}: store to non-output argument {st.arg}")
+        for root in (st.index, st.value):
+            for e in _walk(root):
+                _check_node(k, e, ndim)
+
+
+def _check_node(k: Kernel, e: Expr, ndim: int) -> None:
+    if e.dtype not in DTYPES:
+        raise InvalidArgument(f"kernel {k.name}: bad dtype {e.dtype!r}")
+    if isinstance(e, Idx) and not 0 <= e.dim < ndim:
+        raise InvalidArgument(f"kernel {k.name}: index dim {e.dim} out of range")
+    if isinstance(e, Load):
+        if not 0 <= e.arg < len(k.args) or e.dtype != k.args[e.arg].dtype:
+            raise InvalidArgument(f"kernel {k.name}: bad load of argument {e.arg}")
+    if isinstance(e, Op):
+        known = e.op in UNARY_OPS or e.op in BINARY_OPS or e.op in OTHER_OPS
+        arity = 1 if e.op in UNARY_OPS or e.op == "cast" else 3 if e.op == "where" else 2
+        if not known or len(e.args) != arity:
+            raise InvalidArgument(f"kernel {k.name}: bad op {e.op!r}/{len(e.args)}")
+    if isinstance(e, Reduce) and (e.op not in REDUCE_OPS or not k.rshape):
+        raise InvalidArgument(f"kernel {k.name}: bad reduction {e.op!r}")
+    if isinstance(e, Const) and not isinstance(e.value, (int, float, bool)):
+        raise InvalidArgument(f"kernel {k.name}: bad constant {e.value!r}")
+
+
+_NODE_TYPES = {c.__name__: c for c in (Const, Idx, Load, Op, Reduce, Store, Arg, Kernel)}
+
+
+def to_json(obj: Any) -> Any:
+    """A JSON-ready form of an IR object (nested lists and dicts)."""
+    if isinstance(obj, tuple(_NODE_TYPES.values())):
+        d = {"t": type(obj).__name__}
+        for f in fields(obj):
+            d[f.name] = to_json(getattr(obj, f.name))
+        return d
+    if isinstance(obj, (list, tuple)):
+        return [to_json(x) for x in obj]
+    if isinstance(obj, float) and obj != obj:
+        return {"t": "float", "v": "nan"}
+    if isinstance(obj, float) and obj in (float("inf"), float("-inf")):
+        return {"t": "float", "v": "inf" if obj > 0 else "-inf"}
+    return obj
+
+
+def from_json(obj: Any, depth: int = 0) -> Any:
+    """Rebuild IR objects from `to_json` output; raise ProgramError on anything malformed."""
+    if depth > 2000:
+        raise ProgramError("kernel IR nests too deeply")
+    if isinstance(obj, list):
+        return tuple(from_json(x, depth + 1) for x in obj)
+    if isinstance(obj, dict):
+        t = obj.get("t")
+        if t == "float":
+            return float(obj.get("v"))
+        cls = _NODE_TYPES.get(t)
+        if cls is None:
+            raise ProgramError(f"unknown IR node type {t!r}")
+        names = {f.name for f in fields(cls)}
+        if set(obj) - {"t"} != names:
+            raise ProgramError(f"IR node {t} has fields {sorted(obj)}, expected {sorted(names)}")
+        kwargs = {k: from_json(v, depth + 1) for k, v in obj.items() if k != "t"}
+        try:
+            return cls(**kwargs)
+        except (InvalidArgument, TypeError) as e:
+            raise ProgramError(f"bad IR node {t}: {e}") from None
+    if obj is None or isinstance(obj, (int, float, bool, str)):
+        return obj
+    raise ProgramError(f"unexpected IR value {obj!r}")
+
+
+def dumps(kernels: Sequence[Kernel]) -> str:
+    """Serialize kernels to a JSON string."""
+    return json.dumps(to_json(list(kernels)))

@@ -1,0 +1,360 @@
+"""Render kernel IR as C. `CStyleRenderer` is the shared base; `CRenderer` targets the cpu.
+
+Half-precision values are computed in float, as Inductor does, and rounded on store.
+"""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+from aotrt.kernels import ir
+
+COMPUTE_TYPE = {
+    "float32": "float", "float16": "float", "bfloat16": "float",
+    "int64": "int64_t", "int32": "int64_t", "int16": "int64_t", "int8": "int64_t",
+    "uint8": "int64_t", "bool": "bool",
+}
+
+_UNARY_FLOAT = {
+    "neg": "(-{0})", "abs": "fabsf({0})", "exp": "expf({0})", "exp2": "exp2f({0})",
+    "log": "logf({0})", "log2": "log2f({0})", "log1p": "log1pf({0})", "expm1": "expm1f({0})",
+    "sqrt": "sqrtf({0})", "rsqrt": "(1.0f / sqrtf({0}))", "tanh": "tanhf({0})",
+    "sigmoid": "(1.0f / (1.0f + expf(-({0}))))", "relu": "(({0}) > 0.0f ? ({0}) : 0.0f)",
+    "erf": "erff({0})", "sin": "sinf({0})", "cos": "cosf({0})", "tan": "tanf({0})",
+    "atan": "atanf({0})", "floor": "floorf({0})", "ceil": "ceilf({0})",
+    "round": "nearbyintf({0})", "trunc": "truncf({0})", "reciprocal": "(1.0f / ({0}))",
+    "sign": "(float)((({0}) > 0.0f) - (({0}) < 0.0f))", "isnan": "isnan({0})",
+    "isinf": "isinf({0})", "not": "(!({0}))",
+    "gelu": "(0.5f * ({0}) * (1.0f + erff(({0}) * 0.70710678118654752f)))",
+    "gelu_tanh": "(0.5f * ({0}) * (1.0f + tanhf(0.79788456080286536f * (({0}) + "
+                 "0.044715f * ({0}) * ({0}) * ({0})))))",
+    "silu": "(({0}) / (1.0f + expf(-({0}))))",
+}
+_UNARY_INT = {
+    "neg": "(-{0})", "abs": "llabs({0})", "relu": "(({0}) > 0 ? ({0}) : 0)",
+    "sign": "(int64_t)((({0}) > 0) - (({0}) < 0))", "not": "(!({0}))",
+    "bitwise_not": "(~({0}))", "isnan": "false", "isinf": "false",
+    "floor": "({0})", "ceil": "({0})", "round": "({0})", "trunc": "({0})",
+}
+_BINARY_FLOAT = {
+    "add": "(({0}) + ({1}))", "sub": "(({0}) - ({1}))", "mul": "(({0}) * ({1}))",
+    "div": "(({0}) / ({1}))", "truncdiv": "truncf(({0}) / ({1}))",
+    "floordiv": "floorf(({0}) / ({1}))", "pow": "powf({0}, {1})", "fmod": "fmodf({0}, {1})",
+    "mod": "aot_fmod_py({0}, {1})", "maximum": "aot_fmaxf({0}, {1})",
+    "minimum": "aot_fminf({0}, {1})", "atan2": "atan2f({0}, {1})",
+}
+_BINARY_INT = {
+    "add": "(({0}) + ({1}))", "sub": "(({0}) - ({1}))", "mul": "(({0}) * ({1}))",
+    "truncdiv": "(({0}) / ({1}))", "floordiv": "aot_floordiv({0}, {1})",
+    "mod": "aot_mod_py({0}, {1})", "fmod": "(({0}) % ({1}))",
+    "maximum": "(({0}) > ({1}) ? ({0}) : ({1}))", "minimum": "(({0}) < ({1}) ? ({0}) : ({1}))",
+    "bitwise_and": "(({0}) & ({1}))", "bitwise_or": "(({0}) | ({1}))",
+    "bitwise_xor": "(({0}) ^ ({1}))", "shl": "(({0}) << ({1}))", "shr": "(({0}) >> ({1}))",
+    "pow": "aot_ipow({0}, {1})",
+}
+_COMPARE = {"lt": "<", "le": "<=", "gt": ">", "ge": ">=", "eq": "==", "ne": "!="}
+_LOGICAL = {"and": "&&", "or": "||", "xor": "!="}
+
+
+class CStyleRenderer:
+    """Shared C-like rendering; targets override the hooks at the bottom."""
+
+    #: helpers shared by every C-like target; `{q}` is the function qualifier
+    HELPERS = r"""
+{q} float aot_fmaxf(float a, float b) { return (a != a || a > b) ? a : b; }
+{q} float aot_fminf(float a, float b) { return (a != a || a < b) ? a : b; }
+{q} float aot_fmod_py(float a, float b) { float r = fmodf(a, b);
+  return (r != 0.0f && ((r < 0.0f) != (b < 0.0f))) ? r + b : r; }
+{q} int64_t aot_floordiv(int64_t a, int64_t b) { int64_t q = a / b;
+  return (a % b != 0 && ((a < 0) != (b < 0))) ? q - 1 : q; }
+{q} int64_t aot_mod_py(int64_t a, int64_t b) { int64_t r = a % b;
+  return (r != 0 && ((r < 0) != (b < 0))) ? r + b : r; }
+{q} int64_t aot_ipow(int64_t a, int64_t b) { int64_t r = 1;
+  while (b > 0) { if (b & 1) r *= a; a *= a; b >>= 1; } return r; }
+"""
+
+    def render(self, kernels: Sequence[ir.Kernel]) -> str:
+        """Source text of one library holding all `kernels`."""
+        parts = [self.preamble()]
+        for k in kernels:
+            parts.append(self.render_kernel(k))
+        return "\n".join(parts)
+
+    # -- expression rendering -----------------------------------------------------------------
+
+    def render_kernel(self, k: ir.Kernel) -> str:
+        """Source text of one kernel.
+
+        Stores whose index or value depends on a reduce coordinate (softmax, layer norm
+        outputs) run in a loop over the reduce domain after the reductions they use.
+        """
+        self._k = k
+        self._lines: list[str] = []
+        self._count = 0
+        scope: dict[ir.Expr, str] = {}
+        self._emit(1, f"const int64_t i = {self.flat_index()};")
+        for line in self.decompose("i", k.shape, 0):
+            self._emit(1, line)
+        nouter = len(k.shape)
+        outer = [st for st in k.stores if not _uses_rdim(st, nouter)]
+        inner = [st for st in k.stores if _uses_rdim(st, nouter)]
+        for st in outer:
+            self._store(st, scope, 1)
+        if inner:
+            for red in _direct_reduces([x for st in inner for x in (st.index, st.value)]):
+                self._expr(red, scope, 1)
+            self._open_rloop(1, "je")
+            loop_scope = dict(scope)
+            for st in inner:
+                self._store(st, loop_scope, 2)
+            self._emit(1, "}")
+        return self.wrap_kernel(k, "\n".join(self._lines))
+
+    def _store(self, st: ir.Store, scope: dict, depth: int) -> None:
+        idx = self._expr(st.index, scope, depth)
+        val = self._expr(st.value, scope, depth)
+        self._emit(depth, self.store(self._k.args[st.arg].dtype, st.arg, idx, val))
+
+    def _open_rloop(self, depth: int, var: str) -> None:
+        rn = 1
+        for s in self._k.rshape:
+            rn *= s
+        self._emit(depth, f"for (int64_t {var} = 0; {var} < {rn}; {var}++) {{")
+        for line in self.decompose(var, self._k.rshape, len(self._k.shape)):
+            self._emit(depth + 1, line)
+
+    def decompose(self, flat: str, shape: tuple[int, ...], dim0: int) -> list[str]:
+        """Lines defining the coordinate variables d<dim0..> of `flat` over `shape`."""
+        lines = []
+        rest = flat
+        for j in range(len(shape) - 1, -1, -1):
+            d = dim0 + j
+            if j == 0:
+                lines.append(f"const int64_t d{d} = {rest};")
+            else:
+                lines.append(f"const int64_t d{d} = {rest} % {shape[j]};")
+                lines.append(f"const int64_t q{d} = {rest} / {shape[j]};")
+                rest = f"q{d}"
+        return lines
+
+    def _new(self) -> str:
+        self._count += 1
+        return f"v{self._count}"
+
+    def _emit(self, depth: int, text: str) -> None:
+        self._lines.append("  " * depth + text)
+
+    def _expr(self, e: ir.Expr, scope: dict, depth: int) -> str:
+        if e in scope:
+            return scope[e]
+        if isinstance(e, ir.Const):
+            return self.literal(e.value, e.dtype)
+        if isinstance(e, ir.Idx):
+            return f"d{e.dim}"
+        ctype = COMPUTE_TYPE[e.dtype]
+        if isinstance(e, ir.Load):
+            idx = self._expr(e.index, scope, depth)
+            text = self.load(e.dtype, e.arg, idx)
+        elif isinstance(e, ir.Op):
+            args = [self._expr(a, scope, depth) for a in e.args]
+            text = self.op(e, args)
+        elif isinstance(e, ir.Reduce):
+            text = self._reduce(e, scope, depth)
+        else:
+            raise TypeError(f"unknown IR node {e!r}")
+        name = self._new()
+        self._emit(depth, f"const {ctype} {name} = {text};")
+        scope[e] = name
+        return name
+
+    def _reduce(self, e: ir.Reduce, scope: dict, depth: int) -> str:
+        # Reductions used inside this one are per outer element: compute them first, once.
+        for red in _direct_reduces([e.body]):
+            self._expr(red, scope, depth)
+        acc = self._new()
+        self._emit(depth, f"{COMPUTE_TYPE[e.dtype]} {acc} = {self.reduce_init(e.op, e.dtype)};")
+        self._open_rloop(depth, f"j{acc}")
+        val = self._expr(e.body, dict(scope), depth + 1)
+        self._emit(depth + 1, f"{acc} = {self.reduce_step(e.op, e.dtype, acc, val)};")
+        self._emit(depth, "}")
+        return acc
+
+    def reduce_init(self, op: str, dtype: str) -> str:
+        """Initial accumulator value for a reduction."""
+        f = dtype in ir.FLOAT_DTYPES
+        return {
+            "sum": "0.0f" if f else "0", "prod": "1.0f" if f else "1",
+            "max": "-INFINITY" if f else ("false" if dtype == "bool" else "INT64_MIN"),
+            "min": "INFINITY" if f else ("true" if dtype == "bool" else "INT64_MAX"),
+            "any": "false", "all": "true",
+        }[op]
+
+    def reduce_step(self, op: str, dtype: str, acc: str, val: str) -> str:
+        """Expression folding `val` into accumulator `acc`."""
+        f = dtype in ir.FLOAT_DTYPES
+        if op == "sum":
+            return f"{acc} + {val}"
+        if op == "prod":
+            return f"{acc} * {val}"
+        if op == "max":
+            return f"aot_fmaxf({acc}, {val})" if f else f"({val} > {acc} ? {val} : {acc})"
+        if op == "min":
+            return f"aot_fminf({acc}, {val})" if f else f"({val} < {acc} ? {val} : {acc})"
+        if op == "any":
+            return f"{acc} || {val}"
+        return f"{acc} && {val}"
+
+    def op(self, e: ir.Op, args: list[str]) -> str:
+        """Text of one pointwise op."""
+        if e.op == "cast":
+            return self.cast(args[0], e.args[0].dtype, e.dtype)
+        if e.op == "where":
+            return f"(({args[0]}) ? ({args[1]}) : ({args[2]}))"
+        src = e.args[0].dtype
+        if e.op in _COMPARE:
+            return f"(({args[0]}) {_COMPARE[e.op]} ({args[1]}))"
+        if e.op in _LOGICAL and src == "bool":
+            return f"(({args[0]}) {_LOGICAL[e.op]} ({args[1]}))"
+        if e.op in ("bitwise_and", "bitwise_or", "bitwise_xor") and src == "bool":
+            sym = {"bitwise_and": "&&", "bitwise_or": "||", "bitwise_xor": "!="}[e.op]
+            return f"(({args[0]}) {sym} ({args[1]}))"
+        if e.op in ("isnan", "isinf") and src not in ir.FLOAT_DTYPES:
+            return "false"
+        floaty = e.dtype in ir.FLOAT_DTYPES or (e.op in ("isnan", "isinf"))
+        table = (_UNARY_FLOAT if floaty else _UNARY_INT) if len(args) == 1 else (
+            _BINARY_FLOAT if floaty else _BINARY_INT)
+        if e.op not in table:
+            raise ir.InvalidArgument(f"op {e.op} is not defined for {e.dtype}")
+        return self.fn_name(table[e.op]).format(*args)
+
+    def cast(self, x: str, src: str, dst: str) -> str:
+        """Conversion of a computed value between dtypes."""
+        if dst == "bool":
+            return f"(({x}) != 0)"
+        return f"(({COMPUTE_TYPE[dst]})({x}))"
+
+    def literal(self, value: ir.Scalar, dtype: str) -> str:
+        """A literal in the compute type of `dtype`."""
+        if dtype == "bool":
+            return "true" if value else "false"
+        if dtype in ir.FLOAT_DTYPES:
+            v = float(value)
+            if v != v:
+                return "NAN"
+            if v in (float("inf"), float("-inf")):
+                return "INFINITY" if v > 0 else "(-INFINITY)"
+            return f"{v!r}f" if "e" in repr(v) or "." in repr(v) else f"{v!r}.0f"
+        iv = int(value)
+        if iv == -(2**63):
+            return "INT64_MIN"
+        return f"((int64_t){iv}LL)"
+
+    # -- target hooks -------------------------------------------------------------------------
+
+    def preamble(self) -> str:  # pragma: no cover - overridden
+        """Includes, type definitions and helpers for the target."""
+        raise NotImplementedError
+
+    def fn_name(self, template: str) -> str:
+        """Map a math-function template to the target's names."""
+        return template
+
+    def flat_index(self) -> str:
+        """Expression for the outer flat index of this invocation."""
+        raise NotImplementedError
+
+    def load(self, dtype: str, arg: int, idx: str) -> str:
+        """Expression reading element `idx` of argument `arg`, in the compute type."""
+        raise NotImplementedError
+
+    def store(self, dtype: str, arg: int, idx: str, val: str) -> str:
+        """Statement writing `val` to element `idx` of argument `arg`."""
+        raise NotImplementedError
+
+    def wrap_kernel(self, k: ir.Kernel, body: str) -> str:
+        """The kernel function around its body."""
+        raise NotImplementedError
+
+
+STORAGE_TYPE_C = {
+    "float32": "float", "float16": "_Float16", "bfloat16": "uint16_t", "int64": "int64_t",
+    "int32": "int32_t", "int16": "int16_t", "int8": "int8_t", "uint8": "uint8_t",
+    "bool": "bool",
+}
+
+
+def _children(e: ir.Expr) -> tuple[ir.Expr, ...]:
+    if isinstance(e, ir.Load):
+        return (e.index,)
+    if isinstance(e, ir.Op):
+        return e.args
+    return ()
+
+
+def _direct_reduces(roots: list[ir.Expr]) -> list[ir.Reduce]:
+    """Reduce nodes reachable from `roots` without entering another Reduce, innermost first."""
+    out: list[ir.Reduce] = []
+    seen: set[int] = set()
+    stack = list(roots)
+    while stack:
+        e = stack.pop()
+        if id(e) in seen:
+            continue
+        seen.add(id(e))
+        if isinstance(e, ir.Reduce):
+            out.append(e)
+        else:
+            stack.extend(_children(e))
+    return out
+
+
+def _uses_rdim(st: ir.Store, nouter: int) -> bool:
+    stack: list[ir.Expr] = [st.index, st.value]
+    while stack:
+        e = stack.pop()
+        if isinstance(e, ir.Idx) and e.dim >= nouter:
+            return True
+        stack.extend(_children(e))
+    return False
+
+
+class CRenderer(CStyleRenderer):
+    """C for the cpu device: `void k(char **P, int64_t begin, int64_t end)` over outer elements."""
+
+    def preamble(self) -> str:
+        """Includes, bf16 conversions and helpers."""
+        return r"""#include <stdint.h>
+#include <stdbool.h>
+#include <string.h>
+#include <math.h>
+#include <stdlib.h>
+static inline float aot_bf16_to_f(uint16_t v) { uint32_t u = (uint32_t)v << 16; float f;
+  memcpy(&f, &u, 4); return f; }
+static inline uint16_t aot_f_to_bf16(float f) { uint32_t u; memcpy(&u, &f, 4);
+  if ((u & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((u >> 16) | 0x40);
+  u += 0x7fffu + ((u >> 16) & 1u); return (uint16_t)(u >> 16); }
+""" + self.HELPERS.replace("{q}", "static inline")
+
+    def flat_index(self) -> str:
+        """The loop variable."""
+        return "it"
+
+    def load(self, dtype: str, arg: int, idx: str) -> str:
+        """Typed read with widening to the compute type."""
+        raw = f"((const {STORAGE_TYPE_C[dtype]} *)P[{arg}])[{idx}]"
+        if dtype == "bfloat16":
+            return f"aot_bf16_to_f({raw})"
+        return f"(({COMPUTE_TYPE[dtype]}){raw})"
+
+    def store(self, dtype: str, arg: int, idx: str, val: str) -> str:
+        """Typed write with rounding from the compute type."""
+        dst = f"(({STORAGE_TYPE_C[dtype]} *)P[{arg}])[{idx}]"
+        if dtype == "bfloat16":
+            return f"{dst} = aot_f_to_bf16({val});"
+        return f"{dst} = ({STORAGE_TYPE_C[dtype]})({val});"
+
+    def wrap_kernel(self, k: ir.Kernel, body: str) -> str:
+        """A function looping over [begin, end) of the outer elements."""
+        inner = "\n".join("  " + line for line in body.splitlines())
+        return (f"void {k.name}(char **P, int64_t begin, int64_t end) {{\n"
+                f"  for (int64_t it = begin; it < end; it++) {{\n{inner}\n  }}\n}}\n")

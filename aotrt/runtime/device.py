@@ -1,0 +1,460 @@
+"""The device protocol (Device, Stream, KernelLibrary, KernelFunction) and the device registry.
+
+Public methods validate and keep the bookkeeping every device shares (sequence numbers,
+waits, hazards); devices implement the underscore hooks.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import enum
+import importlib
+import itertools
+import threading
+from abc import ABC, abstractmethod
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Callable, Iterator, Sequence
+
+from aotrt.errors import DeviceError, HazardError, InvalidArgument
+from aotrt.kernels import ir
+from aotrt.runtime import hazards
+from aotrt.runtime.hazards import Access, HazardChecker
+
+if TYPE_CHECKING:
+    from aotrt.runtime.memory import Memory
+    from aotrt.runtime.tensor import Handle
+
+
+class SyncKind(enum.Enum):
+    """How `Stream.synchronize` ends the recorded work."""
+
+    NONE = "none"
+    COMMIT = "commit"
+    COMMIT_AND_WAIT = "commit_and_wait"
+    COMMIT_AND_CONTINUE = "commit_and_continue"
+    FLUSH = "flush"
+    # NOTE: adaptive is plain commit, as in the anchor; documented, not guessed.
+    ADAPTIVE = "adaptive"
+
+
+@dataclass(frozen=True)
+class StreamOptions:
+    """Options of a stream: `deferred` runs nothing until a wait (cpu), hazard checking."""
+
+    deferred: bool = False
+    check_hazards: bool = False
+
+
+@dataclass(frozen=True)
+class Block:
+    """Raw memory from a device: an address, a capacity and whatever keeps it alive."""
+
+    ptr: int
+    nbytes: int
+    keep: Any = None
+
+
+_stream_ids = itertools.count(1)
+
+
+class Stream(ABC):
+    """An ordered queue of device work with explicit commits and waits.
+
+    Commands get increasing sequence numbers. A wait covers every command recorded before it
+    on this stream, whether it was committed, flushed or committed-and-continued.
+    """
+
+    def __init__(self, device: "Device", options: StreamOptions) -> None:
+        self.device = device
+        self.options = options
+        self.id = next(_stream_ids)
+        self.hazards = HazardChecker(options.check_hazards or hazards.enabled_by_env())
+        self.completed_waits = 0
+        self.recorded_seq = 0
+        self.submitted_seq = 0
+        self.completed_seq = 0
+        self.label = ""
+        self.closed = False
+        self._lock = threading.RLock()
+
+    def __repr__(self) -> str:
+        return f"<{self.device.name} stream {self.id}>"
+
+    # -- recording ----------------------------------------------------------------------------
+
+    def record(self, accesses: Sequence[Access], work: Any, label: str = "") -> int:
+        """Queue one command that touches `accesses`; returns its sequence number."""
+        with self._lock:
+            self._check_open()
+            label = label or self.label or "command"
+            for acc in accesses:
+                if acc.alloc.freed:
+                    raise HazardError(f"{label} uses freed allocation {acc.alloc.describe()}")
+            self.hazards.on_command(list(accesses), label)
+            self.recorded_seq += 1
+            seq = self.recorded_seq
+            for acc in accesses:
+                last, last_write = acc.alloc.uses.get(self, (0, 0))
+                acc.alloc.uses[self] = (seq, seq if acc.write else last_write)
+            self._record(work)
+            return seq
+
+    @property
+    def is_empty(self) -> bool:
+        """True when nothing is recorded that has not been submitted."""
+        return self.recorded_seq == self.submitted_seq
+
+    # -- sync verbs ---------------------------------------------------------------------------
+
+    def commit(self) -> None:
+        """Submit the recorded work; a later wait still covers it."""
+        with self._lock:
+            self._check_open()
+            self._submit_all()
+            self.hazards.end_buffer()
+
+    def commit_and_continue(self) -> None:
+        """Submit the recorded work but keep recording into the same command buffer."""
+        with self._lock:
+            self._check_open()
+            self._submit_all()
+
+    def flush(self) -> None:
+        """Submit the recorded work (kept tracked for a later wait, like commit)."""
+        self.commit()
+
+    def commit_and_wait(self) -> None:
+        """Submit and block until everything recorded so far on this stream is done."""
+        with self._lock:
+            self._check_open()
+            self._submit_all()
+            self.hazards.end_buffer()
+            target = self.submitted_seq
+            self._wait()
+            self.completed_seq = target
+            self.completed_waits += 1
+
+    def synchronize(self, kind: SyncKind | str = SyncKind.COMMIT_AND_WAIT) -> None:
+        """Apply a SyncKind (or its name)."""
+        try:
+            kind = SyncKind(kind) if isinstance(kind, str) else kind
+        except ValueError:
+            raise InvalidArgument(f"kind: unknown sync kind {kind!r}") from None
+        if not isinstance(kind, SyncKind):
+            raise InvalidArgument(f"kind: expected a SyncKind, got {kind!r}")
+        if kind is SyncKind.NONE:
+            return
+        if kind is SyncKind.COMMIT_AND_WAIT:
+            self.commit_and_wait()
+        elif kind is SyncKind.COMMIT_AND_CONTINUE:
+            self.commit_and_continue()
+        else:
+            self.commit()
+
+    def wait_for(self, alloc: Any, writes_only: bool = False) -> bool:
+        """Wait if this stream has unfinished work on `alloc`; returns whether it waited."""
+        last, last_write = alloc.uses.get(self, (0, 0))
+        if (last_write if writes_only else last) > self.completed_seq:
+            self.commit_and_wait()
+            return True
+        return False
+
+    def close(self) -> None:
+        """Wait for all work, drop this stream's pooled memory, and stop the stream."""
+        if self.closed:
+            return
+        self.commit_and_wait()
+        self.device.memory.pool.purge_stream(self)
+        self._close()
+        self.closed = True
+
+    def _submit_all(self) -> None:
+        if self.recorded_seq != self.submitted_seq:
+            self._submit()
+            self.submitted_seq = self.recorded_seq
+
+    def _check_open(self) -> None:
+        if self.closed:
+            raise InvalidArgument(f"stream: {self!r} is closed")
+
+    # -- data movement ------------------------------------------------------------------------
+
+    def copy(self, dst: "Handle", src: "Handle") -> int:
+        """Queue an element-wise copy between two views of equal sizes and dtype."""
+        from aotrt.runtime.tensor import check_live
+
+        check_live(dst, "dst")
+        check_live(src, "src")
+        if dst.dtype is not src.dtype:
+            raise InvalidArgument(f"copy: dtype mismatch dst {dst.dtype} vs src {src.dtype}")
+        if dst.sizes != src.sizes:
+            raise InvalidArgument(f"copy: sizes mismatch dst {dst.sizes} vs src {src.sizes}")
+        if dst.numel == 0:
+            return self.recorded_seq
+        acc = [src.access(write=False), dst.access(write=True)]
+        return self.record(acc, self._copy_work(dst, src), "copy")
+
+    def fill(self, view: "Handle", byte: int) -> int:
+        """Queue setting every byte of `view`'s elements to `byte`."""
+        from aotrt.runtime.tensor import check_live
+
+        check_live(view, "view")
+        if not isinstance(byte, int) or not 0 <= byte <= 255:
+            raise InvalidArgument(f"fill: byte must be in [0, 255], got {byte!r}")
+        if view.numel == 0:
+            return self.recorded_seq
+        return self.record([view.access(write=True)], self._fill_work(view, byte), "fill")
+
+    # -- hooks --------------------------------------------------------------------------------
+
+    @abstractmethod
+    def _record(self, work: Any) -> None:
+        """Add one command's work to the open command buffer."""
+
+    @abstractmethod
+    def _submit(self) -> None:
+        """Hand the open command buffer to the device."""
+
+    @abstractmethod
+    def _wait(self) -> None:
+        """Block until all submitted work is done; raise DeviceError if any failed."""
+
+    def _close(self) -> None:
+        """Release device resources of the stream."""
+
+    @abstractmethod
+    def _copy_work(self, dst: "Handle", src: "Handle") -> Any:
+        """The device work of a strided copy."""
+
+    @abstractmethod
+    def _fill_work(self, view: "Handle", byte: int) -> Any:
+        """The device work of a byte fill."""
+
+
+class KernelFunction(ABC):
+    """One compiled kernel: bind views and scalars by slot, then dispatch on a stream."""
+
+    def __init__(self, library: "KernelLibrary", kernel: ir.Kernel) -> None:
+        self.library = library
+        self.kernel = kernel
+        self.name = kernel.name
+        self._bound: list[Any] = [None] * len(kernel.args)
+
+    def bind(self, slot: int, handle: "Handle") -> None:
+        """Bind a view to argument `slot` (as its allocation plus byte offset)."""
+        from aotrt.runtime.tensor import Handle
+
+        if not isinstance(slot, int) or not 0 <= slot < len(self._bound):
+            raise InvalidArgument(f"slot: {slot!r} out of range for kernel {self.name}")
+        if not isinstance(handle, Handle):
+            raise InvalidArgument(f"arg {slot}: expected a Handle, got {type(handle).__name__}")
+        if handle.state != "live":
+            raise HazardError(f"kernel {self.name}: argument {slot} is a {handle.state} handle")
+        want = self.kernel.args[slot].dtype
+        if handle.dtype.name != want:
+            raise InvalidArgument(f"arg {slot}: kernel {self.name} wants {want}, "
+                                  f"got {handle.dtype.name}")
+        if handle.device is not self.library.device:
+            raise InvalidArgument(f"arg {slot}: handle is on {handle.device.name}, kernel on "
+                                  f"{self.library.device.name}")
+        self._bound[slot] = handle
+
+    def __call__(self, stream: Stream, *args: "Handle", label: str = "") -> int:
+        """Bind `args` in order and dispatch over the kernel's whole grid on `stream`."""
+        if len(args) != len(self._bound):
+            raise InvalidArgument(f"kernel {self.name} takes {len(self._bound)} arguments, "
+                                  f"got {len(args)}")
+        for i, a in enumerate(args):
+            self.bind(i, a)
+        return self.dispatch(stream, label=label)
+
+    def dispatch(self, stream: Stream, grid: int | None = None, label: str = "") -> int:
+        """Queue the kernel over `grid` outer elements (default: all) on `stream`."""
+        if stream.device is not self.library.device:
+            raise InvalidArgument(f"stream: {stream!r} is not on {self.library.device.name}")
+        n = self.kernel.numel if grid is None else grid
+        if not isinstance(n, int) or not 0 <= n <= self.kernel.numel:
+            raise InvalidArgument(f"grid: {grid!r} outside [0, {self.kernel.numel}]")
+        bound = list(self._bound)
+        self._bound = [None] * len(bound)
+        for i, h in enumerate(bound):
+            if h is None:
+                raise InvalidArgument(f"kernel {self.name}: argument {i} is not bound")
+            if h.state != "live":
+                raise HazardError(f"kernel {self.name}: argument {i} is a {h.state} handle")
+        accesses = []
+        for i, (a, h) in enumerate(zip(self.kernel.args, bound)):
+            if h.alloc is None:
+                continue
+            if "r" in a.mode:
+                accesses.append(h.access(write=False))
+            if "w" in a.mode:
+                accesses.append(h.access(write=True))
+        if n == 0:
+            return stream.recorded_seq
+        return stream.record(accesses, self._work(bound, n), label or f"kernel {self.name}")
+
+    @abstractmethod
+    def _work(self, bound: list["Handle"], n: int) -> Any:
+        """The device work of one dispatch over `n` outer elements."""
+
+
+class KernelLibrary(ABC):
+    """Source compiled once (through an on-disk cache), with a KernelFunction per name."""
+
+    def __init__(self, device: "Device", kernels: Sequence[ir.Kernel]) -> None:
+        names = [k.name for k in kernels]
+        if len(set(names)) != len(names):
+            raise InvalidArgument("kernels: duplicate kernel names")
+        self.device = device
+        self.kernels = {k.name: k for k in kernels}
+        self.source = device.renderer.render(kernels)
+        self._compile()
+
+    def kernel(self, name: str) -> KernelFunction:
+        """A new KernelFunction for kernel `name`."""
+        if name not in self.kernels:
+            raise InvalidArgument(f"name: no kernel {name!r} in this library")
+        return self._function(self.kernels[name])
+
+    @abstractmethod
+    def _compile(self) -> None:
+        """Compile `self.source` (or fetch it from the cache)."""
+
+    @abstractmethod
+    def _function(self, kernel: ir.Kernel) -> KernelFunction:
+        """Make the KernelFunction of one kernel."""
+
+
+class Device(ABC):
+    """One device: memory, streams (a default one and a per-thread current one), kernels."""
+
+    name: str = ""
+    renderer: Any = None
+
+    def __init__(self) -> None:
+        from aotrt.runtime.memory import Memory
+
+        self.memory: Memory = Memory(self)
+        self._default: Stream | None = None
+        self._tls = threading.local()
+        self._lock = threading.Lock()
+
+    def __repr__(self) -> str:
+        return f"<aotrt device {self.name}>"
+
+    def create_stream(self, options: StreamOptions | None = None) -> Stream:
+        """A new stream on this device."""
+        options = options or StreamOptions()
+        if not isinstance(options, StreamOptions):
+            raise InvalidArgument(f"options: expected StreamOptions, got {options!r}")
+        return self._create_stream(options)
+
+    def default_stream(self) -> Stream:
+        """The device's default stream, created on first use."""
+        with self._lock:
+            if self._default is None or self._default.closed:
+                self._default = self._create_stream(StreamOptions())
+            return self._default
+
+    def current_stream(self) -> Stream:
+        """The calling thread's current stream (the default stream unless set)."""
+        s = getattr(self._tls, "stream", None)
+        return s if s is not None and not s.closed else self.default_stream()
+
+    @contextlib.contextmanager
+    def stream_guard(self, stream: Stream) -> Iterator[Stream]:
+        """Make `stream` current in this thread for the block; nested guards restore."""
+        if not isinstance(stream, Stream) or stream.device is not self:
+            raise InvalidArgument(f"stream: {stream!r} is not a stream of {self.name}")
+        prev = getattr(self._tls, "stream", None)
+        self._tls.stream = stream
+        try:
+            yield stream
+        finally:
+            self._tls.stream = prev
+
+    def kernel_library(self, kernels: Sequence[ir.Kernel]) -> KernelLibrary:
+        """Compile `kernels` into one library (cached on disk)."""
+        return self._library(kernels)
+
+    # -- hooks --------------------------------------------------------------------------------
+
+    @abstractmethod
+    def _create_stream(self, options: StreamOptions) -> Stream:
+        """Make a stream."""
+
+    @abstractmethod
+    def _alloc(self, nbytes: int) -> Block:
+        """Raw memory of at least `nbytes`, aligned to 64 bytes; raise OutOfMemory."""
+
+    @abstractmethod
+    def _free(self, block: Block) -> None:
+        """Give raw memory back."""
+
+    @abstractmethod
+    def _library(self, kernels: Sequence[ir.Kernel]) -> KernelLibrary:
+        """Compile a kernel library."""
+
+    @abstractmethod
+    def read(self, handle: "Handle") -> Any:
+        """A host numpy copy of a view's elements (caller has waited)."""
+
+    @abstractmethod
+    def write(self, handle: "Handle", array: Any) -> None:
+        """Write a host numpy array into a view's elements (caller has waited)."""
+
+    def host_view(self, handle: "Handle") -> Any:
+        """A zero-copy numpy view of a view's elements, for host-memory devices only."""
+        raise DeviceError(f"{self.name} memory is not host-addressable")
+
+
+DEVICES: dict[str, str] = {
+    "cpu": "aotrt.runtime.devices.cpu:CpuDevice",
+    "cuda": "aotrt.runtime.devices.cuda:CudaDevice",
+}
+_instances: dict[str, Device] = {}
+_registry_lock = threading.Lock()
+
+
+def parse_device(spec: Any) -> str:
+    """Normalize 'cpu', 'cuda', 'cuda:0' or a Device to a registry name; refuse others."""
+    if isinstance(spec, Device):
+        return spec.name
+    if not isinstance(spec, str):
+        raise InvalidArgument(f"device: expected a device name, got {spec!r}")
+    name, _, index = spec.partition(":")
+    if name not in DEVICES:
+        raise InvalidArgument(f"device: unknown device type {spec!r} (known: {sorted(DEVICES)})")
+    if index not in ("", "0"):
+        raise InvalidArgument(f"device: index {index!r} of {spec!r} is not supported (only 0)")
+    return name
+
+
+def get_device(spec: Any = "cpu") -> Device:
+    """The process-wide Device for 'cpu' or 'cuda'; raise DeviceError if unavailable."""
+    if isinstance(spec, Device):
+        return spec
+    name = parse_device(spec)
+    with _registry_lock:
+        if name not in _instances:
+            module, _, cls = DEVICES[name].partition(":")
+            _instances[name] = getattr(importlib.import_module(module), cls)()
+        return _instances[name]
+
+
+def cuda_available() -> bool:
+    """True when the cuda device can be created here."""
+    try:
+        get_device("cuda")
+        return True
+    except Exception:  # noqa: BLE001 - any failure means "not available"
+        return False
+
+
+def default_device() -> str:
+    """'cuda' when present, else 'cpu'."""
+    return "cuda" if cuda_available() else "cpu"
+
+
+Work = Callable[[], None]

@@ -1,0 +1,1 @@
+"""Device implementations, one file each, registered in aotrt.runtime.device.DEVICES."""

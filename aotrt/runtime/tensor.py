@@ -1,0 +1,201 @@
+"""Handle: one view of one allocation (allocation, byte offset, sizes, strides, dtype).
+
+A view of a view resolves to the same allocation with the combined offset; there is never
+a second allocation object over the same bytes.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from aotrt.dtypes import DType
+from aotrt.errors import InvalidArgument
+from aotrt.runtime.hazards import Access
+
+if TYPE_CHECKING:
+    from aotrt.runtime.device import Device
+    from aotrt.runtime.memory import Allocation, Owner
+
+INT64_MAX = (1 << 63) - 1
+
+
+def span(sizes: tuple[int, ...], strides: tuple[int, ...]) -> tuple[int, int]:
+    """(lowest, highest) element offset a non-empty view reaches, relative to element 0."""
+    lo = hi = 0
+    for n, s in zip(sizes, strides):
+        if n > 1:
+            if s >= 0:
+                hi += (n - 1) * s
+            else:
+                lo += (n - 1) * s
+    return lo, hi
+
+
+def numel_of(sizes: tuple[int, ...]) -> int:
+    """Product of sizes."""
+    n = 1
+    for s in sizes:
+        n *= s
+    return n
+
+
+def contiguous_strides(sizes: tuple[int, ...]) -> tuple[int, ...]:
+    """Row-major strides for `sizes`."""
+    out, acc = [], 1
+    for n in reversed(sizes):
+        out.append(acc)
+        acc *= max(n, 1)
+    return tuple(reversed(out))
+
+
+def is_packed(sizes: tuple[int, ...], strides: tuple[int, ...]) -> bool:
+    """True when the elements fill [element 0, extent) exactly: no holes, no overlap.
+
+    Extent = highest offset + 1 over dims of size > 1, which must equal the element count;
+    dims that overlap (equal or zero strides) make it larger or smaller, so they are
+    non-packed too.
+    """
+    n = numel_of(sizes)
+    if n == 0:
+        return True
+    if any(s < 0 for d, s in zip(sizes, strides) if d > 1):
+        return False
+    dims = sorted((s, d) for d, s in zip(sizes, strides) if d > 1)
+    expect = 1
+    for s, d in dims:
+        if s != expect:
+            return False
+        expect *= d
+    return expect == n
+
+
+def is_row_major(sizes: tuple[int, ...], strides: tuple[int, ...]) -> bool:
+    """True for C-contiguous views, ignoring the strides of size-1 dims."""
+    expect = 1
+    for n, s in zip(reversed(sizes), reversed(strides)):
+        if n != 1 and s != expect:
+            return False
+        expect *= n
+    return True
+
+
+class Handle:
+    """One view: allocation + byte offset of element 0 + sizes/strides (elements) + dtype."""
+
+    __slots__ = ("alloc", "byte_offset", "sizes", "strides", "dtype", "device", "owner",
+                 "state", "__weakref__")
+
+    def __init__(self, alloc: "Allocation | None", byte_offset: int, sizes: tuple[int, ...],
+                 strides: tuple[int, ...], dtype: DType, device: "Device", owner: "Owner") -> None:
+        self.alloc = alloc
+        self.byte_offset = byte_offset
+        self.sizes = sizes
+        self.strides = strides
+        self.dtype = dtype
+        self.device = device
+        self.owner = owner
+        self.state = "new"
+
+    def __repr__(self) -> str:
+        where = self.alloc.describe() if self.alloc else "no memory"
+        return (f"<Handle {self.state} {self.dtype.name}{list(self.sizes)} strides "
+                f"{list(self.strides)} at +{self.byte_offset} of {where}>")
+
+    # -- lifecycle (used by shims and delegates) ----------------------------------------------
+
+    def _publish(self) -> "Handle":
+        """Take a count on the allocation and join the owner: only after validation passed."""
+        if self.alloc is not None:
+            self.alloc.retain()
+        self.owner.handles.add(self)
+        self.state = "live"
+        return self
+
+    def _delete(self) -> None:
+        if self.state == "retired":
+            self.owner.handles.discard(self)
+            self.state = "deleted"
+            return
+        check_live(self, "handle")
+        self.state = "deleted"
+        self.owner.handles.discard(self)
+        if self.alloc is not None:
+            self.alloc.release()
+
+    def _retire(self) -> None:
+        """The owner went away: give the count back; later use is refused."""
+        if self.state != "live":
+            return
+        self.state = "retired"
+        self.owner.handles.discard(self)
+        if self.alloc is not None:
+            self.alloc.release()
+
+    # -- derived ------------------------------------------------------------------------------
+
+    @property
+    def numel(self) -> int:
+        """Number of elements."""
+        return numel_of(self.sizes)
+
+    @property
+    def ndim(self) -> int:
+        """Number of dims."""
+        return len(self.sizes)
+
+    @property
+    def address(self) -> int:
+        """The address element 0 stands for (may be one past the end for an empty view)."""
+        return (self.alloc.ptr if self.alloc else 0) + self.byte_offset
+
+    @property
+    def storage_offset(self) -> int:
+        """Element offset from the start of the allocation, as PyTorch counts it."""
+        return self.byte_offset // self.dtype.itemsize
+
+    @property
+    def packed(self) -> bool:
+        """True when the view's elements are dense in memory (any dense order)."""
+        return is_packed(self.sizes, self.strides)
+
+    @property
+    def row_major(self) -> bool:
+        """True when C-contiguous (size-1 dims ignored)."""
+        return is_row_major(self.sizes, self.strides)
+
+    def byte_range(self) -> tuple[int, int]:
+        """[start, end) bytes relative to the allocation that the elements occupy."""
+        if self.numel == 0:
+            return self.byte_offset, self.byte_offset
+        lo, hi = span(self.sizes, self.strides)
+        isz = self.dtype.itemsize
+        return self.byte_offset + lo * isz, self.byte_offset + (hi + 1) * isz
+
+    def access(self, write: bool) -> Access:
+        """The hazard record of touching this view."""
+        start, end = self.byte_range()
+        return Access(self.alloc, start, end, write)
+
+    # -- host access --------------------------------------------------------------------------
+
+    def numpy(self) -> np.ndarray:
+        """A host copy of the elements, after waiting for pending writes to them."""
+        check_live(self, "handle")
+        if self.numel == 0 or self.alloc is None:
+            return np.zeros(self.sizes, dtype=self.dtype.np)
+        self.alloc.settle(writes_only=True)
+        return self.device.read(self)
+
+    def __array__(self, dtype: Any = None, copy: Any = None) -> np.ndarray:
+        arr = self.numpy()
+        return arr if dtype is None else arr.astype(dtype)
+
+
+def check_live(h: Any, name: str) -> None:
+    """Raise InvalidArgument unless `h` is a live Handle."""
+    if not isinstance(h, Handle):
+        raise InvalidArgument(f"{name}: expected a tensor handle, got {type(h).__name__}")
+    if h.state != "live":
+        raise InvalidArgument(f"{name}: handle is {h.state} and cannot be used")
