@@ -154,15 +154,21 @@ def create_tensor_from_blob(data_ptr: int, sizes: Sequence[int], strides: Sequen
 
 
 def reinterpret_tensor(handle: Handle, sizes: Sequence[int], strides: Sequence[int],
-                       storage_offset: int) -> Handle:
+                       storage_offset: int, dtype: Any = None) -> Handle:
     """A view of `handle`'s memory whose element 0 is `storage_offset` elements past
-    `handle`'s own; it lives in the same allocation and must stay inside it."""
+    `handle`'s own; it lives in the same allocation and must stay inside it.
+
+    `dtype` (an extension of the AOTI signature) reads the bytes as another dtype; the
+    offset then counts elements of that dtype and must keep element 0 aligned to it.
+    """
     check_live(handle, "handle")
     if strides is None:
         raise InvalidArgument("strides: must not be null")
     sz, st = _dims(sizes, strides, allow_zero_strides=True)
     off = _int(storage_offset, "storage_offset")
-    dt = handle.dtype
+    dt = handle.dtype if dtype is None else as_dtype(dtype)
+    if (handle.byte_offset + off * dt.itemsize) % dt.itemsize:
+        raise InvalidArgument(f"dtype: {dt.name} view at byte {handle.byte_offset} is misaligned")
     lo, hi = _extent_bytes(sz, st, dt)
     if abs(off) * dt.itemsize > INT64_MAX:
         raise InvalidArgument(f"storage_offset: {off} overflows 64 bits")
