@@ -10,6 +10,7 @@ import contextlib
 import enum
 import importlib
 import itertools
+import os
 import threading
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
@@ -43,6 +44,24 @@ class StreamOptions:
 
     deferred: bool = False
     check_hazards: bool = False
+    # Commit-and-continue every N commands so the device starts before the host is done
+    # recording (0 disables). AOTRT_FLUSH_INTERVAL overrides the default.
+    flush_interval: int = 16
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.flush_interval, int) or self.flush_interval < 0:
+            raise InvalidArgument(f"flush_interval: must be an int >= 0, got "
+                                  f"{self.flush_interval!r}")
+
+    @staticmethod
+    def from_env(**kwargs: Any) -> "StreamOptions":
+        """Options with AOTRT_FLUSH_INTERVAL (an int >= 0) applied, if set."""
+        raw = os.environ.get("AOTRT_FLUSH_INTERVAL")
+        if raw is not None and "flush_interval" not in kwargs:
+            if not raw.isdigit():
+                raise InvalidArgument(f"AOTRT_FLUSH_INTERVAL: expected an int >= 0, got {raw!r}")
+            kwargs["flush_interval"] = int(raw)
+        return StreamOptions(**kwargs)
 
 
 @dataclass(frozen=True)
@@ -97,6 +116,9 @@ class Stream(ABC):
                 last, last_write = acc.alloc.uses.get(self, (0, 0))
                 acc.alloc.uses[self] = (seq, seq if acc.write else last_write)
             self._record(work)
+            if (self.options.flush_interval and not self.options.deferred
+                    and self.recorded_seq - self.submitted_seq >= self.options.flush_interval):
+                self.commit_and_continue()
             return seq
 
     @property
@@ -345,7 +367,7 @@ class Device(ABC):
 
     def create_stream(self, options: StreamOptions | None = None) -> Stream:
         """A new stream on this device."""
-        options = options or StreamOptions()
+        options = options or StreamOptions.from_env()
         if not isinstance(options, StreamOptions):
             raise InvalidArgument(f"options: expected StreamOptions, got {options!r}")
         return self._create_stream(options)
@@ -354,7 +376,7 @@ class Device(ABC):
         """The device's default stream, created on first use."""
         with self._lock:
             if self._default is None or self._default.closed:
-                self._default = self._create_stream(StreamOptions())
+                self._default = self._create_stream(StreamOptions.from_env())
             return self._default
 
     def current_stream(self) -> Stream:
