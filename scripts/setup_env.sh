@@ -55,26 +55,39 @@ if [ ! -x "$py" ]; then
     "$python_bin" -m venv "$venv"
 fi
 
-pip=("$py" -m pip -q --disable-pip-version-check)
+# pip -q still warns about each missing local index folder named in this
+# machine's pip config; drop those lines, keep everything else.
+pipq() {
+    "$py" -m pip -q --disable-pip-version-check "$@" 2>&1 \
+        | { grep -v "^WARNING: Location 'file://.*' is ignored" || true; }
+}
 start=$SECONDS
-"${pip[@]}" install "${torch_pins[@]}"
+pipq install "${torch_pins[@]}"
 # The pins are repeated so that no extra can move torch off them.
-"${pip[@]}" install -e "$repo[export,dev,models,cuda]" "${torch_pins[@]}"
+pipq install -e "$repo[export,dev,models,cuda]" "${torch_pins[@]}"
 
 # Check that the stack imports together: ultralytics needs torchvision's
 # metadata, transformers needs a torchvision whose ops load (nms).
 # YOLO_OFFLINE=1 stops ultralytics' DNS look-ups at import.
 check_dir="$(mktemp -d)"
 trap 'rm -rf "$check_dir"' EXIT
-YOLO_OFFLINE=1 YOLO_CONFIG_DIR="$check_dir" HF_HUB_OFFLINE=1 "$py" - <<'PY'
+if ! YOLO_OFFLINE=1 YOLO_CONFIG_DIR="$check_dir" HF_HUB_OFFLINE=1 \
+        "$py" - >"$check_dir/log" 2>&1 <<'PY'
 import warnings
 warnings.simplefilter("ignore")
 import numpy, safetensors, ml_dtypes, torch, torchvision
 import torchvision.ops  # registers torchvision::nms; fails on a mismatched torchvision
 import ultralytics, transformers
+from ultralytics.nn.tasks import DetectionModel
+from transformers import GPT2Model  # pulls torchvision in beside pillow
 import cuda.core, cuda.bindings, nvmath
 import pytest, hypothesis
 PY
+then
+    cat "$check_dir/log" >&2
+    echo "setup_env: the import check failed; .venv left without a stamp" >&2
+    exit 1
+fi
 
 echo "$want" > "$stamp"
 echo "setup_env: .venv ready in $((SECONDS - start)) s ($("$py" -c 'import torch, sys; print(f"python {sys.version.split()[0]}, torch {torch.__version__}")'))"
