@@ -13,10 +13,10 @@ import itertools
 import os
 import threading
 from abc import ABC, abstractmethod
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Callable, Iterator, Sequence
 
-from aotrt.errors import DeviceError, HazardError, InvalidArgument
+from aotrt.errors import AotrtError, DeviceError, HazardError, InvalidArgument
 from aotrt.kernels import ir
 from aotrt.runtime import hazards
 from aotrt.runtime.hazards import Access, HazardChecker
@@ -70,7 +70,8 @@ class Block:
 
     ptr: int
     nbytes: int
-    keep: Any = None
+    # Not compared or printed: it is a device object (a numpy buffer on cpu), not a value.
+    keep: Any = field(default=None, repr=False, compare=False)
 
 
 _stream_ids = itertools.count(1)
@@ -461,7 +462,12 @@ def get_device(spec: Any = "cpu") -> Device:
     with _registry_lock:
         if name not in _instances:
             module, _, cls = DEVICES[name].partition(":")
-            _instances[name] = getattr(importlib.import_module(module), cls)()
+            try:
+                _instances[name] = getattr(importlib.import_module(module), cls)()
+            except AotrtError:
+                raise
+            except Exception as e:  # noqa: BLE001 - a missing driver or module, told as such
+                raise DeviceError(f"device: {name} is not available here: {e}") from e
         return _instances[name]
 
 

@@ -32,13 +32,25 @@ class Access:
     write: bool
 
 
+def _buffer_id(alloc: "Allocation") -> int:
+    """Identity of the device buffer object behind `alloc`.
+
+    Runtime memory is a raw block that the pool recycles into new Allocation objects; the
+    device orders work per block (Metal keeps the same MTLBuffer), so a recycled block is not
+    an alias. A region has no block: its Allocation is its one buffer object.
+    """
+    block = alloc.block
+    return id(block) if block is not None else id(alloc)
+
+
 class HazardChecker:
     """Per-stream record of the writes in the open command buffer, checked on every command."""
 
     def __init__(self, enabled: bool) -> None:
         self.enabled = enabled
-        # allocation object -> list of (absolute start, absolute end, label) written so far
-        self._writes: dict["Allocation", list[tuple[int, int, str]]] = {}
+        # buffer id -> list of (absolute start, absolute end, label, allocation) written so far;
+        # the allocation also keeps the buffer (and so its id) alive until end_buffer.
+        self._writes: dict[int, list[tuple[int, int, str, "Allocation"]]] = {}
 
     def on_command(self, accesses: list[Access], label: str) -> None:
         """Check a new command against earlier writes of this command buffer, then record it."""
@@ -48,10 +60,11 @@ class HazardChecker:
             if acc.end <= acc.start:
                 continue
             lo, hi = acc.alloc.ptr + acc.start, acc.alloc.ptr + acc.end
-            for other, ranges in self._writes.items():
-                if other is acc.alloc:
+            buf = _buffer_id(acc.alloc)
+            for other_buf, ranges in self._writes.items():
+                if other_buf == buf:
                     continue
-                for s, e, earlier in ranges:
+                for s, e, earlier, other in ranges:
                     if s < hi and lo < e:
                         kind = "writes" if acc.write else "reads"
                         raise HazardError(
@@ -62,7 +75,8 @@ class HazardChecker:
         for acc in accesses:
             if acc.write and acc.end > acc.start:
                 lo = acc.alloc.ptr + acc.start
-                self._writes.setdefault(acc.alloc, []).append((lo, acc.alloc.ptr + acc.end, label))
+                self._writes.setdefault(_buffer_id(acc.alloc), []).append(
+                    (lo, acc.alloc.ptr + acc.end, label, acc.alloc))
 
     def end_buffer(self) -> None:
         """A commit ended the command buffer: its writes are ordered before later work."""

@@ -87,6 +87,8 @@ class Owner:
         self.id = next(Owner._ids)
         self.handles: set["Handle"] = set()
         self.allocations: set["Allocation"] = set()
+        # Memories this owner allocated from: their pools may hold its freed blocks.
+        self.memories: set["Memory"] = set()
         self.closed = False
         self._lock = threading.RLock()
 
@@ -98,17 +100,19 @@ class Owner:
         with self._lock:
             if self.closed:
                 return
-            self.closed = True
             handles = list(self.handles)
             allocs = {h.alloc for h in handles if h.alloc is not None} | set(self.allocations)
+            # Settle before marking closed: if queued work failed, a second close can retry.
             for a in allocs:
                 a.settle()
+            # Closed first, so that what the retired handles release is freed, not pooled.
+            self.closed = True
             for h in handles:
                 h._retire()
             for a in list(self.allocations):
                 a.memory.drop_owned(a)
-            for a in allocs:
-                a.memory.pool.purge_owner(self)
+            for m in self.memories | {a.memory for a in allocs}:
+                m.pool.purge_owner(self)
 
 
 _tls = threading.local()
@@ -236,7 +240,8 @@ class Pool:
 
     def put(self, block: Block, stream: "Stream", owner: Owner, uses: dict) -> bool:
         """Keep `block` for reuse on `stream`; returns False if it is not poolable."""
-        if stream is None or stream.closed or not self.options.poolable(block.nbytes):
+        if (stream is None or stream.closed or owner.closed
+                or not self.options.poolable(block.nbytes)):
             return False
         lst = self._lists.setdefault(stream, OrderedDict())
         lst[next(self._ids)] = _PoolEntry(block, owner, dict(uses))
@@ -249,19 +254,23 @@ class Pool:
         """Best-fit block for `nbytes`: own stream first; another stream's only after a wait."""
         found = self._best(self._lists.get(stream), nbytes)
         if found is not None:
-            return self._pop(stream, found)
+            return self._settled(self._pop(stream, found), stream)
         for other, lst in list(self._lists.items()):
             if other is stream:
                 continue
             key = self._best(lst, nbytes)
             if key is not None:
-                entry = lst[key]
-                last = entry.uses.get(other, (0, 0))[0]
-                if last > other.completed_seq:
-                    # NOTE: memory freed on another stream may still be in use there.
-                    other.commit_and_wait()
-                return self._pop(other, key)
+                return self._settled(self._pop(other, key), stream)
         return None
+
+    @staticmethod
+    def _settled(entry: _PoolEntry, stream: "Stream") -> _PoolEntry:
+        """Wait on every stream but `stream` whose work may still use the entry's block."""
+        for other, (last, _) in list(entry.uses.items()):
+            if other is not stream and last > other.completed_seq and not other.closed:
+                # NOTE: stream order covers `stream` itself; any other stream must finish.
+                other.commit_and_wait()
+        return entry
 
     def _best(self, lst: OrderedDict | None, nbytes: int) -> int | None:
         if not lst:
@@ -365,6 +374,8 @@ class Memory:
         if not isinstance(nbytes, int) or nbytes < 0 or nbytes >= 1 << 62:
             raise InvalidArgument(f"nbytes: must be an int in [0, 2**62), got {nbytes!r}")
         owner = owner or current_owner()
+        if owner.closed:
+            raise InvalidArgument(f"owner: {owner!r} is closed")
         want = _round_up(max(nbytes, 1))
         with self._lock:
             entry = self.pool.take(want, stream) if kind == "device" else None
@@ -376,6 +387,7 @@ class Memory:
             # A recycled block keeps the history of its work, so host access still waits.
             a.uses = dict(uses)
             self._add(a)
+            owner.memories.add(self)
             return a
 
     def _raw(self, nbytes: int) -> Block:

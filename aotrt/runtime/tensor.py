@@ -114,7 +114,10 @@ class Handle:
         return self
 
     def _delete(self) -> None:
-        if self.state == "retired":
+        if self.state == "retired" or (self.state == "live" and self.alloc is not None
+                                       and self.alloc.freed):
+            # Retired, or its memory went with its owner (constants): there is no count left
+            # to give back; just drop the handle.
             self.owner.handles.discard(self)
             self.state = "deleted"
             return
@@ -199,3 +202,6 @@ def check_live(h: Any, name: str) -> None:
         raise InvalidArgument(f"{name}: expected a tensor handle, got {type(h).__name__}")
     if h.state != "live":
         raise InvalidArgument(f"{name}: handle is {h.state} and cannot be used")
+    if h.alloc is not None and h.alloc.freed:
+        # A view into constants whose owner closed: the memory is gone, like a retired handle.
+        raise InvalidArgument(f"{name}: the memory of {h!r} was freed with its owner")

@@ -1,0 +1,83 @@
+"""Shared test setup: hazard checking on, an isolated kernel cache, and per-test streams and
+owners on every device present (cpu always, cuda where a GPU is).
+
+The environment is set before anything imports aotrt, so every stream the tests create
+(the default stream included) checks hazards, and no test reads or pollutes ~/.cache/aotrt.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+
+os.environ["AOTRT_CHECK_HAZARDS"] = "1"
+# AOTRT_TEST_CACHE_DIR keeps compiled kernels across runs (mutation testing runs the suite
+# hundreds of times); otherwise every session compiles into a fresh directory of its own.
+_KEEP_CACHE = os.environ.get("AOTRT_TEST_CACHE_DIR")
+_CACHE = _KEEP_CACHE or tempfile.mkdtemp(prefix="aotrt-test-cache-")
+os.environ["AOTRT_CACHE_DIR"] = _CACHE
+
+from typing import Iterator  # noqa: E402
+
+import pytest  # noqa: E402
+
+from aotrt.runtime.device import Device, Stream, StreamOptions, cuda_available  # noqa: E402
+from aotrt.runtime.device import get_device  # noqa: E402
+from aotrt.runtime.memory import Owner, owner_scope  # noqa: E402
+
+DEVICES = ["cpu", pytest.param("cuda", marks=[
+    pytest.mark.cuda,
+    pytest.mark.skipif(not cuda_available(), reason="no CUDA device here"),
+])]
+STREAM_MODES = ["async", "deferred"]
+
+
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    """Remove this session's private kernel cache."""
+    if not _KEEP_CACHE:
+        shutil.rmtree(_CACHE, ignore_errors=True)
+
+
+def make_stream(dev: Device, mode: str) -> Stream:
+    """A new hazard-checked stream: 'async' runs on commit, 'deferred' runs only at a wait."""
+    return dev.create_stream(StreamOptions(deferred=mode == "deferred", check_hazards=True))
+
+
+@pytest.fixture(params=DEVICES)
+def dev(request: pytest.FixtureRequest) -> Device:
+    """Each device present."""
+    return get_device(request.param)
+
+
+@pytest.fixture
+def cpu() -> Device:
+    """The cpu device, for tests that use host addresses (regions, host_array)."""
+    return get_device("cpu")
+
+
+@pytest.fixture(params=STREAM_MODES)
+def stream(dev: Device, request: pytest.FixtureRequest) -> Iterator[Stream]:
+    """A fresh hazard-checked stream, current for the test; closed (and so purged) after."""
+    s = make_stream(dev, request.param)
+    with dev.stream_guard(s):
+        yield s
+    s.close()
+
+
+@pytest.fixture
+def owner(dev: Device, stream: Stream) -> Iterator[Owner]:
+    """An Owner scope per test, closed at teardown, which checks that nothing leaked.
+
+    Before the close the test must have deleted every handle it made (owner.handles is
+    empty); after it no allocation of the owner may be live (constants go with the close;
+    memory that no handle and no owner list holds would stay).
+    """
+    o = Owner("test")
+    with owner_scope(o):
+        yield o
+    leaks = [f"live handle {h!r}" for h in o.handles]
+    o.close()
+    leaks += [f"live allocation {a!r}" for a in dev.memory.live() if a.owner is o]
+    if leaks:
+        pytest.fail("test leaked:\n  " + "\n  ".join(leaks), pytrace=False)
