@@ -1,0 +1,212 @@
+"""Shared validation and launch helpers of the library ops.
+
+Every op validates all of its arguments before it records anything, so a refused call
+leaves the stream, the handles and the memory exactly as they were. Each op then records
+ONE command whose accesses name every view it reads and writes; the work itself is picked
+by the stream's device name from the op's implementation table (cpu: a closure run on the
+stream's worker thread; cuda: filled in by the cuda device's engineer).
+"""
+
+from __future__ import annotations
+
+import math
+import numbers
+from typing import Any, Callable, Mapping, Sequence
+
+import numpy as np
+
+from aotrt import dtypes
+from aotrt.dtypes import DType
+from aotrt.errors import InvalidArgument, Unsupported
+from aotrt.runtime.device import Stream
+from aotrt.runtime.hazards import Access
+from aotrt.runtime.tensor import Handle, check_live
+
+FLOATS: tuple[DType, ...] = (dtypes.float32, dtypes.float16, dtypes.bfloat16)
+INTS: tuple[DType, ...] = (dtypes.int64, dtypes.int32, dtypes.int16, dtypes.int8, dtypes.uint8)
+F32 = np.dtype(np.float32)
+
+# Scratch per step of a chunked cpu op; bounds temporaries without many python iterations.
+CHUNK_BYTES = 32 << 20
+
+
+def check_stream(op: str, stream: Any) -> Stream:
+    """The stream, which must be an open Stream."""
+    if not isinstance(stream, Stream):
+        raise InvalidArgument(f"{op}: stream: expected a Stream, got {type(stream).__name__}")
+    if stream.closed:
+        raise InvalidArgument(f"{op}: stream: {stream!r} is closed")
+    return stream
+
+
+def check_tensor(op: str, stream: Stream, h: Any, name: str) -> Handle:
+    """A live handle on the stream's device."""
+    try:
+        check_live(h, name)
+    except InvalidArgument as e:
+        raise InvalidArgument(f"{op}: {e}") from None
+    if h.device is not stream.device:
+        raise InvalidArgument(f"{op}: {name}: handle is on {h.device.name}, the stream on "
+                              f"{stream.device.name}")
+    return h
+
+
+def check_dtype(op: str, h: Handle, name: str, allowed: Sequence[DType] = FLOATS) -> DType:
+    """Refuse (Unsupported) a dtype this op does not implement."""
+    if h.dtype not in allowed:
+        names = ", ".join(d.name for d in allowed)
+        raise Unsupported(f"{op}: {name}: dtype {h.dtype.name} is not supported (supported: "
+                          f"{names})")
+    return h.dtype
+
+
+def check_same_dtype(op: str, ref: Handle, ref_name: str, h: Handle, name: str) -> None:
+    """Refuse a handle whose dtype differs from `ref`'s."""
+    if h.dtype is not ref.dtype:
+        raise InvalidArgument(f"{op}: {name}: dtype {h.dtype.name} does not match {ref_name}'s "
+                              f"{ref.dtype.name}")
+
+
+def check_rank(op: str, h: Handle, name: str, ranks: Sequence[int]) -> None:
+    """Refuse a handle whose rank is not one of `ranks`."""
+    if h.ndim not in ranks:
+        want = " or ".join(str(r) for r in ranks)
+        raise InvalidArgument(f"{op}: {name}: expected a {want}-D tensor, got {h.ndim}-D "
+                              f"{list(h.sizes)}")
+
+
+def check_shape(op: str, h: Handle, name: str, shape: Sequence[int]) -> None:
+    """Refuse a handle (an output) whose sizes are not exactly `shape`."""
+    if tuple(h.sizes) != tuple(shape):
+        raise InvalidArgument(f"{op}: {name}: expected sizes {list(shape)}, got "
+                              f"{list(h.sizes)}")
+
+
+def as_int(op: str, value: Any, name: str) -> int:
+    """An integer parameter (bool refused)."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+        raise InvalidArgument(f"{op}: {name}: expected an integer, got {value!r}")
+    return int(value)
+
+
+def as_bool(op: str, value: Any, name: str) -> bool:
+    """A boolean parameter (0/1 accepted, as JSON writers sometimes emit them)."""
+    if isinstance(value, (bool, np.bool_)) or (isinstance(value, int) and value in (0, 1)):
+        return bool(value)
+    raise InvalidArgument(f"{op}: {name}: expected a bool, got {value!r}")
+
+
+def as_float(op: str, value: Any, name: str) -> float:
+    """A real scalar parameter (bool refused)."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        raise InvalidArgument(f"{op}: {name}: expected a number, got {value!r}")
+    return float(value)
+
+
+def as_ints(op: str, value: Any, name: str, n: int, default: int | None = None,
+            minimum: int | None = None) -> tuple[int, ...]:
+    """`n` ints from an int, a 1-element list (repeated) or an n-element list.
+
+    An empty list (or None) takes `default` when there is one, as aten's convolution and
+    pooling do for stride and friends.
+    """
+    if value is None or (isinstance(value, (list, tuple)) and len(value) == 0):
+        if default is None:
+            raise InvalidArgument(f"{op}: {name}: a value is required")
+        return (default,) * n
+    if isinstance(value, (list, tuple)):
+        vals = [as_int(op, v, f"{name}[{i}]") for i, v in enumerate(value)]
+        if len(vals) == 1:
+            vals = vals * n
+        if len(vals) != n:
+            raise InvalidArgument(f"{op}: {name}: expected 1 or {n} values, got {list(value)}")
+    else:
+        vals = [as_int(op, value, name)] * n
+    if minimum is not None:
+        for v in vals:
+            if v < minimum:
+                raise InvalidArgument(f"{op}: {name}: values must be >= {minimum}, got {vals}")
+    return tuple(vals)
+
+
+def broadcast_shape(op: str, shapes: Sequence[tuple[int, ...]], what: str) -> tuple[int, ...]:
+    """numpy/torch broadcasting of `shapes`, refusing incompatible ones."""
+    try:
+        return tuple(np.broadcast_shapes(*shapes))
+    except ValueError:
+        raise InvalidArgument(f"{op}: {what}: shapes {[list(s) for s in shapes]} do not "
+                              f"broadcast") from None
+
+
+def overlaps(a: Handle, b: Handle) -> bool:
+    """True when the byte ranges of two views intersect in one allocation (conservative)."""
+    if a.alloc is None or b.alloc is None or a.alloc is not b.alloc:
+        return False
+    a0, a1 = a.byte_range()
+    b0, b1 = b.byte_range()
+    return a0 < b1 and b0 < a1
+
+
+def launch(op: str, stream: Stream, outs: Sequence[Handle | None],
+           ins: Sequence[Handle | None], impls: Mapping[str, Callable[..., Any]],
+           *args: Any) -> int:
+    """Record one command of `op`: reads of `ins`, writes of `outs`, work from `impls`.
+
+    `impls[device name](*args)` returns the device work. A command whose outputs have no
+    elements does nothing, so nothing is recorded and the stream's last sequence number is
+    returned. The caller has validated everything; `impls` may still refuse (Unsupported).
+    """
+    live_outs = [h for h in outs if h is not None]
+    if all(h.numel == 0 for h in live_outs):
+        return stream.recorded_seq
+    make = impls.get(stream.device.name)
+    if make is None:
+        raise Unsupported(f"{op}: not implemented on the {stream.device.name} device yet")
+    work = make(*args)
+    accesses: list[Access] = []
+    for h in ins:
+        if h is not None and h.alloc is not None and h.numel:
+            accesses.append(h.access(write=False))
+    for h in live_outs:
+        if h.alloc is not None:
+            accesses.append(h.access(write=True))
+    return stream.record(accesses, work, op)
+
+
+# -- cpu helpers (numpy) ------------------------------------------------------------------------
+
+def load_f32(arr: np.ndarray) -> np.ndarray:
+    """The values as float32 (a view when already float32)."""
+    return arr if arr.dtype == F32 else arr.astype(F32)
+
+
+def store(dst: np.ndarray, value: np.ndarray) -> None:
+    """Write `value` into the (possibly strided) view `dst`, rounding to its dtype."""
+    if value.dtype != dst.dtype:
+        value = value.astype(dst.dtype)
+    np.copyto(dst, value, casting="unsafe")
+
+
+def detach_inputs(outs: Sequence[Handle | None], ins: Sequence[Handle | None],
+                  arrays: Sequence[np.ndarray | None]) -> list[np.ndarray | None]:
+    """Copy each input array that shares bytes with an output, so that writing the output
+    piecewise cannot change what is read later in the same command."""
+    res = []
+    for h, arr in zip(ins, arrays):
+        if h is not None and arr is not None and any(
+                o is not None and overlaps(o, h) for o in outs):
+            arr = np.array(arr, copy=True)
+        res.append(arr)
+    return res
+
+
+def rows_per_chunk(row_bytes: int, total: int) -> int:
+    """How many rows of `row_bytes` scratch fit in CHUNK_BYTES (at least 1)."""
+    return max(1, min(total, CHUNK_BYTES // max(row_bytes, 1)))
+
+
+def finite_or(value: float, name: str, op: str) -> float:
+    """Refuse NaN or infinite scalars where they would poison every element."""
+    if not math.isfinite(value):
+        raise InvalidArgument(f"{op}: {name}: must be finite, got {value!r}")
+    return value

@@ -1,0 +1,136 @@
+"""Matrix products: mm, bmm, addmm and linear, into caller-provided output views.
+
+Inputs may be any views (transposed, strided, offset); outputs may be non-packed views and
+are written in place. float32, float16 and bfloat16; half types compute in float32 and
+round once on store.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable
+
+import numpy as np
+
+from aotrt.errors import InvalidArgument
+from aotrt.runtime.device import Stream
+from aotrt.runtime.ops import _common as c
+from aotrt.runtime.tensor import Handle
+
+
+def _operands(op: str, stream: Stream, out: Any, named: list[tuple[Any, str]]) -> None:
+    c.check_stream(op, stream)
+    c.check_tensor(op, stream, out, "out")
+    c.check_dtype(op, out, "out")
+    for h, name in named:
+        c.check_tensor(op, stream, h, name)
+        c.check_same_dtype(op, out, "out", h, name)
+
+
+def mm(stream: Stream, out: Handle, a: Handle, b: Handle) -> int:
+    """out[M,N] = a[M,K] @ b[K,N]."""
+    op = "mm"
+    _operands(op, stream, out, [(a, "a"), (b, "b")])
+    c.check_rank(op, a, "a", (2,))
+    c.check_rank(op, b, "b", (2,))
+    if a.sizes[1] != b.sizes[0]:
+        raise InvalidArgument(f"mm: b: K mismatch, a is {list(a.sizes)} and b {list(b.sizes)}")
+    c.check_shape(op, out, "out", (a.sizes[0], b.sizes[1]))
+    return c.launch(op, stream, [out], [a, b], _MATMUL, out, a, b, None, 1.0, 1.0)
+
+
+def bmm(stream: Stream, out: Handle, a: Handle, b: Handle) -> int:
+    """out[B,M,N] = a[B,M,K] @ b[B,K,N] (any strides)."""
+    op = "bmm"
+    _operands(op, stream, out, [(a, "a"), (b, "b")])
+    c.check_rank(op, a, "a", (3,))
+    c.check_rank(op, b, "b", (3,))
+    if a.sizes[0] != b.sizes[0]:
+        raise InvalidArgument(f"bmm: b: batch mismatch, a is {list(a.sizes)} and b "
+                              f"{list(b.sizes)}")
+    if a.sizes[2] != b.sizes[1]:
+        raise InvalidArgument(f"bmm: b: K mismatch, a is {list(a.sizes)} and b {list(b.sizes)}")
+    c.check_shape(op, out, "out", (a.sizes[0], a.sizes[1], b.sizes[2]))
+    return c.launch(op, stream, [out], [a, b], _MATMUL, out, a, b, None, 1.0, 1.0)
+
+
+def addmm(stream: Stream, out: Handle, bias: Handle, a: Handle, b: Handle,
+          beta: float = 1, alpha: float = 1) -> int:
+    """out[M,N] = beta * bias + alpha * (a[M,K] @ b[K,N]); bias broadcasts from 0/1/2-D.
+
+    As in torch, beta == 0 ignores bias's values (NaN in bias does not propagate).
+    """
+    op = "addmm"
+    _operands(op, stream, out, [(bias, "bias"), (a, "a"), (b, "b")])
+    c.check_rank(op, a, "a", (2,))
+    c.check_rank(op, b, "b", (2,))
+    c.check_rank(op, bias, "bias", (0, 1, 2))
+    if a.sizes[1] != b.sizes[0]:
+        raise InvalidArgument(f"addmm: b: K mismatch, a is {list(a.sizes)} and b "
+                              f"{list(b.sizes)}")
+    shape = (a.sizes[0], b.sizes[1])
+    if c.broadcast_shape(op, [bias.sizes, shape], "bias") != shape:
+        raise InvalidArgument(f"addmm: bias: sizes {list(bias.sizes)} do not broadcast to "
+                              f"{list(shape)}")
+    c.check_shape(op, out, "out", shape)
+    beta = c.as_float(op, beta, "beta")
+    alpha = c.as_float(op, alpha, "alpha")
+    return c.launch(op, stream, [out], [bias, a, b], _MATMUL, out, a, b, bias, beta, alpha)
+
+
+def linear(stream: Stream, out: Handle, x: Handle, w: Handle, bias: Handle | None = None) -> int:
+    """out[..., N] = x[..., K] @ w[N, K].T (+ bias[N]), x of any rank >= 1."""
+    op = "linear"
+    named = [(x, "x"), (w, "w")] + ([(bias, "bias")] if bias is not None else [])
+    _operands(op, stream, out, named)
+    if x.ndim < 1:
+        raise InvalidArgument("linear: x: expected a tensor of rank >= 1, got a 0-D tensor")
+    c.check_rank(op, w, "w", (2,))
+    n, k = w.sizes
+    if x.sizes[-1] != k:
+        raise InvalidArgument(f"linear: w: in-features {k} of w {list(w.sizes)} do not match "
+                              f"x's last dim {x.sizes[-1]}")
+    if bias is not None:
+        c.check_rank(op, bias, "bias", (0, 1))
+        if bias.ndim == 1 and bias.sizes[0] not in (n, 1):
+            raise InvalidArgument(f"linear: bias: expected {n} elements, got {list(bias.sizes)}")
+    c.check_shape(op, out, "out", tuple(x.sizes[:-1]) + (n,))
+    return c.launch(op, stream, [out], [x, w, bias], _LINEAR, out, x, w, bias)
+
+
+# -- cpu ----------------------------------------------------------------------------------------
+
+def _cpu_matmul(out: Handle, a: Handle, b: Handle, bias: Handle | None, beta: float,
+                alpha: float) -> Callable[[], None]:
+    from aotrt.runtime.devices.cpu import host_array
+
+    def work() -> None:
+        o = host_array(out)
+        res = np.matmul(c.load_f32(host_array(a)), c.load_f32(host_array(b)))
+        if alpha != 1.0:
+            res *= np.float32(alpha)
+        if bias is not None and beta != 0.0:
+            bv = c.load_f32(host_array(bias))
+            res += bv if beta == 1.0 else bv * np.float32(beta)
+        # res is a fresh temporary, so an out that overlaps an input is still right.
+        c.store(o, res)
+    return work
+
+
+def _cpu_linear(out: Handle, x: Handle, w: Handle, bias: Handle | None) -> Callable[[], None]:
+    from aotrt.runtime.devices.cpu import host_array
+
+    def work() -> None:
+        xv = c.load_f32(host_array(x))
+        wv = c.load_f32(host_array(w))
+        lead = xv.shape[:-1]
+        rows = int(np.prod(lead, dtype=np.int64))
+        # One 2-D GEMM instead of a stack of small ones (reshape copies only if it must).
+        res = np.matmul(xv.reshape(rows, xv.shape[-1]), wv.T)
+        if bias is not None:
+            res += c.load_f32(host_array(bias))
+        c.store(host_array(out), res.reshape(lead + (wv.shape[0],)))
+    return work
+
+
+_MATMUL: dict[str, Callable[..., Any]] = {"cpu": _cpu_matmul}
+_LINEAR: dict[str, Callable[..., Any]] = {"cpu": _cpu_linear}

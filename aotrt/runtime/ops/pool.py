@@ -1,0 +1,142 @@
+"""2-D max pooling (aten.max_pool2d_with_indices), with optional int64 indices, into
+caller-provided output views.
+
+Semantics follow torch's cpu kernel: padding is never selected, the first maximum in
+row-major window order wins, a NaN wins over numbers (the last NaN in window order), and
+indices are flat offsets h * W + w into each input plane.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Callable
+
+import numpy as np
+from numpy.lib.stride_tricks import as_strided
+
+from aotrt import dtypes
+from aotrt.errors import InvalidArgument
+from aotrt.runtime.device import Stream
+from aotrt.runtime.ops import _common as c
+from aotrt.runtime.tensor import Handle
+
+
+@dataclass(frozen=True)
+class PoolParams:
+    """Validated pooling geometry, (h, w) pairs."""
+
+    kernel: tuple[int, int]
+    stride: tuple[int, int]
+    padding: tuple[int, int]
+    dilation: tuple[int, int]
+    out_hw: tuple[int, int]
+
+
+def _out_size(n: int, k: int, s: int, p: int, d: int, ceil_mode: bool) -> int:
+    """torch's pooling_output_shape."""
+    span = n + 2 * p - d * (k - 1) - 1 + (s - 1 if ceil_mode else 0)
+    out = span // s + 1
+    # The last window must start inside the input or its left padding.
+    if ceil_mode and (out - 1) * s >= n + p:
+        out -= 1
+    return out
+
+
+def max_pool2d(stream: Stream, out: Handle, x: Handle, kernel_size: Any, stride: Any = (),
+               padding: Any = 0, dilation: Any = 1, ceil_mode: bool = False,
+               indices_out: Handle | None = None) -> int:
+    """out (and indices_out) = max_pool2d_with_indices(x, ...) for (N,)C,H,W input."""
+    op = "max_pool2d"
+    c.check_stream(op, stream)
+    c.check_tensor(op, stream, x, "x")
+    c.check_dtype(op, x, "x")
+    c.check_tensor(op, stream, out, "out")
+    c.check_same_dtype(op, x, "x", out, "out")
+    if indices_out is not None:
+        c.check_tensor(op, stream, indices_out, "indices_out")
+        if indices_out.dtype is not dtypes.int64:
+            raise InvalidArgument(f"max_pool2d: indices_out: dtype must be int64, got "
+                                  f"{indices_out.dtype.name}")
+    c.check_rank(op, x, "x", (3, 4))
+    if any(n == 0 for n in x.sizes[-3:]):
+        raise InvalidArgument(f"max_pool2d: x: channel and spatial dims must be non-zero, got "
+                              f"{list(x.sizes)}")
+    kernel = c.as_ints(op, kernel_size, "kernel_size", 2, minimum=1)
+    if stride is None or (isinstance(stride, (list, tuple)) and len(stride) == 0):
+        stride = kernel  # aten's default: an empty stride means stride = kernel_size
+    else:
+        stride = c.as_ints(op, stride, "stride", 2, minimum=1)
+    padding = c.as_ints(op, padding, "padding", 2, default=0, minimum=0)
+    dilation = c.as_ints(op, dilation, "dilation", 2, default=1, minimum=1)
+    ceil_mode = c.as_bool(op, ceil_mode, "ceil_mode")
+    for k, p in zip(kernel, padding):
+        if p > k // 2:
+            raise InvalidArgument(f"max_pool2d: padding: {list(padding)} must be at most half "
+                                  f"of kernel_size {list(kernel)}")
+    h, w = x.sizes[-2:]
+    out_hw = (_out_size(h, kernel[0], stride[0], padding[0], dilation[0], ceil_mode),
+              _out_size(w, kernel[1], stride[1], padding[1], dilation[1], ceil_mode))
+    if min(out_hw) < 1:
+        raise InvalidArgument(f"max_pool2d: x: input {list(x.sizes)} gives output size "
+                              f"{list(out_hw)}, which is too small")
+    shape = tuple(x.sizes[:-2]) + out_hw
+    c.check_shape(op, out, "out", shape)
+    if indices_out is not None:
+        c.check_shape(op, indices_out, "indices_out", shape)
+    p = PoolParams(kernel, stride, padding, dilation, out_hw)
+    return c.launch(op, stream, [out, indices_out], [x], _POOL, out, indices_out, x, p)
+
+
+# -- cpu ----------------------------------------------------------------------------------------
+
+def _cpu_pool(out: Handle, indices_out: Handle | None, x: Handle,
+              p: PoolParams) -> Callable[[], None]:
+    from aotrt.runtime.devices.cpu import host_array
+
+    def work() -> None:
+        (xa,) = c.detach_inputs([out, indices_out], [x], [host_array(x)])
+        xv = c.load_f32(xa)
+        o = host_array(out)
+        io = None if indices_out is None else host_array(indices_out)
+        if xv.ndim == 3:
+            xv, o = xv[None], o[None]
+            io = None if io is None else io[None]
+        _pool(xv, o, io, p)
+    return work
+
+
+def _pool(xv: np.ndarray, o: np.ndarray, io: np.ndarray | None, p: PoolParams) -> None:
+    n, ch, h, w = xv.shape
+    (kh, kw), (sh, sw), (ph, pw), (dh, dw), (ho, wo) = (p.kernel, p.stride, p.padding,
+                                                        p.dilation, p.out_hw)
+    # ceil_mode windows may run past the right padding; pad far enough for all of them.
+    rh = max(ph, (ho - 1) * sh + dh * (kh - 1) + 1 - h - ph)
+    rw = max(pw, (wo - 1) * sw + dw * (kw - 1) + 1 - w - pw)
+    valid = np.pad(np.ones((h, w), dtype=bool), ((ph, rh), (pw, rw)))
+    vs = valid.strides
+    vwin = as_strided(valid, (ho, wo, kh, kw), (vs[0] * sh, vs[1] * sw, vs[0] * dh, vs[1] * dw),
+                      writeable=False).reshape(ho, wo, kh * kw)
+    # Flat input index of each window tap: (oh*sh - ph + i*dh) * W + (ow*sw - pw + j*dw).
+    tap_h = (np.arange(ho) * sh - ph)[:, None] + (np.arange(kh) * dh)[None, :]
+    tap_w = (np.arange(wo) * sw - pw)[:, None] + (np.arange(kw) * dw)[None, :]
+    flat = (tap_h[:, None, :, None] * w + tap_w[None, :, None, :]).reshape(ho, wo, kh * kw)
+    step = c.rows_per_chunk(ch * ho * wo * kh * kw * 4 * 3, n)
+    for n0 in range(0, n, step):
+        xp = np.pad(xv[n0:n0 + step], ((0, 0), (0, 0), (ph, rh), (pw, rw)),
+                    constant_values=-np.inf)
+        s_n, s_c, s_h, s_w = xp.strides
+        win = as_strided(xp, (xp.shape[0], ch, ho, wo, kh, kw),
+                         (s_n, s_c, s_h * sh, s_w * sw, s_h * dh, s_w * dw),
+                         writeable=False).reshape(xp.shape[0], ch, ho, wo, kh * kw)
+        top = win.max(axis=-1)  # NaN propagates; padding (-inf) never exceeds a value
+        c.store(o[n0:n0 + step], top)
+        if io is None:
+            continue
+        first = np.argmax((win == top[..., None]) & vwin, axis=-1)
+        nan = np.isnan(win)
+        last_nan = kh * kw - 1 - np.argmax(nan[..., ::-1], axis=-1)
+        pos = np.where(nan.any(axis=-1), last_nan, first)
+        c.store(io[n0:n0 + step], flat[np.arange(ho)[:, None], np.arange(wo)[None, :], pos])
+
+
+_POOL: dict[str, Callable[..., Any]] = {"cpu": _cpu_pool}

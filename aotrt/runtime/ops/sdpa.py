@@ -1,0 +1,186 @@
+"""Scaled dot-product attention (torch.nn.functional.scaled_dot_product_attention), math
+semantics, into a caller-provided output view.
+
+q (..., L, E), k (..., S, E), v (..., S, Ev) -> out (..., L, Ev). Batch dims broadcast as in
+torch's math backend; with enable_gqa the key/value heads (dim -3) are shared by groups of
+Hq / Hk query heads. Masks are bool (True = attend) or float (added to the scores) and
+broadcast to (..., L, S). is_causal keeps the top-left aligned lower triangle of (L, S).
+A row with nothing to attend to gives zeros, as torch 2.14 does (its softmax is "safe").
+Any head dim; dropout is not implemented.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, Callable
+
+import numpy as np
+from numpy.lib.stride_tricks import as_strided
+
+from aotrt import dtypes
+from aotrt.errors import InvalidArgument, Unsupported
+from aotrt.runtime.device import Stream
+from aotrt.runtime.ops import _common as c
+from aotrt.runtime.tensor import Handle
+
+
+def sdpa(stream: Stream, out: Handle, q: Handle, k: Handle, v: Handle,
+         attn_mask: Handle | None = None, dropout_p: float = 0.0, is_causal: bool = False,
+         scale: float | None = None, enable_gqa: bool = False) -> int:
+    """out = softmax(q @ k^T * scale + mask) @ v."""
+    op = "sdpa"
+    c.check_stream(op, stream)
+    c.check_tensor(op, stream, out, "out")
+    c.check_dtype(op, out, "out")
+    for h, name in ((q, "q"), (k, "k"), (v, "v")):
+        c.check_tensor(op, stream, h, name)
+        c.check_same_dtype(op, out, "out", h, name)
+    dropout_p = c.as_float(op, dropout_p, "dropout_p")
+    if dropout_p != 0.0:
+        raise Unsupported(f"sdpa: dropout_p: dropout is not implemented (got {dropout_p})")
+    is_causal = c.as_bool(op, is_causal, "is_causal")
+    enable_gqa = c.as_bool(op, enable_gqa, "enable_gqa")
+    if scale is not None:
+        scale = c.as_float(op, scale, "scale")
+    if q.ndim < 2:
+        raise InvalidArgument(f"sdpa: q: expected rank >= 2 (..., L, E), got {list(q.sizes)}")
+    for h, name in ((k, "k"), (v, "v")):
+        if h.ndim != q.ndim:
+            raise InvalidArgument(f"sdpa: {name}: rank {h.ndim} ({list(h.sizes)}) differs from "
+                                  f"q's rank {q.ndim} ({list(q.sizes)})")
+    e, ek = q.sizes[-1], k.sizes[-1]
+    if e == 0:
+        raise InvalidArgument(f"sdpa: q: zero head dim in {list(q.sizes)}")
+    if ek != e:
+        raise InvalidArgument(f"sdpa: k: head dim {ek} does not match q's {e}")
+    if v.sizes[-2] != k.sizes[-2]:
+        raise InvalidArgument(f"sdpa: v: sequence length {v.sizes[-2]} does not match k's "
+                              f"{k.sizes[-2]}")
+    qb, kb, vb = list(q.sizes[:-2]), list(k.sizes[:-2]), list(v.sizes[:-2])
+    groups = 1
+    if enable_gqa and q.ndim >= 3:
+        hq, hk, hv = qb[-1], kb[-1], vb[-1]
+        if hk == 0 or hv == 0:
+            raise InvalidArgument(f"sdpa: k: zero key/value heads (k {list(k.sizes)}, v "
+                                  f"{list(v.sizes)})")
+        if hk != hv:
+            raise InvalidArgument(f"sdpa: v: {hv} value heads differ from {hk} key heads")
+        if hq % hk:
+            raise InvalidArgument(f"sdpa: k: {hk} key heads do not divide {hq} query heads")
+        groups = hq // hk
+        kb[-1] = vb[-1] = hq
+    batch = c.broadcast_shape(op, [tuple(qb), tuple(kb), tuple(vb)], "q/k/v batch dims")
+    lq, s = q.sizes[-2], k.sizes[-2]
+    if attn_mask is not None:
+        if is_causal:
+            raise InvalidArgument("sdpa: attn_mask: an explicit mask cannot be combined with "
+                                  "is_causal=True")
+        c.check_tensor(op, stream, attn_mask, "attn_mask")
+        if attn_mask.dtype not in (dtypes.bool_, dtypes.float32, q.dtype):
+            raise InvalidArgument(f"sdpa: attn_mask: dtype {attn_mask.dtype.name} must be bool, "
+                                  f"float32 or q's {q.dtype.name}")
+        full = batch + (lq, s)
+        if c.broadcast_shape(op, [attn_mask.sizes, full], "attn_mask") != full:
+            raise InvalidArgument(f"sdpa: attn_mask: sizes {list(attn_mask.sizes)} do not "
+                                  f"broadcast to {list(full)}")
+    c.check_shape(op, out, "out", batch + (lq, v.sizes[-1]))
+    scale = 1.0 / math.sqrt(e) if scale is None else scale
+    return c.launch(op, stream, [out], [q, k, v, attn_mask], _SDPA, out, q, k, v, attn_mask,
+                    is_causal, scale, groups)
+
+
+# -- cpu ----------------------------------------------------------------------------------------
+
+def _split_heads(a: np.ndarray, groups: int) -> np.ndarray:
+    """View dim -3 (H) as (H / groups, groups), keeping strides (always possible)."""
+    shape = a.shape[:-3] + (a.shape[-3] // groups, groups) + a.shape[-2:]
+    st = a.strides[:-3] + (a.strides[-3] * groups, a.strides[-3]) + a.strides[-2:]
+    return as_strided(a, shape, st, writeable=a.flags.writeable)
+
+
+def _gqa_mask(m: np.ndarray, groups: int) -> np.ndarray:
+    """Align a mask broadcastable to (..., Hq, L, S) with (..., Hk, groups, L, S)."""
+    if m.ndim < 3:
+        return m
+    if m.shape[-3] == 1:
+        return m[..., None, :, :]
+    return _split_heads(m, groups)
+
+
+def _expand(a: np.ndarray, batch: tuple[int, ...]) -> np.ndarray:
+    """Broadcast `a`'s batch dims to `batch`, except the innermost, which keeps its size
+    (1 or full) so that matmul broadcasts it without materializing copies."""
+    a = a.reshape((1,) * (len(batch) + 2 - a.ndim) + a.shape)
+    inner = a.shape[-3]
+    return np.broadcast_to(a, batch[:-1] + (inner,) + a.shape[-2:])
+
+
+def _cpu_sdpa(out: Handle, q: Handle, k: Handle, v: Handle, mask: Handle | None,
+              is_causal: bool, scale: float, groups: int) -> Callable[[], None]:
+    from aotrt.runtime.devices.cpu import host_array
+
+    def work() -> None:
+        o = host_array(out)
+        qa, ka, va, ma = c.detach_inputs([out], [q, k, v, mask], [
+            host_array(q), host_array(k), host_array(v),
+            None if mask is None else host_array(mask)])
+        if ka.shape[-2] == 0:
+            o[...] = 0  # nothing to attend to: torch gives zeros
+            return
+        # A leading unit dim gives every problem at least one batch dim to iterate over.
+        # (Masks align from the right; _expand pads them.)
+        qa, ka, va, o = qa[None], ka[None], va[None], o[None]
+        if groups > 1:
+            qa, o = _split_heads(qa, groups), _split_heads(o, groups)
+            ka, va = ka[..., None, :, :], va[..., None, :, :]
+            ma = None if ma is None else _gqa_mask(ma, groups)
+        batch = o.shape[:-2]
+        qx, kx, vx = _expand(qa, batch), _expand(ka, batch), _expand(va, batch)
+        mx = None if ma is None else _expand(ma, batch)
+        lq, s = qx.shape[-2], kx.shape[-2]
+        inner = batch[-1]
+        hstep = c.rows_per_chunk(lq * s * 4, inner)
+        lstep = lq if hstep > 1 else c.rows_per_chunk(s * 4, lq)
+        for idx in np.ndindex(batch[:-1]):
+            for h0 in range(0, inner, hstep):
+                for l0 in range(0, lq, lstep):
+                    res = _attend(qx[idx], kx[idx], vx[idx], None if mx is None else mx[idx],
+                                  h0, h0 + hstep, l0, l0 + lstep, is_causal, scale)
+                    c.store(o[idx][h0:h0 + hstep, l0:l0 + lstep], res)
+    return work
+
+
+def _rows(a: np.ndarray, h0: int, h1: int) -> np.ndarray:
+    """Heads h0:h1 of an array whose head dim is full or 1 (then it broadcasts)."""
+    return a if a.shape[0] == 1 else a[h0:h1]
+
+
+def _attend(q: np.ndarray, k: np.ndarray, v: np.ndarray, m: np.ndarray | None, h0: int,
+            h1: int, l0: int, l1: int, is_causal: bool, scale: float) -> np.ndarray:
+    """Attention of query rows l0:l1 of heads h0:h1, in float32."""
+    qc = _rows(q, h0, h1)[:, l0:l1].astype(np.float32) * np.float32(scale)
+    kc = c.load_f32(_rows(k, h0, h1))
+    scores = np.matmul(qc, kc.transpose(0, 2, 1))
+    if m is not None:
+        mc = _rows(m, h0, h1)
+        mc = mc if mc.shape[-2] == 1 else mc[:, l0:l1]
+        if mc.dtype == np.bool_:
+            scores = np.where(mc, scores, np.float32(-np.inf))
+        else:
+            scores += c.load_f32(mc)
+    if is_causal:
+        s = scores.shape[-1]
+        keep = np.arange(s)[None, :] <= np.arange(l0, l0 + scores.shape[-2])[:, None]
+        scores = np.where(keep, scores, np.float32(-np.inf))
+    top = scores.max(axis=-1, keepdims=True)
+    # A fully masked row has max -inf; shifting by 0 keeps exp() at 0 instead of NaN.
+    top[np.isneginf(top)] = 0
+    np.subtract(scores, top, out=scores)
+    np.exp(scores, out=scores)
+    total = scores.sum(axis=-1, keepdims=True)
+    total[total == 0] = 1
+    scores /= total
+    return np.matmul(scores, c.load_f32(_rows(v, h0, h1)))
+
+
+_SDPA: dict[str, Callable[..., Any]] = {"cpu": _cpu_sdpa}

@@ -1,0 +1,92 @@
+"""topk: the k largest (or smallest) entries along a dim, with int64 indices, into
+caller-provided output views.
+
+NaN counts as larger than every number, as in torch. Equal values come out in ascending
+index order (a stable sort); torch leaves the order of ties unspecified and its cpu kernel
+does not always agree, so only the values and the validity of indices are comparable.
+sorted=False still returns sorted results, which satisfies torch's contract.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable
+
+import numpy as np
+
+from aotrt import dtypes
+from aotrt.errors import InvalidArgument
+from aotrt.runtime.device import Stream
+from aotrt.runtime.ops import _common as c
+from aotrt.runtime.tensor import Handle
+
+DTYPES = c.FLOATS + c.INTS
+
+
+def topk(stream: Stream, values_out: Handle, indices_out: Handle, x: Handle, k: int,
+         dim: int = -1, largest: bool = True, sorted: bool = True) -> int:
+    """values_out, indices_out = torch.topk(x, k, dim, largest, sorted)."""
+    op = "topk"
+    c.check_stream(op, stream)
+    c.check_tensor(op, stream, x, "x")
+    c.check_dtype(op, x, "x", DTYPES)
+    c.check_tensor(op, stream, values_out, "values_out")
+    c.check_same_dtype(op, x, "x", values_out, "values_out")
+    c.check_tensor(op, stream, indices_out, "indices_out")
+    if indices_out.dtype is not dtypes.int64:
+        raise InvalidArgument(f"topk: indices_out: dtype must be int64, got "
+                              f"{indices_out.dtype.name}")
+    k = c.as_int(op, k, "k")
+    dim = c.as_int(op, dim, "dim")
+    largest = c.as_bool(op, largest, "largest")
+    sorted = c.as_bool(op, sorted, "sorted")
+    rank = max(x.ndim, 1)
+    if not -rank <= dim < rank:
+        raise InvalidArgument(f"topk: dim: {dim} is out of range for a {x.ndim}-D tensor")
+    dim %= rank
+    size = x.sizes[dim] if x.ndim else 1
+    if not 0 <= k <= size:
+        raise InvalidArgument(f"topk: k: {k} is out of range [0, {size}] for dim {dim} of "
+                              f"{list(x.sizes)}")
+    # A 0-D input gives 0-D outputs (torch, even for k == 0).
+    shape = tuple(x.sizes[:dim]) + (k,) + tuple(x.sizes[dim + 1:]) if x.ndim else ()
+    c.check_shape(op, values_out, "values_out", shape)
+    c.check_shape(op, indices_out, "indices_out", shape)
+    return c.launch(op, stream, [values_out, indices_out], [x], _TOPK, values_out, indices_out,
+                    x, k, dim, largest)
+
+
+# -- cpu ----------------------------------------------------------------------------------------
+
+def stable_topk_indices(a: np.ndarray, k: int, largest: bool) -> np.ndarray:
+    """Indices of the top k along the last axis; ties in ascending index order."""
+    if a.dtype == dtypes.bfloat16.np:
+        a = a.astype(np.float32)  # exact; numpy sorts float32 natively
+    if not largest:
+        return np.argsort(a, axis=-1, kind="stable")[..., :k]
+    # Stable descending: sort the reversed row ascending, then reverse back. numpy puts NaN
+    # last in ascending order, so it comes first here, as torch ranks it.
+    n = a.shape[-1]
+    order = np.argsort(a[..., ::-1], axis=-1, kind="stable")[..., ::-1]
+    return (n - 1) - order[..., :k]
+
+
+def _cpu_topk(values_out: Handle, indices_out: Handle, x: Handle, k: int, dim: int,
+              largest: bool) -> Callable[[], None]:
+    from aotrt.runtime.devices.cpu import host_array
+
+    def work() -> None:
+        xv = host_array(x)
+        vo, io = host_array(values_out), host_array(indices_out)
+        if xv.ndim == 0:
+            # torch: a 0-D input gives itself and index 0 for k of 0 or 1.
+            vo[...], io[...] = xv.copy(), 0
+            return
+        xm = np.moveaxis(xv, dim, -1)
+        idx = stable_topk_indices(xm, k, largest)
+        vals = np.take_along_axis(xm, idx, axis=-1)  # a copy, so outputs may overlap x
+        c.store(np.moveaxis(vo, dim, -1), vals)
+        c.store(np.moveaxis(io, dim, -1), idx)
+    return work
+
+
+_TOPK: dict[str, Callable[..., Any]] = {"cpu": _cpu_topk}

@@ -1,0 +1,92 @@
+"""Nearest-neighbour 2-D upsampling (aten.upsample_nearest2d), into a caller-provided view.
+
+Source index = min(floor(dst * scale), in - 1) in float32 arithmetic, with scale =
+1 / scale_factor when a factor is given and in / out otherwise, exactly as torch computes
+it. With only scale_factors, the output size is floor(in * factor). Giving both follows
+the aten `.default` overload: sizes from output_size, source indices from the factors.
+It is a pure gather, so every dtype is supported.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, Callable, Sequence
+
+import numpy as np
+
+from aotrt import dtypes
+from aotrt.errors import InvalidArgument
+from aotrt.runtime.device import Stream
+from aotrt.runtime.ops import _common as c
+from aotrt.runtime.tensor import Handle
+
+
+def _factors(op: str, value: Any) -> tuple[float, float] | None:
+    if value is None:
+        return None
+    if not isinstance(value, (list, tuple)) or len(value) != 2:
+        raise InvalidArgument(f"{op}: scale_factors: expected 2 numbers, got {value!r}")
+    vals = tuple(c.as_float(op, v, f"scale_factors[{i}]") for i, v in enumerate(value))
+    for v in vals:
+        if not (math.isfinite(v) and v > 0):
+            raise InvalidArgument(f"{op}: scale_factors: must be positive and finite, got "
+                                  f"{list(vals)}")
+    return vals  # type: ignore[return-value]
+
+
+def source_indices(n_in: int, n_out: int, factor: float | None) -> np.ndarray:
+    """Source index of each output position along one dim, as torch's nearest_idx."""
+    dst = np.arange(n_out, dtype=np.int64)
+    if n_out == n_in:
+        return dst
+    if factor is not None and factor > 0:
+        scale = np.float32(1.0 / factor)
+    else:
+        scale = np.float32(n_in) / np.float32(n_out)
+    src = np.floor(dst.astype(np.float32) * scale).astype(np.int64)
+    return np.minimum(src, n_in - 1)
+
+
+def upsample_nearest2d(stream: Stream, out: Handle, x: Handle,
+                       output_size: Sequence[int] | None = None,
+                       scale_factors: Sequence[float] | None = None) -> int:
+    """out = upsample_nearest2d(x, output_size, scale_factors) for a 4-D input."""
+    op = "upsample_nearest2d"
+    c.check_stream(op, stream)
+    c.check_tensor(op, stream, x, "x")
+    c.check_dtype(op, x, "x", dtypes.ALL)
+    c.check_tensor(op, stream, out, "out")
+    c.check_same_dtype(op, x, "x", out, "out")
+    c.check_rank(op, x, "x", (4,))
+    factors = _factors(op, scale_factors)
+    h, w = x.sizes[2:]
+    if output_size is None:
+        if factors is None:
+            raise InvalidArgument(f"{op}: output_size: give output_size or scale_factors")
+        size = (math.floor(h * factors[0]), math.floor(w * factors[1]))
+    else:
+        if not isinstance(output_size, (list, tuple)) or len(output_size) != 2:
+            raise InvalidArgument(f"{op}: output_size: expected 2 ints, got {output_size!r}")
+        size = tuple(c.as_int(op, v, f"output_size[{i}]") for i, v in enumerate(output_size))
+    if min(h, w) < 1 or min(size) < 1:
+        raise InvalidArgument(f"{op}: x: input {list(x.sizes[2:])} and output {list(size)} "
+                              f"sizes must be greater than 0")
+    c.check_shape(op, out, "out", tuple(x.sizes[:2]) + tuple(size))
+    fh, fw = factors if factors is not None else (None, None)
+    rows, cols = source_indices(h, size[0], fh), source_indices(w, size[1], fw)
+    return c.launch(op, stream, [out], [x], _UPSAMPLE, out, x, rows, cols)
+
+
+# -- cpu ----------------------------------------------------------------------------------------
+
+def _cpu_upsample(out: Handle, x: Handle, rows: np.ndarray,
+                  cols: np.ndarray) -> Callable[[], None]:
+    from aotrt.runtime.devices.cpu import host_array
+
+    def work() -> None:
+        # Fancy indexing gathers into a fresh array, so an out overlapping x is still right.
+        c.store(host_array(out), host_array(x)[:, :, rows[:, None], cols[None, :]])
+    return work
+
+
+_UPSAMPLE: dict[str, Callable[..., Any]] = {"cpu": _cpu_upsample}

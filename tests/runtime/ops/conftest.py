@@ -1,0 +1,152 @@
+"""Fixtures for the library-op tests: a checked deferred cpu stream, an owner that frees
+everything a test made, and `kit`, which builds input/output views in every layout.
+
+Layouts: 'packed' (row-major at offset 0), 'offset' (row-major at an element offset),
+'strided' (non-packed: padded dims, like a slice of a bigger tensor, at an offset),
+'transposed' (dense, dims in reverse memory order, at an offset). Bytes of the parent
+around each view hold sentinels, so tests can prove an op wrote only its view.
+"""
+
+from __future__ import annotations
+
+import os
+import zlib
+
+# The hazard checker is always on in tests (tests/conftest.py may also set it).
+os.environ.setdefault("AOTRT_CHECK_HAZARDS", "1")
+
+from typing import Any, Iterator  # noqa: E402
+
+import ml_dtypes  # noqa: E402
+import numpy as np  # noqa: E402
+import pytest  # noqa: E402
+
+from aotrt.dtypes import as_dtype  # noqa: E402
+from aotrt.runtime import shims  # noqa: E402
+from aotrt.runtime.device import Stream, StreamOptions, get_device  # noqa: E402
+from aotrt.runtime.memory import Owner, owner_scope  # noqa: E402
+from aotrt.runtime.tensor import Handle, contiguous_strides, numel_of  # noqa: E402
+
+NP = {"float32": np.dtype(np.float32), "float16": np.dtype(np.float16),
+      "bfloat16": np.dtype(ml_dtypes.bfloat16), "int64": np.dtype(np.int64),
+      "int32": np.dtype(np.int32), "bool": np.dtype(np.bool_)}
+TOL = {"float32": 1e-4, "float16": 2e-2, "bfloat16": 2e-2}
+LAYOUTS = ("packed", "offset", "strided", "transposed")
+
+
+def geometry(shape: tuple[int, ...], layout: str) -> tuple[tuple[int, ...], int]:
+    """(strides, element offset) of a view of `shape` in `layout`."""
+    if layout == "packed":
+        return contiguous_strides(shape), 0
+    if layout == "offset" or (layout in ("strided", "transposed") and len(shape) == 0):
+        return contiguous_strides(shape), 5
+    if layout == "strided":
+        padded = tuple(n + 1 for n in shape[:-1]) + (2 * shape[-1] + 1,)
+        return contiguous_strides(padded), 3
+    if layout == "transposed":
+        rev = contiguous_strides(tuple(reversed(shape)))
+        return tuple(reversed(rev)), 2
+    raise ValueError(layout)
+
+
+class Kit:
+    """Builds views with known contents and checks results."""
+
+    def __init__(self, stream: Stream, rng: np.random.Generator) -> None:
+        self.stream = stream
+        self.dev = stream.device
+        self.rng = rng
+        self._parents: dict[int, tuple[Handle, np.ndarray, np.ndarray]] = {}
+
+    def randn(self, shape: tuple[int, ...], dtype: str, scale: float = 1.0) -> np.ndarray:
+        """Fresh random values, rounded to `dtype`."""
+        return (self.rng.standard_normal(shape) * scale).astype(NP[dtype])
+
+    def tensor(self, values: np.ndarray, layout: str = "packed",
+               strides: tuple[int, ...] | None = None, offset: int | None = None) -> Handle:
+        """A view holding `values`, in `layout` (or at explicit strides/offset)."""
+        values = np.asarray(values)
+        shape = tuple(values.shape)
+        if strides is None:
+            strides, off = geometry(shape, layout)
+            offset = off if offset is None else offset
+        offset = offset or 0
+        hi = sum((n - 1) * s for n, s in zip(shape, strides) if n > 0) + 1
+        parent_n = offset + (hi if numel_of(shape) else 0) + 4
+        dt = as_dtype(values.dtype)
+        with self.dev.stream_guard(self.stream):
+            base = shims.empty_strided([parent_n], None, dt, "cpu")
+        if values.dtype == np.bool_:
+            fill = np.ones(parent_n, dtype=np.bool_)
+        elif values.dtype.kind in "iu":
+            fill = np.full(parent_n, 7777, dtype=values.dtype)
+        else:
+            fill = np.full(parent_n, -999.0).astype(values.dtype)
+        self.dev.write(base, fill)
+        view = shims.reinterpret_tensor(base, shape, strides, offset)
+        self.dev.write(view, values)
+        covered = np.zeros(parent_n, dtype=bool)
+        if numel_of(shape):
+            np.lib.stride_tricks.as_strided(
+                covered[offset:], shape, [s * covered.itemsize for s in strides])[...] = True
+        self._parents[id(view)] = (base, fill, covered)
+        return view
+
+    def out(self, shape: tuple[int, ...], dtype: str, layout: str = "packed") -> Handle:
+        """An output view pre-filled with values the op must overwrite (NaN for floats)."""
+        if NP[dtype].kind == "f" or dtype == "bfloat16":
+            vals = np.full(shape, np.nan).astype(NP[dtype])
+        elif dtype == "bool":
+            vals = np.zeros(shape, dtype=bool)
+        else:
+            vals = np.full(shape, -4242, dtype=NP[dtype])
+        return self.tensor(vals, layout)
+
+    def read(self, h: Handle) -> np.ndarray:
+        """The view's values (waits for pending writes), checking its parent's other bytes
+        were left alone."""
+        got = h.numpy()
+        if id(h) in self._parents:
+            base, fill, covered = self._parents[id(h)]
+            now = base.numpy()
+            same = (now[~covered].view(np.uint8) == fill[~covered].view(np.uint8))
+            assert same.all(), "op wrote outside its output view"
+        return got
+
+    @staticmethod
+    def t64(a: np.ndarray) -> Any:
+        """A float64 torch tensor of numpy values (any float dtype, bf16 included)."""
+        import torch
+
+        return torch.from_numpy(np.asarray(a, dtype=np.float64))
+
+    def close(self, got: np.ndarray, ref: Any, dtype: str, tol: float | None = None) -> None:
+        """Assert max |got - ref| / max |ref| <= tol (ref in float64)."""
+        ref = np.asarray(ref, dtype=np.float64)
+        got = np.asarray(got, dtype=np.float64)
+        assert got.shape == ref.shape, (got.shape, ref.shape)
+        if ref.size == 0:
+            return
+        assert np.isfinite(got).all() == np.isfinite(ref).all(), "non-finite mismatch"
+        scale = max(np.abs(ref).max(), 1e-30)
+        err = np.abs(got - ref).max() / scale
+        limit = TOL[dtype] if tol is None else tol
+        assert err <= limit, f"relative error {err:.3g} > {limit:g} ({dtype})"
+
+
+@pytest.fixture
+def stream() -> Iterator[Stream]:
+    """A deferred, hazard-checked cpu stream: work runs only at a wait."""
+    s = get_device("cpu").create_stream(StreamOptions(deferred=True, check_hazards=True))
+    yield s
+    s.close()
+
+
+@pytest.fixture
+def kit(stream: Stream, request: pytest.FixtureRequest) -> Iterator[Kit]:
+    """A Kit whose tensors belong to a per-test owner, freed at the end."""
+    owner = Owner(f"test:{request.node.name}")
+    seed = zlib.crc32(request.node.nodeid.encode())
+    with owner_scope(owner):
+        yield Kit(stream, np.random.default_rng(seed))
+    owner.close()
