@@ -39,7 +39,7 @@ _UNARY_INT = {
 _BINARY_FLOAT = {
     "add": "(({0}) + ({1}))", "sub": "(({0}) - ({1}))", "mul": "(({0}) * ({1}))",
     "div": "(({0}) / ({1}))", "truncdiv": "truncf(({0}) / ({1}))",
-    "floordiv": "floorf(({0}) / ({1}))", "pow": "powf({0}, {1})", "fmod": "fmodf({0}, {1})",
+    "floordiv": "aot_floordivf({0}, {1})", "pow": "powf({0}, {1})", "fmod": "fmodf({0}, {1})",
     "mod": "aot_fmod_py({0}, {1})", "maximum": "aot_fmaxf({0}, {1})",
     "minimum": "aot_fminf({0}, {1})", "atan2": "atan2f({0}, {1})",
 }
@@ -52,6 +52,7 @@ _BINARY_INT = {
     "bitwise_xor": "(({0}) ^ ({1}))", "shl": "(({0}) << ({1}))", "shr": "(({0}) >> ({1}))",
     "pow": "aot_ipow({0}, {1})",
 }
+_NARROW_INT = {"int32": "int32_t", "int16": "int16_t", "int8": "int8_t", "uint8": "uint8_t"}
 _COMPARE = {"lt": "<", "le": "<=", "gt": ">", "ge": ">=", "eq": "==", "ne": "!="}
 _LOGICAL = {"and": "&&", "or": "||", "xor": "!="}
 
@@ -65,6 +66,11 @@ class CStyleRenderer:
 {q} float aot_fminf(float a, float b) { return (a != a || a < b) ? a : b; }
 {q} float aot_fmod_py(float a, float b) { float r = fmodf(a, b);
   return (r != 0.0f && ((r < 0.0f) != (b < 0.0f))) ? r + b : r; }
+{q} float aot_floordivf(float a, float b) { if (b == 0.0f) return a / b;
+  float m = fmodf(a, b); float d = (a - m) / b;
+  if (m != 0.0f && ((b < 0.0f) != (m < 0.0f))) d -= 1.0f;
+  if (d == 0.0f) return copysignf(0.0f, a / b);
+  float f = floorf(d); return (d - f > 0.5f) ? f + 1.0f : f; }
 {q} int64_t aot_floordiv(int64_t a, int64_t b) { int64_t q = a / b;
   return (a % b != 0 && ((a < 0) != (b < 0))) ? q - 1 : q; }
 {q} int64_t aot_mod_py(int64_t a, int64_t b) { int64_t r = a % b;
@@ -231,7 +237,20 @@ class CStyleRenderer:
         """Conversion of a computed value between dtypes."""
         if dst == "bool":
             return f"(({x}) != 0)"
+        if dst in _NARROW_INT and src != dst:
+            # wrap like a store would, so a cast inside an expression means what torch's does
+            return f"((int64_t)({_NARROW_INT[dst]})(int64_t)({x}))"
+        if dst in ("float16", "bfloat16") and src != dst:
+            return self.round_to(f"((float)({x}))", dst)
         return f"(({COMPUTE_TYPE[dst]})({x}))"
+
+    def round_to(self, x: str, dtype: str) -> str:
+        """A float rounded to the nearest value of half type `dtype`, still as a float.
+
+        The base keeps full float precision (Inductor's rule: round only on store); targets
+        override it to round per cast, as torch eager does per op.
+        """
+        return x
 
     def literal(self, value: ir.Scalar, dtype: str) -> str:
         """A literal in the compute type of `dtype`."""
@@ -338,6 +357,12 @@ static inline uint16_t aot_f_to_bf16(float f) { uint32_t u; memcpy(&u, &f, 4);
     def flat_index(self) -> str:
         """The loop variable."""
         return "it"
+
+    def round_to(self, x: str, dtype: str) -> str:
+        """Round through the storage type, so casts inside a kernel round like torch."""
+        if dtype == "bfloat16":
+            return f"aot_bf16_to_f(aot_f_to_bf16({x}))"
+        return f"((float)(_Float16)({x}))"
 
     def load(self, dtype: str, arg: int, idx: str) -> str:
         """Typed read with widening to the compute type."""
