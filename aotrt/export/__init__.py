@@ -1,0 +1,37 @@
+"""The ahead-of-time side: torch.nn.Module -> aotrt.Program. The only package that imports torch.
+
+    prog = aotrt.export(model, (x,))
+    prog.save("model.aotp")
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from typing import Any, Sequence
+
+from aotrt.program import Program
+
+log = logging.getLogger(__name__)
+
+__all__ = ["export"]
+
+
+def export(model: Any, example_inputs: Sequence[Any], *, kwargs: dict[str, Any] | None = None,
+           name: str | None = None, strict: bool = False) -> Program:
+    """Export `model` traced on `example_inputs` (static shapes) into a validated Program.
+
+    Raises aotrt.errors.Unsupported, naming the op and the model's source line, for anything
+    the runtime cannot run; nothing unsupported is left to fail at run time.
+    """
+    from aotrt.export.capture import capture
+    from aotrt.export.lower import lower
+
+    t0 = time.perf_counter()
+    ep = capture(model, example_inputs, kwargs=kwargs, strict=strict)
+    t1 = time.perf_counter()
+    prog = lower(ep, name or type(model).__name__)
+    log.info("exported %s: capture %.2fs, lowering %.2fs, %d instructions, %d kernels",
+             name or type(model).__name__, t1 - t0, time.perf_counter() - t1,
+             len(prog.instructions), len(prog.kernels))
+    return prog
