@@ -17,6 +17,7 @@ from numpy.lib.stride_tricks import as_strided
 from aotrt.errors import InvalidArgument, Unsupported
 from aotrt.runtime.device import Stream
 from aotrt.runtime.ops import _common as c
+from aotrt.runtime.ops import _cuda
 from aotrt.runtime.tensor import Handle
 
 
@@ -210,4 +211,4 @@ def _cpu_conv(out: Handle, x: Handle, w: Handle, bias: Handle | None,
     return work
 
 
-_CONV: dict[str, Callable[..., Any]] = {"cpu": _cpu_conv}
+_CONV: dict[str, Callable[..., Any]] = {"cpu": _cpu_conv, "cuda": _cuda.make_conv}

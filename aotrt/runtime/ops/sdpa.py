@@ -21,6 +21,7 @@ from aotrt import dtypes
 from aotrt.errors import InvalidArgument, Unsupported
 from aotrt.runtime.device import Stream
 from aotrt.runtime.ops import _common as c
+from aotrt.runtime.ops import _cuda
 from aotrt.runtime.tensor import Handle
 
 
@@ -183,4 +184,4 @@ def _attend(q: np.ndarray, k: np.ndarray, v: np.ndarray, m: np.ndarray | None, h
     return np.matmul(scores, c.load_f32(_rows(v, h0, h1)))
 
 
-_SDPA: dict[str, Callable[..., Any]] = {"cpu": _cpu_sdpa}
+_SDPA: dict[str, Callable[..., Any]] = {"cpu": _cpu_sdpa, "cuda": _cuda.make_sdpa}

@@ -18,6 +18,7 @@ from aotrt import dtypes
 from aotrt.errors import InvalidArgument
 from aotrt.runtime.device import Stream
 from aotrt.runtime.ops import _common as c
+from aotrt.runtime.ops import _cuda
 from aotrt.runtime.tensor import Handle
 
 
@@ -89,4 +90,5 @@ def _cpu_upsample(out: Handle, x: Handle, rows: np.ndarray,
     return work
 
 
-_UPSAMPLE: dict[str, Callable[..., Any]] = {"cpu": _cpu_upsample}
+_UPSAMPLE: dict[str, Callable[..., Any]] = {"cpu": _cpu_upsample,
+                                            "cuda": _cuda.make_upsample}

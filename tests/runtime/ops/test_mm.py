@@ -122,7 +122,7 @@ def test_linear_chunk_last_dim_seed_repro(kit, stream):
         (5, 8), "float32")
     h = kit.out((12, 16), "float32")
     linear(stream, h, kit.tensor(x_np), kit.tensor(w1))
-    half = shims.reinterpret_tensor(h, [12, 8], [16, 1], 8)
+    half = kit.view(h, [12, 8], [16, 1], 8)
     out = kit.out((12, 5), "float32")
     linear(stream, out, half, kit.tensor(w2))
     ref = (kit.t64(x_np) @ kit.t64(w1).T)[:, 8:] @ kit.t64(w2).T
@@ -144,9 +144,9 @@ def test_registry_calls_match_direct_calls(kit, stream):
     o1, o2, o3 = kit.out((4, 2), "float32"), kit.out((4, 2), "float32"), kit.out(
         (4, 2), "float32")
     OPS["linear"](stream, [o1], [x, w, None])
-    OPS["addmm"](stream, [o2], [b, x, shims.reinterpret_tensor(w, [3, 2], [1, 3], 0)],
+    OPS["addmm"](stream, [o2], [b, x, kit.view(w, [3, 2], [1, 3], 0)],
                  beta=1.0, alpha=1.0)
-    OPS["mm"](stream, [o3], [x, shims.reinterpret_tensor(w, [3, 2], [1, 3], 0)])
+    OPS["mm"](stream, [o3], [x, kit.view(w, [3, 2], [1, 3], 0)])
     ref = kit.t64(x_np) @ kit.t64(w_np).T
     kit.close(kit.read(o1), ref, "float32")
     kit.close(kit.read(o2), ref + kit.t64(b_np), "float32")

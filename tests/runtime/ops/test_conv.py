@@ -1,0 +1,247 @@
+"""convolution against torch (float64 reference): 1-D and 2-D, strides, padding,
+dilation, groups, transposed with output padding, bias, every layout."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from aotrt.errors import InvalidArgument, Unsupported
+from aotrt.runtime.ops import OPS, convolution
+
+DTYPES = ("float32", "bfloat16", "float16")
+LAYOUTS = ("packed", "offset", "strided", "transposed")
+
+
+def _ref(kit, x, w, b, stride, padding, dilation, transposed, output_padding, groups):
+    return torch.ops.aten.convolution(kit.t64(x), kit.t64(w), None if b is None else kit.t64(b),
+                                      stride, padding, dilation, transposed, output_padding,
+                                      groups)
+
+
+def _run(kit, stream, dtype, x_shape, w_shape, bias, stride, padding, dilation,
+         transposed=False, output_padding=None, groups=1, layouts=("packed",) * 4):
+    nd = len(w_shape) - 2
+    output_padding = output_padding or [0] * nd
+    x_np, w_np = kit.randn(x_shape, dtype), kit.randn(w_shape, dtype, 0.5)
+    cout = w_shape[1] * groups if transposed else w_shape[0]
+    b_np = kit.randn((cout,), dtype) if bias else None
+    ref = _ref(kit, x_np, w_np, b_np, stride, padding, dilation, transposed, output_padding,
+               groups)
+    x, w = kit.tensor(x_np, layouts[0]), kit.tensor(w_np, layouts[1])
+    b = kit.tensor(b_np, layouts[2]) if bias else None
+    out = kit.out(tuple(ref.shape), dtype, layouts[3])
+    convolution(stream, out, x, w, b, stride, padding, dilation, transposed, output_padding,
+                groups)
+    kit.close(kit.read(out), ref, dtype)
+
+
+CASES_2D = [
+    # x, w, bias, stride, padding, dilation, groups
+    ((2, 4, 9, 8), (6, 4, 3, 3), True, [1, 1], [1, 1], [1, 1], 1),
+    ((1, 4, 9, 8), (6, 2, 3, 2), False, [2, 1], [0, 1], [1, 2], 2),
+    ((3, 6, 7, 7), (6, 1, 3, 3), True, [2, 2], [1, 1], [1, 1], 6),   # depthwise
+    ((2, 8, 5, 6), (4, 8, 1, 1), True, [1, 1], [0, 0], [1, 1], 1),   # 1x1
+    ((1, 3, 12, 11), (5, 3, 5, 5), True, [3, 2], [2, 2], [1, 1], 1),
+    ((2, 4, 10, 10), (4, 2, 3, 3), False, [1, 1], [2, 2], [2, 2], 2),
+]
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("case", range(len(CASES_2D)))
+def test_conv2d_matches_torch(kit, stream, dtype, case):
+    x, w, bias, s, p, d, g = CASES_2D[case]
+    _run(kit, stream, dtype, x, w, bias, s, p, d, groups=g)
+
+
+@pytest.mark.parametrize("layout", LAYOUTS)
+def test_conv2d_reads_and_writes_views_in_place(kit, stream, layout):
+    _run(kit, stream, "float32", (2, 4, 7, 6), (6, 2, 3, 3), True, [1, 2], [1, 0], [1, 1],
+         groups=2, layouts=(layout,) * 4)
+
+
+CASES_1D = [
+    ((1, 8, 5), (6, 8, 3), False, [1], [1], [1], 1),     # §5 conv1d_nobias
+    ((2, 6, 17), (4, 3, 4), True, [2], [3], [2], 2),
+    ((3, 4, 9), (8, 1, 3), True, [1], [0], [3], 4),
+]
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("case", range(len(CASES_1D)))
+def test_conv1d_matches_torch(kit, stream, dtype, case):
+    x, w, bias, s, p, d, g = CASES_1D[case]
+    _run(kit, stream, dtype, x, w, bias, s, p, d, groups=g, layouts=("strided", "transposed",
+                                                                     "offset", "strided"))
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_conv1d_bias_whisper_shape(kit, stream, dtype):
+    # behaviors.md §5 conv1d_bias: Conv1d 80 -> 384, k3 p1, on (1, 80, 3000).
+    _run(kit, stream, dtype, (1, 80, 3000), (384, 80, 3), True, [1], [1], [1])
+
+
+@pytest.mark.slow
+def test_conv1d_voxtral_shape(kit, stream):
+    # behaviors.md §5 conv1d_voxtral: Conv1d 128 -> 1280, k3 p1, no bias, (10, 128, 3000);
+    # batch 2 keeps it quick, the per-sample work is the full one.
+    _run(kit, stream, "float32", (2, 128, 3000), (1280, 128, 3), False, [1], [1], [1])
+
+
+CASES_T = [
+    # x, w (Cin, Cout/g, k...), bias, stride, padding, dilation, output_padding, groups
+    ((2, 4, 5, 6), (4, 3, 3, 3), True, [2, 2], [1, 1], [1, 1], [1, 1], 1),
+    ((1, 6, 4, 4), (6, 2, 2, 2), False, [2, 2], [0, 0], [1, 1], [0, 0], 3),  # YOLO-like up
+    ((1, 4, 3, 5), (4, 2, 3, 2), True, [3, 2], [2, 0], [2, 1], [2, 1], 2),
+    ((2, 2, 4, 4), (2, 3, 4, 4), True, [1, 1], [3, 3], [1, 1], [0, 0], 1),   # p > op
+    ((1, 4, 7), (4, 5, 3), True, [2], [1], [1], [1], 1),                     # 1-D
+    ((2, 4, 6), (4, 1, 5), False, [3], [2], [2], [2], 4),                    # 1-D groups
+]
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("case", range(len(CASES_T)))
+def test_transposed_conv_matches_torch(kit, stream, dtype, case):
+    x, w, bias, s, p, d, op, g = CASES_T[case]
+    _run(kit, stream, dtype, x, w, bias, s, p, d, True, op, g,
+         layouts=("offset", "strided", "packed", "transposed"))
+
+
+def test_unbatched_input(kit, stream):
+    x_np, w_np = kit.randn((4, 6, 5), "float32"), kit.randn((3, 4, 3, 3), "float32")
+    out = kit.out((3, 4, 3), "float32", "strided")
+    convolution(stream, out, kit.tensor(x_np), kit.tensor(w_np), None, [1, 1], [0, 0], [1, 1],
+                False, [0, 0], 1)
+    ref = torch.nn.functional.conv2d(kit.t64(x_np), kit.t64(w_np))
+    kit.close(kit.read(out), ref, "float32")
+
+
+def test_empty_batch_records_nothing(kit, stream):
+    before = stream.recorded_seq
+    out = kit.out((0, 3, 4, 4), "float32")
+    convolution(stream, out, kit.tensor(kit.randn((0, 2, 4, 4), "float32")),
+                kit.tensor(kit.randn((3, 2, 1, 1), "float32")), None, [1], [0], [1], False,
+                [0], 1)
+    assert stream.recorded_seq == before
+
+
+def test_defaults_and_broadcast_params_via_registry(kit, stream):
+    # aten lists may be shorter: a 1-element list repeats, an empty one takes the default.
+    x_np, w_np = kit.randn((1, 2, 6, 5), "float32"), kit.randn((3, 2, 3, 3), "float32")
+    out = kit.out((1, 3, 4, 3), "float32")
+    OPS["convolution"](stream, [out], [kit.tensor(x_np), kit.tensor(w_np), None], stride=[1],
+                       padding=[], dilation=1, transposed=False, output_padding=[], groups=1)
+    kit.close(kit.read(out), torch.nn.functional.conv2d(kit.t64(x_np), kit.t64(w_np)),
+              "float32")
+
+
+def test_non_transposed_ignores_output_padding_like_aten(kit, stream):
+    _run(kit, stream, "float32", (1, 2, 6, 6), (3, 2, 3, 3), True, [1, 1], [1, 1], [1, 1],
+         False, [1, 1])
+
+
+def test_batch_chunks_give_the_same_result(kit, stream, monkeypatch):
+    from aotrt.runtime.ops import _common
+    monkeypatch.setattr(_common, "CHUNK_BYTES", 1)  # one sample per step
+    _run(kit, stream, "float32", (3, 2, 5, 5), (4, 2, 3, 3), True, [1, 1], [1, 1], [1, 1])
+    _run(kit, stream, "float32", (3, 2, 5, 5), (2, 4, 3, 3), True, [2, 2], [1, 1], [1, 1],
+         True, [1, 1])
+
+
+def test_output_overlapping_the_input_reads_old_values(kit, stream):
+    # A 1x1 conv written back over its own input, chunked one sample at a time.
+    x_np, w_np = kit.randn((3, 4, 5, 5), "float32"), kit.randn((4, 4, 1, 1), "float32")
+    x = kit.tensor(x_np)
+    convolution(stream, x, x, kit.tensor(w_np), None, [1, 1], [0, 0], [1, 1], False, [0, 0], 1)
+    ref = torch.nn.functional.conv2d(kit.t64(x_np), kit.t64(w_np))
+    kit.close(kit.read(x), ref, "float32")
+
+
+# -- refused inputs -----------------------------------------------------------------------------
+
+def _conv(kit, stream, x_shape, w_shape, out_shape, bias=None, stride=(1, 1), padding=(0, 0),
+          dilation=(1, 1), transposed=False, output_padding=(0, 0), groups=1,
+          dtype="float32"):
+    x = kit.tensor(kit.randn(x_shape, dtype))
+    w = kit.tensor(kit.randn(w_shape, dtype))
+    b = None if bias is None else kit.tensor(kit.randn(bias, dtype))
+    convolution(stream, kit.out(out_shape, dtype), x, w, b, list(stride), list(padding),
+                list(dilation), transposed, list(output_padding), groups)
+
+
+def test_refuses_3d_convolution(kit, stream):
+    with pytest.raises(Unsupported, match="3-D convolution"):
+        _conv(kit, stream, (1, 2, 4, 4, 4), (2, 2, 1, 1, 1), (1, 2, 4, 4, 4), stride=[1],
+              padding=[0], dilation=[1], output_padding=[0])
+
+
+def test_refuses_input_rank_mismatch(kit, stream):
+    with pytest.raises(InvalidArgument, match="x: expected a 4-D"):
+        _conv(kit, stream, (1, 1, 2, 4, 4), (2, 2, 1, 1), (1, 2, 4, 4))
+
+
+def test_refuses_channel_mismatch(kit, stream):
+    with pytest.raises(InvalidArgument, match="input channels"):
+        _conv(kit, stream, (1, 3, 4, 4), (2, 2, 1, 1), (1, 2, 4, 4))
+
+
+def test_refuses_groups_not_dividing_outputs(kit, stream):
+    with pytest.raises(InvalidArgument, match="groups"):
+        _conv(kit, stream, (1, 4, 4, 4), (3, 2, 1, 1), (1, 3, 4, 4), groups=2)
+
+
+def test_refuses_zero_groups(kit, stream):
+    with pytest.raises(InvalidArgument, match="groups: must be >= 1"):
+        _conv(kit, stream, (1, 4, 4, 4), (3, 2, 1, 1), (1, 3, 4, 4), groups=0)
+
+
+def test_refuses_negative_padding(kit, stream):
+    with pytest.raises(InvalidArgument, match="padding"):
+        _conv(kit, stream, (1, 2, 4, 4), (2, 2, 1, 1), (1, 2, 4, 4), padding=(-1, 0))
+
+
+def test_refuses_zero_stride(kit, stream):
+    with pytest.raises(InvalidArgument, match="stride"):
+        _conv(kit, stream, (1, 2, 4, 4), (2, 2, 1, 1), (1, 2, 4, 4), stride=(0, 1))
+
+
+def test_refuses_kernel_larger_than_input(kit, stream):
+    with pytest.raises(InvalidArgument, match="smaller than the dilated kernel"):
+        _conv(kit, stream, (1, 2, 2, 2), (2, 2, 3, 3), (1, 2, 1, 1))
+
+
+def test_refuses_big_output_padding(kit, stream):
+    with pytest.raises(InvalidArgument, match="output_padding"):
+        _conv(kit, stream, (1, 2, 3, 3), (2, 2, 3, 3), (1, 2, 7, 7), stride=(2, 2),
+              transposed=True, output_padding=(2, 0))
+
+
+def test_refuses_transposed_output_too_small(kit, stream):
+    with pytest.raises(InvalidArgument, match="too small"):
+        _conv(kit, stream, (1, 4, 1, 1), (4, 2, 3, 3), (1, 2, 1, 1), padding=(2, 2),
+              transposed=True)
+
+
+def test_refuses_wrong_bias(kit, stream):
+    with pytest.raises(InvalidArgument, match="bias: expected 2"):
+        _conv(kit, stream, (1, 2, 4, 4), (2, 2, 1, 1), (1, 2, 4, 4), bias=(3,))
+
+
+def test_refuses_wrong_out_shape(kit, stream):
+    with pytest.raises(InvalidArgument, match="out: expected sizes"):
+        _conv(kit, stream, (1, 2, 4, 4), (2, 2, 1, 1), (1, 2, 4, 5))
+
+
+def test_refuses_wrong_param_length(kit, stream):
+    with pytest.raises(InvalidArgument, match="dilation"):
+        _conv(kit, stream, (1, 2, 4, 4), (2, 2, 1, 1), (1, 2, 4, 4), dilation=(1, 1, 1))
+
+
+def test_refuses_non_bool_transposed(kit, stream):
+    with pytest.raises(InvalidArgument, match="transposed"):
+        _conv(kit, stream, (1, 2, 4, 4), (2, 2, 1, 1), (1, 2, 4, 4), transposed="yes")
+
+
+def test_refuses_int_dtype(kit, stream):
+    with pytest.raises(Unsupported, match="int64"):
+        _conv(kit, stream, (1, 2, 4, 4), (2, 2, 1, 1), (1, 2, 4, 4), dtype="int64")
