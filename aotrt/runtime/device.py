@@ -106,7 +106,11 @@ class Stream(ABC):
         """Queue one command that touches `accesses`; returns its sequence number."""
         with self._lock:
             self._check_open()
-            label = label or self.label or "command"
+            # The stream's label names the program instruction being run (set by delegates);
+            # keep it in front of the command's own label so a HazardError names both.
+            if self.label:
+                label = f"{self.label}: {label}" if label else self.label
+            label = label or "command"
             for acc in accesses:
                 if acc.alloc.freed:
                     raise HazardError(f"{label} uses freed allocation {acc.alloc.describe()}")

@@ -1,0 +1,571 @@
+"""Delegate: a loaded program on one device. init / run / close, with ownership in objects.
+
+Everything a delegate makes (its stream, arena, constants, handles, kernel functions)
+belongs to its Owner, and `close` frees exactly that. Outputs are Tensors in memory of
+their own (process-owned), so they outlive later runs and the delegate itself.
+
+The interpreter runs the program through the shims (reinterpret_tensor,
+create_tensor_from_blob, empty_strided, delete_tensor_object), the stream's copy/fill,
+compiled kernel functions and the library ops registry.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+import time
+import weakref
+from dataclasses import dataclass, field
+from typing import Any, Callable, Mapping, Sequence
+
+import numpy as np
+
+from aotrt import dtypes
+from aotrt.dtypes import DType
+from aotrt.errors import AotrtError, InvalidArgument, Unsupported
+from aotrt.program import Program, extent
+from aotrt.runtime import dlpack, shims
+from aotrt.runtime.device import Device, Stream, StreamOptions, default_device, get_device
+from aotrt.runtime.memory import PROCESS_OWNER, Allocation, Owner, owner_scope
+from aotrt.runtime.public import Tensor
+from aotrt.runtime.tensor import Handle
+
+log = logging.getLogger(__name__)
+
+_KERNEL, _LIBRARY, _COPY, _FILL = range(4)
+
+
+def library_ops() -> Mapping[str, Callable[..., Any]]:
+    """The library ops registry (imported on first use); Unsupported if it cannot load."""
+    try:
+        from aotrt.runtime.ops import OPS
+    except ImportError as e:
+        raise Unsupported(f"library ops are not available: {e}") from e
+    return OPS
+
+
+@dataclass(frozen=True)
+class _Spec:
+    name: str
+    dtype: DType
+    shape: tuple[int, ...]
+    strides: tuple[int, ...]
+    nbytes: int
+
+    def layout_matches(self, strides: Sequence[int]) -> bool:
+        """True when `strides` (elements) address the elements exactly as the spec does."""
+        return all(a == b for n, a, b in zip(self.shape, strides, self.strides) if n > 1)
+
+
+@dataclass
+class _Arg:
+    """One caller tensor, classified: how its memory becomes a root of the program."""
+
+    what: str
+    spec: _Spec
+    kind: str                      # "handle" | "blob" | "stage" | "empty"
+    handle: Handle | None = None   # an aotrt.Tensor's view (kind handle, or stage source)
+    ptr: int = 0                   # element 0 on the delegate's device (kind blob)
+    array: np.ndarray | None = None  # host memory (stage source/target)
+    foreign: Any = None            # an imported DLPack tensor to stage through (device memory)
+    keep: list = field(default_factory=list)
+    span: tuple[int, int] | None = None   # absolute bytes, for overlap checks
+
+
+@dataclass
+class _Step:
+    kind: int
+    target: Any
+    a: Any
+    b: Any
+    params: dict
+    label: str
+
+
+class Delegate:
+    """A program loaded on a device: `run` it as often as needed, then `close` it."""
+
+    def __init__(self, program: Program, device: Any = None, check_hazards: bool = False) -> None:
+        """Load `program` (validated) onto `device` (None: cuda if present, else cpu)."""
+        if not isinstance(program, Program):
+            raise InvalidArgument(f"program: expected an aotrt.Program, got "
+                                  f"{type(program).__name__}")
+        if not isinstance(check_hazards, bool):
+            raise InvalidArgument(f"check_hazards: expected a bool, got {check_hazards!r}")
+        dev = get_device(default_device() if device is None else device)
+        t0 = time.perf_counter()
+        self.program = program
+        self.device: Device = dev
+        self.name = program.provenance.get("module") or "program"
+        self._owner = Owner(f"delegate {self.name}")
+        self._stream: Stream | None = None
+        self._lock = threading.Lock()
+        self._static: list[Handle | None] = []
+        self._steps: list[_Step] = []
+        # What close() (or the garbage collector, for a delegate never closed) tears down.
+        self._res = _Resources(self._owner)
+        self._closer = weakref.finalize(self, _teardown, self._res)
+        try:
+            self._init(check_hazards)
+        except BaseException:
+            self._closer()
+            raise
+        self.load_seconds = time.perf_counter() - t0
+        log.debug("loaded %s on %s in %.3f s", self.name, dev.name, self.load_seconds)
+
+    # -- init ---------------------------------------------------------------------------------
+
+    def _init(self, check_hazards: bool) -> None:
+        prog, dev = self.program, self.device
+        self.inputs = [_spec(s) for s in prog.inputs]
+        self.outputs = [_spec(s) for s in prog.outputs]
+        with owner_scope(self._owner):
+            self._stream = dev.create_stream(StreamOptions.from_env(check_hazards=check_hazards))
+            self._res.stream = self._stream
+            with dev.stream_guard(self._stream):
+                self._make_roots()
+                self._make_steps()
+
+    def _make_roots(self) -> None:
+        prog, dev, stream = self.program, self.device, self._stream
+        u8 = dtypes.uint8
+        arena = shims.empty_strided([prog.arena_nbytes], [1], u8, dev)
+        arrays = list(prog.constants.values())
+        calloc, offsets = dev.memory.allocate_constants([int(a.nbytes) for a in arrays], stream,
+                                                        self._owner)
+        const_bases: list[Handle] = []
+        for arr, off in zip(arrays, offsets):
+            n = int(arr.nbytes)
+            ptr = calloc.ptr + off if n else 0
+            base = shims.create_tensor_from_blob(ptr, [n], [1], 0, u8, dev)
+            const_bases.append(base)
+            if n:
+                dev.write(base, np.ascontiguousarray(arr).reshape(-1).view(np.uint8))
+        self._static = [None] * len(prog.tensors)
+        # Per-run roots: tensor ids and views rooted at each input / output.
+        self._per_run: dict[tuple[str, int], list[tuple[int, tuple, tuple, int, DType]]] = {}
+        for tid, t in enumerate(prog.tensors):
+            dt = dtypes.as_dtype(t["dtype"])
+            view = (tuple(t["sizes"]), tuple(t["strides"]), t["byte_offset"] // dt.itemsize, dt)
+            if t["root"] == "arena":
+                self._static[tid] = shims.reinterpret_tensor(arena, *view[:3], dtype=dt)
+            elif t["root"] == "constant":
+                base = const_bases[t["index"]]
+                self._static[tid] = shims.reinterpret_tensor(base, *view[:3], dtype=dt)
+            else:
+                self._per_run.setdefault((t["root"], t["index"]), []).append((tid, *view))
+        # The bases are no longer needed: the views keep the memory alive.
+        for h in (arena, *const_bases):
+            shims.delete_tensor_object(h)
+
+    def _make_steps(self) -> None:
+        prog = self.program
+        lib = self.device.kernel_library(prog.kernels) if prog.kernels else None
+        ops = None
+        for i, ins in enumerate(prog.instructions):
+            op = ins["op"]
+            src = ins.get("src_line" if op == "copy" else "src") or ""
+            what = {"kernel": ins.get("name"), "library": ins.get("fn")}.get(op)
+            label = f"instruction #{i} {op}" + (f" {what}" if what else "") + \
+                (f" [{src}]" if src else "")
+            if op == "kernel":
+                step = _Step(_KERNEL, lib.kernel(ins["name"]), tuple(ins["args"]), None, {}, label)
+            elif op == "library":
+                ops = ops if ops is not None else library_ops()
+                fn = ops.get(ins["fn"])
+                if fn is None:
+                    raise Unsupported(f"{label}: library op {ins['fn']!r} is not in this "
+                                      f"runtime (known: {sorted(ops)})")
+                step = _Step(_LIBRARY, fn, tuple(ins["outs"]), tuple(ins["ins"]),
+                             dict(ins.get("params", {})), label)
+            elif op == "copy":
+                step = _Step(_COPY, None, ins["dst"], ins["src"], {}, label)
+            else:
+                step = _Step(_FILL, None, ins["dst"], ins["byte"], {}, label)
+            self._steps.append(step)
+
+    # -- run ----------------------------------------------------------------------------------
+
+    def __call__(self, *inputs: Any, out: Any = None) -> tuple[Any, ...]:
+        """Same as run()."""
+        return self.run(*inputs, out=out)
+
+    def run(self, *inputs: Any, out: Any = None) -> tuple[Any, ...]:
+        """Run the program once: a tuple of output Tensors (or the `out` tensors, filled)."""
+        with self._lock:
+            if self._closed:
+                raise InvalidArgument(f"delegate {self.name} is closed")
+            if len(inputs) != len(self.inputs):
+                names = ", ".join(s.name for s in self.inputs)
+                raise InvalidArgument(f"inputs: {self.name} takes {len(self.inputs)} inputs "
+                                      f"({names}), got {len(inputs)}")
+            args = [self._classify(x, spec, f"input {k} '{spec.name}'", False)
+                    for k, (x, spec) in enumerate(zip(inputs, self.inputs))]
+            outs = self._classify_out(out, args)
+            return self._run(args, outs, out)
+
+    def _classify_out(self, out: Any, args: list[_Arg]) -> list[_Arg] | None:
+        if out is None:
+            return None
+        if not isinstance(out, (tuple, list)):
+            if len(self.outputs) != 1:
+                raise InvalidArgument(f"out: expected a tuple of {len(self.outputs)} tensors, "
+                                      f"got {type(out).__name__}")
+            out = (out,)
+        if len(out) != len(self.outputs):
+            raise InvalidArgument(f"out: {self.name} has {len(self.outputs)} outputs, got "
+                                  f"{len(out)} out tensors")
+        outs = [self._classify(o, spec, f"out {k} '{spec.name}'", True)
+                for k, (o, spec) in enumerate(zip(out, self.outputs))]
+        for k, o in enumerate(outs):
+            if o.span is None:
+                continue
+            for j, other in enumerate(outs[:k]):
+                if other.span is not None and _overlap(o.span, other.span):
+                    raise InvalidArgument(f"{o.what}: shares memory with {other.what}")
+            if o.kind != "stage" and any(a.span is not None and _overlap(o.span, a.span)
+                                         for a in args):
+                # Written while inputs are still read: compute apart, then copy in.
+                o.kind = "stage"
+        return outs
+
+    def _classify(self, x: Any, spec: _Spec, what: str, writes: bool) -> _Arg:
+        """Check one caller tensor against its spec and decide how to bind it."""
+        dev = self.device
+        if isinstance(x, Tensor):
+            if x.released:
+                raise InvalidArgument(f"{what}: the aotrt.Tensor was released")
+            h = x.handle
+            _check_meta(what, spec, h.dtype, h.sizes)
+            if h.device is not dev:
+                raise InvalidArgument(f"{what}: tensor is on {h.device.name}, the delegate on "
+                                      f"{dev.name}")
+            lo, hi = h.byte_range()
+            span = (h.alloc.ptr + lo, h.alloc.ptr + hi) if h.alloc is not None and hi > lo else None
+            kind = "handle" if spec.layout_matches(h.strides) else "stage"
+            return _Arg(what, spec, kind if spec.nbytes else "empty", handle=h, keep=[x],
+                        span=span)
+        if isinstance(x, np.ndarray):
+            return self._classify_host(x, spec, what, writes, [])
+        if hasattr(x, "__dlpack__") and hasattr(x, "__dlpack_device__"):
+            try:
+                dev_type = x.__dlpack_device__()[0]
+            except Exception as e:  # noqa: BLE001 - a foreign object's failure, reported
+                raise InvalidArgument(f"{what}: __dlpack_device__ failed: {e}") from None
+            if dev_type == dlpack.CPU:
+                try:
+                    arr = np.from_dlpack(x)
+                    keep: list = [x]
+                except (BufferError, TypeError, RuntimeError, ValueError):
+                    # numpy lacks some dtypes (bfloat16): take the capsule ourselves.
+                    imp = dlpack.from_dlpack(x)
+                    arr = _host_view(imp)
+                    keep = [x, imp]
+                return self._classify_host(arr, spec, what, writes, keep)
+            imp = dlpack.from_dlpack(x)
+            return self._classify_device(imp, x, spec, what)
+        raise InvalidArgument(f"{what}: expected a numpy array, an aotrt.Tensor or a "
+                              f"__dlpack__ tensor, got {type(x).__name__}")
+
+    def _classify_host(self, arr: np.ndarray, spec: _Spec, what: str, writes: bool,
+                       keep: list) -> _Arg:
+        try:
+            dt = dtypes.as_dtype(arr.dtype)
+        except InvalidArgument:
+            raise InvalidArgument(f"{what}: expected dtype {spec.dtype.name}, got unsupported "
+                                  f"{arr.dtype}") from None
+        _check_meta(what, spec, dt, arr.shape)
+        if writes and not arr.flags.writeable:
+            raise InvalidArgument(f"{what}: the array is read-only")
+        keep = [*keep, arr]
+        if not spec.nbytes:
+            return _Arg(what, spec, "empty", keep=keep)
+        isz = dt.itemsize
+        lo, hi = np.lib.array_utils.byte_bounds(arr) if hasattr(np.lib, "array_utils") else \
+            np.byte_bounds(arr)
+        strides = [s // isz if s % isz == 0 else None for s in arr.strides]
+        direct = (self.device.name == "cpu" and arr.flags.aligned and None not in strides
+                  and spec.layout_matches(strides))
+        ptr = arr.__array_interface__["data"][0]
+        if direct:
+            return _Arg(what, spec, "blob", ptr=ptr, array=arr, keep=keep, span=(lo, hi))
+        return _Arg(what, spec, "stage", array=arr, keep=keep, span=(lo, hi))
+
+    def _classify_device(self, imp: dlpack.Imported, x: Any, spec: _Spec, what: str) -> _Arg:
+        _check_meta(what, spec, imp.dtype, imp.shape)
+        if imp.device != self.device.name or imp.device_id != 0:
+            raise InvalidArgument(f"{what}: tensor is on {imp.device}:{imp.device_id}, the "
+                                  f"delegate on {self.device.name}")
+        if not spec.nbytes:
+            return _Arg(what, spec, "empty", keep=[x, imp])
+        lo = imp.ptr + min(0, sum((n - 1) * s for n, s in zip(imp.shape, imp.strides)
+                                  if s < 0)) * imp.dtype.itemsize
+        hi = imp.ptr + extent(imp.shape, [abs(s) for s in imp.strides], imp.dtype.itemsize)[1]
+        if spec.layout_matches(imp.strides):
+            return _Arg(what, spec, "blob", ptr=imp.ptr, keep=[x, imp], span=(lo, hi))
+        return _Arg(what, spec, "stage", foreign=imp, keep=[x, imp], span=(lo, hi))
+
+    def _run(self, args: list[_Arg], outs: list[_Arg] | None, out: Any) -> tuple[Any, ...]:
+        dev, stream, prog = self.device, self._stream, self.program
+        handles: list[Handle | None] = list(self._static)
+        temps: list[Handle] = []
+        copy_back: list[tuple[np.ndarray, Handle]] = []
+        results: tuple[Any, ...] = ()
+        failed = True
+        try:
+            with owner_scope(self._owner), dev.stream_guard(stream):
+                for k, a in enumerate(args):
+                    base = self._bind(a, temps, output=False)
+                    self._views(("input", k), base, handles, temps)
+                for k, spec in enumerate(self.outputs):
+                    o = outs[k] if outs is not None else None
+                    if o is not None and o.kind in ("handle", "blob", "empty"):
+                        base = self._bind(o, temps, output=True)
+                    else:
+                        # Fresh memory that the caller's Tensor will own (not the delegate).
+                        with owner_scope(PROCESS_OWNER):
+                            base = shims.empty_strided([spec.nbytes], [1], dtypes.uint8, dev)
+                        temps.append(base)
+                    self._views(("output", k), base, handles, temps)
+                self._execute(handles)
+                stream.label = ""
+                for k, o in enumerate(outs or ()):
+                    if o.kind == "stage":
+                        self._unstage(o, handles[prog.outputs_tensors[k]], temps, copy_back)
+                stream.commit()
+                if outs is None:
+                    results = tuple(Tensor._adopt(handles[t]) for t in prog.outputs_tensors)
+                for arr, h in copy_back:
+                    np.copyto(arr, h.numpy())
+            failed = False
+        finally:
+            stream.label = ""
+            self._cleanup(temps, failed)
+        if outs is not None:
+            return tuple(out) if isinstance(out, (tuple, list)) else (out,)
+        return results
+
+    def _bind(self, a: _Arg, temps: list[Handle], output: bool) -> Handle:
+        """The uint8 base handle of one caller tensor's root (bound, or staged)."""
+        dev, u8, spec = self.device, dtypes.uint8, a.spec
+        if a.kind == "empty":
+            base = shims.create_tensor_from_blob(0, [0], [1], 0, u8, dev)
+        elif a.kind == "handle":
+            base = shims.reinterpret_tensor(a.handle, [spec.nbytes], [1], 0, dtype=u8)
+        elif a.kind == "blob":
+            try:
+                base = shims.create_tensor_from_blob(a.ptr, [spec.nbytes], [1], 0, u8, dev)
+            except InvalidArgument:
+                if a.array is None or output:
+                    raise
+                # Partly overlapping memory the runtime already knows: read a copy instead.
+                a.kind = "stage"
+                return self._bind(a, temps, output)
+        else:
+            base = shims.empty_strided([spec.nbytes], [1], u8, dev)
+            temps.append(base)
+            if not output:
+                self._stage_in(a, base, temps)
+            return base
+        temps.append(base)
+        if base.alloc is not None:
+            _settle_other_streams(base.alloc, self._stream, writes_only=not output)
+        return base
+
+    def _stage_in(self, a: _Arg, base: Handle, temps: list[Handle]) -> None:
+        """Fill a staging root with an input's values, in the spec's layout."""
+        spec = a.spec
+        typed = shims.reinterpret_tensor(base, spec.shape, spec.strides, 0, dtype=spec.dtype)
+        temps.append(typed)
+        if a.array is not None:
+            base.alloc.settle()
+            self.device.write(typed, a.array)
+            return
+        src = a.handle
+        if a.foreign is not None:
+            imp = a.foreign
+            src = shims.create_tensor_from_blob(imp.ptr, imp.shape, imp.strides, 0, imp.dtype,
+                                                self.device)
+            temps.append(src)
+        if src.alloc is not None:
+            _settle_other_streams(src.alloc, self._stream, writes_only=True)
+        self._stream.copy(typed, src)
+
+    def _unstage(self, o: _Arg, result: Handle, temps: list[Handle],
+                 copy_back: list[tuple[np.ndarray, Handle]]) -> None:
+        """Copy a computed output into a caller's out tensor that could not be bound."""
+        if o.array is not None:
+            copy_back.append((o.array, result))
+            return
+        dst = o.handle
+        if o.foreign is not None:
+            imp = o.foreign
+            dst = shims.create_tensor_from_blob(imp.ptr, imp.shape, imp.strides, 0, imp.dtype,
+                                                self.device)
+            temps.append(dst)
+        if dst.alloc is not None:
+            _settle_other_streams(dst.alloc, self._stream, writes_only=False)
+        self._stream.copy(dst, result)
+
+    def _views(self, root: tuple[str, int], base: Handle, handles: list[Handle | None],
+               temps: list[Handle]) -> None:
+        for tid, sizes, strides, off, dt in self._per_run.get(root, ()):
+            h = shims.reinterpret_tensor(base, sizes, strides, off, dtype=dt)
+            temps.append(h)
+            handles[tid] = h
+
+    def _execute(self, h: list[Handle | None]) -> None:
+        stream = self._stream
+        for step in self._steps:
+            stream.label = step.label
+            if step.kind == _KERNEL:
+                step.target(stream, *[h[t] for t in step.a])
+            elif step.kind == _LIBRARY:
+                step.target(stream, [h[t] for t in step.a],
+                            [None if t is None else h[t] for t in step.b], **step.params)
+            elif step.kind == _COPY:
+                stream.copy(h[step.a], h[step.b])
+            else:
+                stream.fill(h[step.a], step.b)
+
+    def _cleanup(self, temps: list[Handle], failed: bool) -> None:
+        """Delete every per-run handle; after a failure, first finish what was queued."""
+        first: BaseException | None = None
+        if failed:
+            try:
+                self._stream.commit_and_wait()
+            except AotrtError as e:
+                log.debug("delegate %s: queued work of the failed run: %s", self.name, e)
+        for h in reversed(temps):
+            try:
+                if h.state == "live":
+                    shims.delete_tensor_object(h)
+            except BaseException as e:  # noqa: BLE001 - keep deleting; report the first
+                first = first or e
+        if first is not None and not failed:
+            raise first
+
+    # -- close --------------------------------------------------------------------------------
+
+    @property
+    def _closed(self) -> bool:
+        return not self._closer.alive
+
+    @property
+    def closed(self) -> bool:
+        """True once close() ran."""
+        return self._closed
+
+    def close(self) -> None:
+        """Wait for queued work, then free this delegate's memory; safe to call twice."""
+        with self._lock:
+            self._closer()
+            self._static = []
+            self._steps = []
+
+    def __enter__(self) -> "Delegate":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        state = "closed" if self._closed else f"on {self.device.name}"
+        return f"<aotrt.Delegate {self.name} {state}>"
+
+    @property
+    def owner(self) -> Owner:
+        """The Owner of everything this delegate made."""
+        return self._owner
+
+    @property
+    def stream(self) -> Stream | None:
+        """The delegate's own stream."""
+        return self._stream
+
+
+class _Resources:
+    """A delegate's owner and stream, apart from the delegate so a finalizer can hold them."""
+
+    __slots__ = ("owner", "stream")
+
+    def __init__(self, owner: Owner) -> None:
+        self.owner = owner
+        self.stream: Stream | None = None
+
+
+def _teardown(res: _Resources) -> None:
+    """Wait, free everything the owner holds, then close the stream (runs once)."""
+    owner, stream = res.owner, res.stream
+    err: BaseException | None = None
+    if isinstance(stream, Stream) and not stream.closed:
+        try:
+            stream.commit_and_wait()
+        except AotrtError as e:
+            log.debug("delegate teardown: queued work failed: %s", e)
+    try:
+        owner.close()
+    except BaseException as e:  # noqa: BLE001 - the stream must still close
+        err = e
+    if isinstance(stream, Stream):
+        try:
+            stream.close()
+        except BaseException as e:  # noqa: BLE001
+            err = err or e
+    if err is not None:
+        raise err
+
+
+def _settle_other_streams(alloc: Allocation, stream: Stream, writes_only: bool) -> None:
+    """Wait for other streams' unfinished work on memory this stream is about to use."""
+    for other in list(alloc.uses):
+        if other is not stream and not other.closed:
+            other.wait_for(alloc, writes_only)
+
+
+def _overlap(a: tuple[int, int], b: tuple[int, int]) -> bool:
+    return a[0] < b[1] and b[0] < a[1]
+
+
+def _check_meta(what: str, spec: _Spec, dt: DType, shape: Sequence[int]) -> None:
+    if dt is not spec.dtype:
+        raise InvalidArgument(f"{what}: expected dtype {spec.dtype.name}, got {dt.name}")
+    if tuple(shape) != spec.shape:
+        raise InvalidArgument(f"{what}: expected shape {list(spec.shape)}, got {list(shape)}")
+
+
+def _spec(s: Mapping[str, Any]) -> _Spec:
+    dt = dtypes.as_dtype(s["dtype"])
+    shape, strides = tuple(s["shape"]), tuple(s["strides"])
+    return _Spec(s["name"], dt, shape, strides, extent(shape, strides, dt.itemsize)[1])
+
+
+def _host_view(imp: dlpack.Imported) -> np.ndarray:
+    """A numpy view of host memory described by an imported DLPack tensor."""
+    import ctypes
+
+    isz = imp.dtype.itemsize
+    if 0 in imp.shape:
+        return np.empty(imp.shape, dtype=imp.dtype.np)
+    lo = sum((n - 1) * s for n, s in zip(imp.shape, imp.strides) if s < 0) * isz
+    hi = (sum((n - 1) * s for n, s in zip(imp.shape, imp.strides) if s > 0) + 1) * isz
+    buf = (ctypes.c_uint8 * (hi - lo)).from_address(imp.ptr + lo)
+    return np.ndarray(imp.shape, dtype=imp.dtype.np, buffer=buf, offset=-lo,
+                      strides=[s * isz for s in imp.strides])
+
+
+def load(prog_or_path: Any, device: Any = None, check_hazards: bool = False) -> Delegate:
+    """Load a Program (or a .aotp path) as a Delegate on `device` (None: cuda if present)."""
+    if isinstance(prog_or_path, Program):
+        prog_or_path.validate()
+        prog = prog_or_path
+    elif isinstance(prog_or_path, (str, os.PathLike)):
+        prog = Program.load(prog_or_path)
+    else:
+        raise InvalidArgument(f"prog_or_path: expected an aotrt.Program or a path, got "
+                              f"{type(prog_or_path).__name__}")
+    return Delegate(prog, device=device, check_hazards=check_hazards)
+
+
+__all__ = ["Delegate", "load", "library_ops"]
