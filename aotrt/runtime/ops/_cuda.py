@@ -587,8 +587,10 @@ __device__ void topk_rows(const T* x, T* vals, int64_t* idx, int64_t rows, int64
         if (pi >= 0) {
           bool vn = v != v, pn = pv != pv;
           bool after;
-          if (largest) after = pn ? (vn ? j > pi : true) : (vn ? false : (v < pv || (v == pv && j > pi)));
-          else after = pn ? (vn && j > pi) : (vn ? true : (v > pv || (v == pv && j > pi)));
+          if (largest)
+            after = pn ? (vn ? j > pi : true) : (!vn && (v < pv || (v == pv && j > pi)));
+          else
+            after = pn ? (vn && j > pi) : (vn || v > pv || (v == pv && j > pi));
           if (!after) continue;
         }
         if (bi < 0) { bv = v; bi = j; continue; }

@@ -1,0 +1,186 @@
+"""Render kernel IR as CUDA C for NVRTC, as small overrides of `CStyleRenderer`.
+
+Each kernel is `extern "C" __global__ void name(char* p0, ..., long long n)`. Pointwise
+kernels run one thread per outer element over a grid-stride loop. Kernels that reduce over
+32 or more elements per outer element run one warp per outer element: the lanes split the
+reduce loop and combine with shuffles, so a row of a layer norm or softmax is read
+coalesced instead of by one thread.
+
+The source needs no headers (NVRTC finds none on a bare machine): fixed-width types, the
+infinity macros and the half/bfloat16 conversions (one PTX instruction each) are defined
+here. Half-precision values are computed in float and rounded on store, as on the cpu.
+"""
+
+from __future__ import annotations
+
+from aotrt.kernels import ir
+from aotrt.kernels.render_c import COMPUTE_TYPE, CStyleRenderer
+
+#: threads per block of every generated kernel
+BLOCK = 256
+#: a reduce domain at least this long gets a warp per outer element
+WARP_REDUCE_MIN = 32
+
+STORAGE_TYPE_CUDA = {
+    "float32": "float", "float16": "uint16_t", "bfloat16": "uint16_t", "int64": "int64_t",
+    "int32": "int32_t", "int16": "int16_t", "int8": "int8_t", "uint8": "uint8_t",
+    "bool": "bool",
+}
+
+_PREAMBLE = r"""typedef long long int64_t;
+typedef unsigned long long uint64_t;
+typedef int int32_t;
+typedef unsigned int uint32_t;
+typedef short int16_t;
+typedef unsigned short uint16_t;
+typedef signed char int8_t;
+typedef unsigned char uint8_t;
+#define INFINITY __int_as_float(0x7f800000)
+#define NAN __int_as_float(0x7fffffff)
+#define INT64_MIN (-9223372036854775807LL - 1LL)
+#define INT64_MAX 9223372036854775807LL
+static __device__ __forceinline__ float aot_h2f(uint16_t h) {
+  float f; asm("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"(h)); return f; }
+static __device__ __forceinline__ uint16_t aot_f2h(float f) {
+  uint16_t h; asm("cvt.rn.f16.f32 %0, %1;" : "=h"(h) : "f"(f)); return h; }
+static __device__ __forceinline__ float aot_bf2f(uint16_t h) {
+  return __uint_as_float(((uint32_t)h) << 16); }
+static __device__ __forceinline__ uint16_t aot_f2bf(float f) {
+  uint16_t h; asm("cvt.rn.bf16.f32 %0, %1;" : "=h"(h) : "f"(f)); return h; }
+"""
+
+# Warp all-reduces: every lane ends with the result (butterfly), so later code may use it
+# from any lane. Bool values travel as int.
+_WARP = r"""
+#define AOT_FULL 0xffffffffu
+static __device__ __forceinline__ float aot_warp_sum(float v) {
+  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(AOT_FULL, v, o); return v; }
+static __device__ __forceinline__ int64_t aot_warp_sum(int64_t v) {
+  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(AOT_FULL, v, o); return v; }
+static __device__ __forceinline__ float aot_warp_prod(float v) {
+  for (int o = 16; o > 0; o >>= 1) v *= __shfl_xor_sync(AOT_FULL, v, o); return v; }
+static __device__ __forceinline__ int64_t aot_warp_prod(int64_t v) {
+  for (int o = 16; o > 0; o >>= 1) v *= __shfl_xor_sync(AOT_FULL, v, o); return v; }
+static __device__ __forceinline__ float aot_warp_max(float v) {
+  for (int o = 16; o > 0; o >>= 1) v = aot_fmaxf(v, __shfl_xor_sync(AOT_FULL, v, o));
+  return v; }
+static __device__ __forceinline__ int64_t aot_warp_max(int64_t v) {
+  for (int o = 16; o > 0; o >>= 1) { int64_t w = __shfl_xor_sync(AOT_FULL, v, o);
+    v = w > v ? w : v; } return v; }
+static __device__ __forceinline__ bool aot_warp_max(bool v) {
+  return __any_sync(AOT_FULL, v); }
+static __device__ __forceinline__ float aot_warp_min(float v) {
+  for (int o = 16; o > 0; o >>= 1) v = aot_fminf(v, __shfl_xor_sync(AOT_FULL, v, o));
+  return v; }
+static __device__ __forceinline__ int64_t aot_warp_min(int64_t v) {
+  for (int o = 16; o > 0; o >>= 1) { int64_t w = __shfl_xor_sync(AOT_FULL, v, o);
+    v = w < v ? w : v; } return v; }
+static __device__ __forceinline__ bool aot_warp_min(bool v) {
+  return __all_sync(AOT_FULL, v); }
+static __device__ __forceinline__ bool aot_warp_sum(bool v) { return __any_sync(AOT_FULL, v); }
+static __device__ __forceinline__ bool aot_warp_prod(bool v) { return __all_sync(AOT_FULL, v); }
+static __device__ __forceinline__ bool aot_warp_any(bool v) { return __any_sync(AOT_FULL, v); }
+static __device__ __forceinline__ bool aot_warp_all(bool v) { return __all_sync(AOT_FULL, v); }
+"""
+
+
+def _prod(shape: tuple[int, ...]) -> int:
+    n = 1
+    for s in shape:
+        n *= s
+    return n
+
+
+class CudaRenderer(CStyleRenderer):
+    """CUDA C for the cuda device (compiled by NVRTC)."""
+
+    def preamble(self) -> str:
+        """Types, macros, conversions, the shared helpers and the warp reductions."""
+        helpers = self.HELPERS.replace("{q}", "static __device__ __forceinline__")
+        return _PREAMBLE + helpers + _WARP
+
+    @staticmethod
+    def lanes(k: ir.Kernel) -> int:
+        """Threads that work on one outer element: 32 for long reductions, else 1."""
+        return 32 if k.rshape and _prod(k.rshape) >= WARP_REDUCE_MIN else 1
+
+    def render_kernel(self, k: ir.Kernel) -> str:
+        """One kernel; remembers whether it runs a warp per outer element."""
+        self._warp = self.lanes(k) == 32
+        return super().render_kernel(k)
+
+    def flat_index(self) -> str:
+        """The grid-stride loop variable."""
+        return "it"
+
+    def decompose(self, flat: str, shape: tuple[int, ...], dim0: int) -> list[str]:
+        """Coordinates of `flat`; 32-bit division when the domain fits (int64 division is
+        emulated on the GPU and dominates cheap pointwise kernels)."""
+        if _prod(shape) >= 1 << 31:
+            return super().decompose(flat, shape, dim0)
+        lines = []
+        rest = f"((uint32_t)({flat}))"
+        for j in range(len(shape) - 1, -1, -1):
+            d = dim0 + j
+            if j == 0:
+                lines.append(f"const int64_t d{d} = (int64_t)({rest});")
+            else:
+                lines.append(f"const int64_t d{d} = (int64_t)({rest} % {shape[j]}u);")
+                lines.append(f"const uint32_t q{d} = {rest} / {shape[j]}u;")
+                rest = f"q{d}"
+        return lines
+
+    def _open_rloop(self, depth: int, var: str) -> None:
+        if not self._warp:
+            super()._open_rloop(depth, var)
+            return
+        rn = _prod(self._k.rshape)
+        self._emit(depth, f"for (int64_t {var} = lane; {var} < {rn}; {var} += 32) {{")
+        for line in self.decompose(var, self._k.rshape, len(self._k.shape)):
+            self._emit(depth + 1, line)
+
+    def _reduce(self, e: ir.Reduce, scope: dict, depth: int) -> str:
+        acc = super()._reduce(e, scope, depth)
+        if self._warp:
+            self._emit(depth, f"{acc} = aot_warp_{e.op}({acc});")
+        return acc
+
+    def round_to(self, x: str, dtype: str) -> str:
+        """Round through the storage type, so casts inside a kernel round like torch."""
+        if dtype == "bfloat16":
+            return f"aot_bf2f(aot_f2bf({x}))"
+        return f"aot_h2f(aot_f2h({x}))"
+
+    def load(self, dtype: str, arg: int, idx: str) -> str:
+        """Typed read widened to the compute type."""
+        raw = f"((const {STORAGE_TYPE_CUDA[dtype]} *)p{arg})[{idx}]"
+        if dtype == "float16":
+            return f"aot_h2f({raw})"
+        if dtype == "bfloat16":
+            return f"aot_bf2f({raw})"
+        return f"(({COMPUTE_TYPE[dtype]}){raw})"
+
+    def store(self, dtype: str, arg: int, idx: str, val: str) -> str:
+        """Typed write rounded from the compute type."""
+        dst = f"(({STORAGE_TYPE_CUDA[dtype]} *)p{arg})[{idx}]"
+        if dtype == "float16":
+            return f"{dst} = aot_f2h({val});"
+        if dtype == "bfloat16":
+            return f"{dst} = aot_f2bf({val});"
+        return f"{dst} = ({STORAGE_TYPE_CUDA[dtype]})({val});"
+
+    def wrap_kernel(self, k: ir.Kernel, body: str) -> str:
+        """A __global__ function over a grid-stride loop of outer elements (or of warps)."""
+        params = ", ".join([f"char* p{i}" for i in range(len(k.args))] + ["int64_t n"])
+        inner = "\n".join("  " + line for line in body.splitlines())
+        if self._warp:
+            head = ("  const int64_t lane = threadIdx.x & 31;\n"
+                    "  const int64_t step = ((int64_t)gridDim.x * blockDim.x) >> 5;\n"
+                    "  for (int64_t it = ((int64_t)blockIdx.x * blockDim.x + threadIdx.x) >> 5;"
+                    " it < n; it += step) {\n")
+        else:
+            head = ("  const int64_t step = (int64_t)gridDim.x * blockDim.x;\n"
+                    "  for (int64_t it = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;"
+                    " it < n; it += step) {\n")
+        return (f'extern "C" __global__ void __launch_bounds__({BLOCK}) {k.name}({params}) {{\n'
+                f"{head}{inner}\n  }}\n}}\n")

@@ -1,0 +1,598 @@
+"""The cuda device: cuda.core and cuda.bindings (NVRTC, streams, events, stream-ordered
+memory, CUDA graphs) behind the same protocol as the cpu device.
+
+- Memory comes from the device's stream-ordered pool (cuMemAllocAsync through cuda.core's
+  `Device.allocate`) on a private allocation stream that is synchronized once per raw
+  block, so a new block is usable from every stream; the runtime's own pool (memory.Pool)
+  caches blocks above it, so raw allocations are rare.
+- A stream is one CUDA stream. CUDA queues are already asynchronous, so `record` launches
+  at once (or, in deferred mode, at the next wait), commit is a no-op apart from the hazard
+  scope, and a wait is a stream synchronize.
+- Work payloads on this device are callables taking the `CudaStream`; they enqueue onto
+  `stream.cs` (a cuda.core Stream) or `stream.handle` (the raw CUstream as an int).
+- Kernels are CUDA C (render_cuda), compiled by NVRTC to a cubin for the device's
+  architecture and cached on disk beside the cpu device's shared libraries.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import logging
+import os
+import tempfile
+import threading
+from pathlib import Path
+from typing import Any, Callable, Sequence
+
+import numpy as np
+
+from aotrt.dtypes import DType, as_dtype
+from aotrt.errors import AotrtError, CompileError, DeviceError, OutOfMemory, Unsupported
+from aotrt.kernels import ir
+from aotrt.kernels.render_cuda import BLOCK, CudaRenderer
+from aotrt.runtime import hazards
+from aotrt.runtime.device import (Block, Device, KernelFunction, KernelLibrary, Stream,
+                                  StreamOptions)
+from aotrt.runtime.devices.cpu import cache_dir
+from aotrt.runtime.tensor import Handle, is_packed
+
+log = logging.getLogger(__name__)
+
+try:  # the device is simply unavailable where NVIDIA's bindings are missing
+    from cuda.bindings import driver as _drv
+    from cuda.bindings import nvrtc as _nvrtc
+    from cuda.core import Device as _CoreDevice
+    from cuda.core import EventOptions, LaunchConfig, ObjectCode, Program, ProgramOptions, launch
+    _IMPORT_ERROR: BaseException | None = None
+except Exception as _e:  # noqa: BLE001 - any import failure means "no cuda here"
+    _IMPORT_ERROR = _e
+
+#: the most dims a generic strided copy or fill handles after merging dims
+MAX_COPY_DIMS = 8
+
+Work = Callable[["CudaStream"], None]
+
+
+def _check(result: Any, what: str) -> Any:
+    """Unpack a cuda.bindings (err, *values) tuple; raise DeviceError/OutOfMemory on error."""
+    err = result[0]
+    if int(err) != 0:
+        _, name = _drv.cuGetErrorName(err)
+        text = name.decode() if isinstance(name, bytes) else str(err)
+        if "OUT_OF_MEMORY" in text:
+            raise OutOfMemory(f"cuda: {what}: {text}")
+        raise DeviceError(f"cuda: {what} failed: {text}")
+    if len(result) == 1:
+        return None
+    return result[1] if len(result) == 2 else result[1:]
+
+
+def _wrap(e: BaseException, what: str) -> AotrtError:
+    """A cuda.core or driver exception as the matching aotrt error."""
+    if isinstance(e, AotrtError):
+        return e
+    text = f"{type(e).__name__}: {e}"
+    if "OUT_OF_MEMORY" in text:
+        return OutOfMemory(f"cuda: {what}: {text}")
+    return DeviceError(f"cuda: {what} failed: {text}")
+
+
+def compile_source(source: str, arch: str, what: str = "source") -> bytes:
+    """NVRTC: CUDA C to a cubin for `arch` (needs no GPU); CompileError carries the log."""
+    if _IMPORT_ERROR is not None:
+        raise CompileError(f"nvrtc is not available: {_IMPORT_ERROR!r}")
+    logs = io.StringIO()
+    try:
+        prog = Program(source, "c++", ProgramOptions(arch=arch, std="c++17"))
+        return bytes(prog.compile("cubin", logs=logs).code)
+    except Exception as e:  # noqa: BLE001 - NVRTC's error carries the log
+        raise CompileError(f"nvrtc failed on {what} for {arch}",
+                           f"{logs.getvalue()}\n{e}") from None
+
+
+# ---------------------------------------------------------------------------------------------
+# layouts
+
+
+def _merge_dims(sizes: Sequence[int], *stride_lists: Sequence[int]
+                ) -> tuple[list[int], list[list[int]]]:
+    """Drop size-1 dims and merge neighbours that are contiguous in every stride list."""
+    keep = [i for i, n in enumerate(sizes) if n != 1]
+    out_sizes: list[int] = []
+    out_strides: list[list[int]] = [[] for _ in stride_lists]
+    for i in keep:
+        n = sizes[i]
+        if out_sizes and all(st[-1] == sl[i] * n for st, sl in zip(out_strides, stride_lists)):
+            out_sizes[-1] *= n
+            for st, sl in zip(out_strides, stride_lists):
+                st[-1] = sl[i]
+            continue
+        out_sizes.append(n)
+        for st, sl in zip(out_strides, stride_lists):
+            st.append(sl[i])
+    return out_sizes, out_strides
+
+
+def same_dense_layout(a: Handle, b: Handle) -> bool:
+    """True when both views are packed and lay their elements out identically."""
+    if a.sizes != b.sizes or a.dtype.itemsize != b.dtype.itemsize:
+        return False
+    if not (is_packed(a.sizes, a.strides) and is_packed(b.sizes, b.strides)):
+        return False
+    return all(sa == sb for n, sa, sb in zip(a.sizes, a.strides, b.strides) if n > 1)
+
+
+_COPY_SOURCE = r"""typedef long long int64_t;
+typedef unsigned long long uint64_t;
+typedef unsigned int uint32_t;
+typedef unsigned short uint16_t;
+typedef unsigned char uint8_t;
+#define AOT_DIMS(T) int64_t ndim, \
+  int64_t s0, int64_t s1, int64_t s2, int64_t s3, int64_t s4, int64_t s5, int64_t s6, \
+  int64_t s7, int64_t a0, int64_t a1, int64_t a2, int64_t a3, int64_t a4, int64_t a5, \
+  int64_t a6, int64_t a7, int64_t b0, int64_t b1, int64_t b2, int64_t b3, int64_t b4, \
+  int64_t b5, int64_t b6, int64_t b7
+#define AOT_OFFSETS \
+  const int64_t S[8] = {s0, s1, s2, s3, s4, s5, s6, s7}; \
+  const int64_t A[8] = {a0, a1, a2, a3, a4, a5, a6, a7}; \
+  const int64_t B[8] = {b0, b1, b2, b3, b4, b5, b6, b7}; \
+  int64_t oa = 0, ob = 0; int64_t r = i; \
+  _Pragma("unroll") for (int d = 7; d >= 0; d--) { if (d < ndim) { \
+    int64_t c; if (n < 2147483647LL) { c = (int64_t)((uint32_t)r % (uint32_t)S[d]); \
+      r = (int64_t)((uint32_t)r / (uint32_t)S[d]); } else { c = r % S[d]; r = r / S[d]; } \
+    oa += c * A[d]; ob += c * B[d]; } }
+#define AOT_COPY(NAME, T) \
+extern "C" __global__ void NAME(char* dst, const char* src, int64_t n, AOT_DIMS(T)) { \
+  for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; \
+       i += (int64_t)gridDim.x * blockDim.x) { AOT_OFFSETS \
+    ((T*)dst)[oa] = ((const T*)src)[ob]; } }
+#define AOT_FILL(NAME, T) \
+extern "C" __global__ void NAME(char* dst, uint64_t value, int64_t n, AOT_DIMS(T)) { \
+  for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; \
+       i += (int64_t)gridDim.x * blockDim.x) { AOT_OFFSETS \
+    ((T*)dst)[oa] = (T)value; } }
+AOT_COPY(aot_copy1, uint8_t)
+AOT_COPY(aot_copy2, uint16_t)
+AOT_COPY(aot_copy4, uint32_t)
+AOT_COPY(aot_copy8, uint64_t)
+AOT_FILL(aot_fill1, uint8_t)
+AOT_FILL(aot_fill2, uint16_t)
+AOT_FILL(aot_fill4, uint32_t)
+AOT_FILL(aot_fill8, uint64_t)
+"""
+
+
+# ---------------------------------------------------------------------------------------------
+# streams
+
+
+class CudaGraph:
+    """An instantiated CUDA graph captured from a stream; replay it with `launch`."""
+
+    def __init__(self, graph: Any, exec_: Any) -> None:
+        self._graph = graph
+        self._exec = exec_
+
+    def launch(self, stream: "CudaStream") -> None:
+        """Replay the whole graph on `stream` (asynchronously)."""
+        _check(_drv.cuGraphLaunch(self._exec, stream.cs.handle), "graph launch")
+
+    def close(self) -> None:
+        """Free the graph; safe to call twice."""
+        if self._exec is not None:
+            _drv.cuGraphExecDestroy(self._exec)
+            _drv.cuGraphDestroy(self._graph)
+            self._exec = self._graph = None
+
+    def __del__(self) -> None:
+        try:
+            self.close()
+        except Exception:  # noqa: BLE001 - interpreter shutdown
+            pass
+
+
+class CudaStream(Stream):
+    """One CUDA stream; recorded work is enqueued at once (deferred mode: at the next wait)."""
+
+    def __init__(self, device: "CudaDevice", options: StreamOptions) -> None:
+        super().__init__(device, options)
+        device.ensure_current()
+        try:
+            self.cs = device.core.create_stream()
+        except Exception as e:  # noqa: BLE001
+            raise _wrap(e, "create stream") from e
+        self.handle = int(self.cs.handle)
+        self._deferred: list[Work] = []
+        self.capturing = False
+
+    def _run(self, work: Work) -> None:
+        try:
+            work(self)
+        except AotrtError:
+            raise
+        except Exception as e:  # noqa: BLE001 - a failed launch is a device error
+            raise _wrap(e, f"stream {self.id}: enqueue") from e
+
+    def _record(self, work: Any) -> None:
+        if self.options.deferred and not self.capturing:
+            self._deferred.append(work)
+        else:
+            self.device.ensure_current()
+            self._run(work)
+
+    def _submit(self) -> None:
+        # NOTE: CUDA streams start work as soon as it is enqueued; nothing to hand over.
+        pass
+
+    def _wait(self) -> None:
+        if self.capturing:
+            raise DeviceError(f"cuda stream {self.id}: cannot wait while capturing a graph")
+        self.device.ensure_current()
+        work, self._deferred = self._deferred, []
+        for w in work:
+            self._run(w)
+        try:
+            self.cs.sync()
+        except Exception as e:  # noqa: BLE001 - an asynchronous fault of earlier work
+            raise _wrap(e, f"stream {self.id}: queued work") from e
+
+    def _close(self) -> None:
+        try:
+            self.cs.close()
+        except Exception:  # noqa: BLE001 - closing twice or at shutdown
+            pass
+
+    # -- graphs -------------------------------------------------------------------------------
+
+    def begin_capture(self) -> None:
+        """Start capturing everything enqueued on this stream into a CUDA graph."""
+        if self.capturing:
+            raise DeviceError(f"cuda stream {self.id}: already capturing")
+        self.commit_and_wait()
+        mode = _drv.CUstreamCaptureMode.CU_STREAM_CAPTURE_MODE_RELAXED
+        _check(_drv.cuStreamBeginCapture(self.cs.handle, mode), "begin capture")
+        self.capturing = True
+
+    def end_capture(self) -> CudaGraph:
+        """Stop capturing; the instantiated graph of what was enqueued since begin_capture."""
+        if not self.capturing:
+            raise DeviceError(f"cuda stream {self.id}: not capturing")
+        self.capturing = False
+        graph = _check(_drv.cuStreamEndCapture(self.cs.handle), "end capture")
+        try:
+            exec_ = _check(_drv.cuGraphInstantiate(graph, 0), "graph instantiate")
+        except BaseException:
+            _drv.cuGraphDestroy(graph)
+            raise
+        return CudaGraph(graph, exec_)
+
+    def abort_capture(self) -> None:
+        """End a capture that failed half-way, dropping what it captured."""
+        if self.capturing:
+            self.capturing = False
+            res = _drv.cuStreamEndCapture(self.cs.handle)
+            if int(res[0]) == 0 and res[1] is not None:
+                _drv.cuGraphDestroy(res[1])
+
+    # -- events -------------------------------------------------------------------------------
+
+    def timing_event(self) -> Any:
+        """Record a timing event on this stream now (subtract two for milliseconds)."""
+        return self.cs.record(options=EventOptions(enable_timing=True))
+
+    # -- data movement ------------------------------------------------------------------------
+
+    def _copy_work(self, dst: Handle, src: Handle) -> Any:
+        dev = self.device
+        if same_dense_layout(dst, src):
+            dlo, dhi = dst.byte_range()
+            slo, _ = src.byte_range()
+            dptr, sptr, n = dst.alloc.ptr + dlo, src.alloc.ptr + slo, dhi - dlo
+
+            def work(s: CudaStream) -> None:
+                _check(_drv.cuMemcpyDtoDAsync(dptr, sptr, n, s.cs.handle), "copy")
+            return work
+        return dev.strided_copy_work(dst, src)
+
+    def _fill_work(self, view: Handle, byte: int) -> Any:
+        if view.packed:
+            lo, hi = view.byte_range()
+            ptr, n = view.alloc.ptr + lo, hi - lo
+
+            def work(s: CudaStream) -> None:
+                _check(_drv.cuMemsetD8Async(ptr, byte, n, s.cs.handle), "fill")
+            return work
+        return self.device.strided_fill_work(view, byte)
+
+
+# ---------------------------------------------------------------------------------------------
+# kernels
+
+
+class CudaKernelFunction(KernelFunction):
+    """A generated __global__ kernel: pointer arguments, then the outer element count."""
+
+    def __init__(self, library: "CudaKernelLibrary", kernel: ir.Kernel) -> None:
+        super().__init__(library, kernel)
+        self._kern = library.cuda_kernel(kernel.name)
+        self._lanes = CudaRenderer.lanes(kernel)
+
+    def _work(self, bound: list[Handle], n: int) -> Any:
+        dev: CudaDevice = self.library.device
+        cfg = dev.launch_config(n * self._lanes)
+        args = [h.address for h in bound]
+        args.append(n)
+        kern = self._kern
+
+        def work(s: CudaStream) -> None:
+            launch(s.cs, cfg, kern, *args)
+        return work
+
+
+class CudaKernelLibrary(KernelLibrary):
+    """CUDA C compiled by NVRTC to a cubin once per (NVRTC version, options, source)."""
+
+    def _compile(self) -> None:
+        dev: CudaDevice = self.device
+        self.module = dev.compile_cubin(self.source, f"{len(self.kernels)} kernel(s)")
+        self._cuda_kernels: dict[str, Any] = {}
+
+    def cuda_kernel(self, name: str) -> Any:
+        """The loaded cuda.core Kernel named `name`."""
+        if name not in self._cuda_kernels:
+            try:
+                self._cuda_kernels[name] = self.module.get_kernel(name)
+            except Exception as e:  # noqa: BLE001
+                raise _wrap(e, f"load kernel {name}") from e
+        return self._cuda_kernels[name]
+
+    def _function(self, kernel: ir.Kernel) -> KernelFunction:
+        return CudaKernelFunction(self, kernel)
+
+
+# ---------------------------------------------------------------------------------------------
+# the device
+
+
+class CudaDevice(Device):
+    """GPU 0 through cuda.core: stream-ordered memory, NVRTC kernels, CUDA graphs."""
+
+    name = "cuda"
+    renderer = CudaRenderer()
+    #: DLPack device of this device's memory (kDLCUDA, ordinal 0)
+    dlpack_device = (2, 0)
+
+    def __init__(self) -> None:
+        if _IMPORT_ERROR is not None:
+            raise DeviceError(f"cuda: NVIDIA's Python bindings are missing: {_IMPORT_ERROR!r}")
+        self._current = threading.local()
+        try:
+            self.core = _CoreDevice(0)
+            self.core.set_current()
+            major, minor = self.core.compute_capability
+            self.sm_count = int(self.core.properties.multiprocessor_count)
+            self._alloc_stream = self.core.create_stream()
+        except Exception as e:  # noqa: BLE001 - no driver, no GPU, no context
+            raise DeviceError(f"cuda: no usable GPU: {type(e).__name__}: {e}") from e
+        self._current.ok = True
+        self.arch = f"sm_{major}{minor}"
+        self.max_blocks = self.sm_count * 16
+        self._configs: dict[int, Any] = {}
+        self._modules: dict[str, Any] = {}
+        self._helpers: Any = None
+        self._helper_lock = threading.Lock()
+        super().__init__()
+
+    def ensure_current(self) -> None:
+        """Make the device's context current in the calling thread (once per thread)."""
+        if not getattr(self._current, "ok", False):
+            self.core.set_current()
+            self._current.ok = True
+
+    def _create_stream(self, options: StreamOptions) -> Stream:
+        return CudaStream(self, options)
+
+    # -- memory -------------------------------------------------------------------------------
+
+    def _alloc(self, nbytes: int) -> Block:
+        self.ensure_current()
+        try:
+            buf = self.core.allocate(nbytes, stream=self._alloc_stream)
+            # NOTE: one sync per raw block makes it usable from any stream, not only the
+            # allocation stream; the runtime pool makes raw allocations rare.
+            self._alloc_stream.sync()
+        except Exception as e:  # noqa: BLE001
+            raise _wrap(e, f"allocate {nbytes} bytes") from e
+        return Block(int(buf.handle), nbytes, buf)
+
+    def _free(self, block: Block) -> None:
+        # The memory layer waited for every stream that used the block before freeing it.
+        self.ensure_current()
+        try:
+            block.keep.close(self._alloc_stream)
+        except Exception as e:  # noqa: BLE001
+            raise _wrap(e, "free") from e
+
+    def read(self, handle: Handle) -> np.ndarray:
+        """A host copy of the view's elements (the caller has waited for pending writes)."""
+        if handle.alloc is not None:
+            hazards.check_host_access(handle.alloc, False, "read")
+        if handle.numel == 0 or handle.alloc is None:
+            return np.zeros(handle.sizes, dtype=handle.dtype.np)
+        self.ensure_current()
+        lo, hi = handle.byte_range()
+        host = np.empty(hi - lo, dtype=np.uint8)
+        _check(_drv.cuMemcpyDtoH(host.ctypes.data, handle.alloc.ptr + lo, hi - lo), "read")
+        isz = handle.dtype.itemsize
+        view = np.lib.stride_tricks.as_strided(
+            host[handle.byte_offset - lo:].view(handle.dtype.np), shape=handle.sizes,
+            strides=[s * isz for s in handle.strides])
+        return np.array(view, copy=True)
+
+    def write(self, handle: Handle, array: Any) -> None:
+        """Copy a host array (broadcast to the view's sizes) into the view's elements."""
+        if handle.alloc is not None:
+            hazards.check_host_access(handle.alloc, True, "write")
+        if handle.numel == 0 or handle.alloc is None:
+            return
+        self.ensure_current()
+        src = np.broadcast_to(np.asarray(array, dtype=handle.dtype.np), handle.sizes)
+        lo, hi = handle.byte_range()
+        isz = handle.dtype.itemsize
+        if handle.packed:
+            # The view covers its byte span exactly: lay the host data out the same way.
+            host = np.empty(hi - lo, dtype=np.uint8)
+            view = np.lib.stride_tricks.as_strided(
+                host[handle.byte_offset - lo:].view(handle.dtype.np), shape=handle.sizes,
+                strides=[s * isz for s in handle.strides])
+            view[...] = src
+            _check(_drv.cuMemcpyHtoD(handle.alloc.ptr + lo, host.ctypes.data, hi - lo), "write")
+            return
+        # Holes between the elements may belong to others: scatter through a kernel.
+        dense = np.ascontiguousarray(src)
+        tmp = self.core.allocate(max(dense.nbytes, 1), stream=self._alloc_stream)
+        try:
+            self._alloc_stream.sync()
+            tmp_ptr = int(tmp.handle)
+            _check(_drv.cuMemcpyHtoD(tmp_ptr, dense.ctypes.data, dense.nbytes), "write")
+            strides = [1] * handle.ndim
+            acc = 1
+            for d in range(handle.ndim - 1, -1, -1):
+                strides[d] = acc
+                acc *= handle.sizes[d]
+            self._strided(handle.address, tmp_ptr, handle.sizes, handle.strides, strides,
+                          isz, None)(self._alloc_stream)
+            self._alloc_stream.sync()
+        finally:
+            tmp.close(self._alloc_stream)
+
+    # -- kernels ------------------------------------------------------------------------------
+
+    def _library(self, kernels: Sequence[ir.Kernel]) -> KernelLibrary:
+        return CudaKernelLibrary(self, kernels)
+
+    def launch_config(self, threads: int) -> Any:
+        """A LaunchConfig of BLOCK-thread blocks covering `threads` (grid-stride capped)."""
+        blocks = max(1, min((threads + BLOCK - 1) // BLOCK, self.max_blocks))
+        cfg = self._configs.get(blocks)
+        if cfg is None:
+            cfg = self._configs[blocks] = LaunchConfig(grid=(blocks, 1, 1), block=(BLOCK, 1, 1))
+        return cfg
+
+    def compile_options(self) -> tuple[str, ...]:
+        """NVRTC options of every compile (part of the cache key)."""
+        return (f"-arch={self.arch}", "-std=c++17")
+
+    def compile_cubin(self, source: str, what: str) -> Any:
+        """Compile CUDA C to a loaded module, through the on-disk cubin cache."""
+        self.ensure_current()
+        version = ".".join(str(v) for v in _check(_nvrtc.nvrtcVersion(), "nvrtc version"))
+        key = hashlib.sha256("\0".join(
+            ["nvrtc " + version, *self.compile_options(), source]).encode()).hexdigest()
+        if key in self._modules:
+            return self._modules[key]
+        out = cache_dir() / f"{key[:32]}.cubin"
+        if not out.exists():
+            code = compile_source(source, self.arch, what)
+            out.parent.mkdir(parents=True, exist_ok=True)
+            fd, tmp = tempfile.mkstemp(dir=out.parent, suffix=".tmp")
+            with os.fdopen(fd, "wb") as f:
+                f.write(code)
+            os.replace(tmp, out)  # atomic: concurrent builders never see half a file
+            log.debug("compiled %s into %s", what, out)
+        try:
+            module = ObjectCode.from_cubin(Path(out).read_bytes())
+        except Exception as e:  # noqa: BLE001
+            raise _wrap(e, f"load {out}") from e
+        self._modules[key] = module
+        return module
+
+    def _helper_kernels(self) -> Any:
+        with self._helper_lock:
+            if self._helpers is None:
+                self._helpers = self.compile_cubin(_COPY_SOURCE, "copy/fill helpers")
+            return self._helpers
+
+    def _strided(self, dst_ptr: int, src_ptr: int | None, sizes: Sequence[int],
+                 dst_strides: Sequence[int], src_strides: Sequence[int], itemsize: int,
+                 fill: int | None) -> Work:
+        """Work copying (or filling with the repeated byte `fill`) a strided view."""
+        if src_ptr is None:
+            msz, (mst,) = _merge_dims(sizes, dst_strides)
+            mst2 = [0] * len(mst)
+        else:
+            msz, (mst, mst2) = _merge_dims(sizes, dst_strides, src_strides)
+        if len(msz) > MAX_COPY_DIMS:
+            raise Unsupported(f"strided copy of {len(msz)} irreducible dims (max "
+                              f"{MAX_COPY_DIMS})")
+        n = 1
+        for s in msz:
+            n *= s
+        pad = MAX_COPY_DIMS - len(msz)
+        dims = [len(msz), *msz, *([1] * pad), *mst, *([0] * pad), *mst2, *([0] * pad)]
+        module = self._helper_kernels()
+        if fill is None:
+            kern = module.get_kernel(f"aot_copy{itemsize}")
+            args = [dst_ptr, src_ptr, n, *dims]
+        else:
+            kern = module.get_kernel(f"aot_fill{itemsize}")
+            args = [dst_ptr, int.from_bytes(bytes([fill]) * itemsize, "little"), n, *dims]
+        cfg = self.launch_config(n)
+
+        def work(s: Any) -> None:
+            launch(s.cs if isinstance(s, CudaStream) else s, cfg, kern, *args)
+        return work
+
+    def strided_copy_work(self, dst: Handle, src: Handle) -> Work:
+        """Work of an element-wise copy between two views of any layout."""
+        return self._strided(dst.address, src.address, dst.sizes, dst.strides, src.strides,
+                             dst.dtype.itemsize, None)
+
+    def strided_fill_work(self, view: Handle, byte: int) -> Work:
+        """Work setting every byte of a view's elements to `byte`."""
+        return self._strided(view.address, None, view.sizes, view.strides, view.strides,
+                             view.dtype.itemsize, byte)
+
+    # -- foreign memory -----------------------------------------------------------------------
+
+    def dlpack_info(self, obj: Any, stream: CudaStream | None = None
+                    ) -> tuple[int, tuple[int, ...], tuple[int, ...], DType]:
+        """(address, sizes, strides in elements, dtype) of a CUDA `__dlpack__` object.
+
+        The producer orders its pending work before `stream` (the DLPack stream handshake),
+        so the memory can be read there without a copy.
+        """
+        from cuda.core.utils import StridedMemoryView
+
+        stream = stream or self.current_stream()
+        try:
+            view = StridedMemoryView(obj, stream_ptr=stream.handle)
+        except Exception as e:  # noqa: BLE001
+            raise _wrap(e, "import a __dlpack__ object") from e
+        if not view.is_device_accessible or view.device_id != 0:
+            raise DeviceError(f"cuda: object on device {view.device_id} is not on cuda:0")
+        sizes = tuple(int(n) for n in view.shape)
+        if view.strides is None:
+            acc, st = 1, []
+            for n in reversed(sizes):
+                st.append(acc)
+                acc *= max(n, 1)
+            strides = tuple(reversed(st))
+        else:
+            strides = tuple(int(s) for s in view.strides)
+        return int(view.ptr), sizes, strides, as_dtype(view.dtype)
+
+    def mempool_stats(self) -> dict[str, int]:
+        """Bytes used now and at the high-water mark of the device's stream-ordered pool."""
+        self.ensure_current()
+        pool = _check(_drv.cuDeviceGetDefaultMemPool(0), "mem pool")
+        attrs = _drv.CUmemPool_attribute
+        out = {}
+        for key, attr in (("used", attrs.CU_MEMPOOL_ATTR_USED_MEM_CURRENT),
+                          ("used_high", attrs.CU_MEMPOOL_ATTR_USED_MEM_HIGH),
+                          ("reserved", attrs.CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT),
+                          ("reserved_high", attrs.CU_MEMPOOL_ATTR_RESERVED_MEM_HIGH)):
+            value = _check(_drv.cuMemPoolGetAttribute(pool, attr), "mem pool attribute")
+            out[key] = int(value)
+        return out

@@ -1,0 +1,441 @@
+"""The cuda device (aotrt/runtime/devices/cuda.py) and its renderer (kernels/render_cuda.py).
+
+Rendering and NVRTC compilation run wherever NVRTC is installed (no GPU needed); everything
+else skips cleanly without a GPU. Numerics are compared with numpy in float64 on fresh
+random inputs, and with the cpu device running the same kernel IR.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from aotrt import dtypes
+from aotrt.errors import CompileError, HazardError, InvalidArgument
+from aotrt.kernels import ir
+from aotrt.kernels.render_cuda import CudaRenderer
+from aotrt.runtime import shims
+from aotrt.runtime.device import StreamOptions, cuda_available, get_device
+from aotrt.runtime.tensor import Handle
+
+cuda_mod = pytest.importorskip("aotrt.runtime.devices.cuda")
+
+needs_gpu = pytest.mark.skipif(not cuda_available(), reason="no CUDA GPU here")
+TOL = {"float32": 1e-4, "float16": 2e-2, "bfloat16": 2e-2}
+
+
+def _nvrtc_ok() -> bool:
+    try:
+        cuda_mod.compile_source('extern "C" __global__ void k() {}', "sm_90")
+        return True
+    except Exception:  # noqa: BLE001 - no NVRTC library here
+        return False
+
+
+needs_nvrtc = pytest.mark.skipif(not _nvrtc_ok(), reason="NVRTC is not installed here")
+
+
+def rel_err(got: np.ndarray, ref: np.ndarray) -> float:
+    """||got - ref|| / ||ref|| in float64."""
+    got = np.asarray(got, dtype=np.float64)
+    ref = np.asarray(ref, dtype=np.float64)
+    if not np.all(np.isfinite(got)):
+        return float("inf")
+    return float(np.linalg.norm(got - ref) / max(np.linalg.norm(ref), 1e-30))
+
+
+# -- kernels used by several tests --------------------------------------------------------------
+
+def k_silu_bcast(dt: str, shape=(4, 5, 6)) -> ir.Kernel:
+    """out = silu(a.T-ish + b[broadcast last dim]) with `a` read through permuted strides."""
+    n0, n1, n2 = shape
+    a_strides = (1, n0 * n2, n0)  # a is stored as [n1, n2, n0] and read permuted
+    x = ir.Op("add", (ir.cast(ir.load(0, a_strides, dt), "float32"),
+                      ir.cast(ir.load(1, (0, 0, 1), dt), "float32")), "float32")
+    y = ir.cast(ir.Op("silu", (x,), "float32"), dt)
+    return ir.Kernel("silu_bcast", shape, (),
+                     (ir.Arg(dt, "r"), ir.Arg(dt, "r"), ir.Arg(dt, "w")),
+                     (ir.store(2, (n1 * n2, n2, 1), y),))
+
+
+def k_layer_norm(dt: str, rows: int, cols: int, eps: float = 1e-5) -> ir.Kernel:
+    """out[r, c] = (x - mean) * rsqrt(var + eps) * w[c] + b[c], reductions over c."""
+    f = "float32"
+    xr = ir.cast(ir.Load(0, ir.Op("add", (ir.Op("mul", (ir.Idx(0), ir.Const(cols, "int64")),
+                                                "int64"), ir.Idx(1)), "int64"), dt), f)
+    inv_n = ir.Const(1.0 / cols, f)
+    mean = ir.Op("mul", (ir.Reduce("sum", xr, f), inv_n), f)
+    diff = ir.Op("sub", (xr, mean), f)
+    var = ir.Op("mul", (ir.Reduce("sum", ir.Op("mul", (diff, diff), f), f), inv_n), f)
+    rstd = ir.Op("rsqrt", (ir.Op("add", (var, ir.Const(eps, f)), f),), f)
+    w = ir.cast(ir.Load(1, ir.Idx(1), dt), f)
+    b = ir.cast(ir.Load(2, ir.Idx(1), dt), f)
+    y = ir.Op("add", (ir.Op("mul", (ir.Op("mul", (diff, rstd), f), w), f), b), f)
+    idx = ir.Op("add", (ir.Op("mul", (ir.Idx(0), ir.Const(cols, "int64")), "int64"),
+                        ir.Idx(1)), "int64")
+    return ir.Kernel("layer_norm", (rows,), (cols,),
+                     (ir.Arg(dt, "r"), ir.Arg(dt, "r"), ir.Arg(dt, "r"), ir.Arg(dt, "w"),
+                      ir.Arg(f, "w")),
+                     (ir.Store(3, idx, ir.cast(y, dt)), ir.Store(4, ir.Idx(0), mean)))
+
+
+def k_softmax_max(rows: int, cols: int) -> ir.Kernel:
+    """softmax over the last dim (fp32) and the row max as a second output."""
+    f = "float32"
+    idx = ir.Op("add", (ir.Op("mul", (ir.Idx(0), ir.Const(cols, "int64")), "int64"),
+                        ir.Idx(1)), "int64")
+    x = ir.Load(0, idx, f)
+    m = ir.Reduce("max", x, f)
+    e = ir.Op("exp", (ir.Op("sub", (x, m), f),), f)
+    s = ir.Reduce("sum", e, f)
+    return ir.Kernel("softmax", (rows,), (cols,),
+                     (ir.Arg(f, "r"), ir.Arg(f, "w"), ir.Arg(f, "w")),
+                     (ir.Store(1, idx, ir.Op("div", (e, s), f)), ir.Store(2, ir.Idx(0), m)))
+
+
+def k_small_reduce(rows: int, cols: int) -> ir.Kernel:
+    """int64 sum and bool any over a short last dim (one thread per row)."""
+    idx = ir.Op("add", (ir.Op("mul", (ir.Idx(0), ir.Const(cols, "int64")), "int64"),
+                        ir.Idx(1)), "int64")
+    x = ir.Load(0, idx, "int64")
+    pos = ir.Op("gt", (x, ir.Const(3, "int64")), "bool")
+    return ir.Kernel("small_reduce", (rows,), (cols,),
+                     (ir.Arg("int64", "r"), ir.Arg("int64", "w"), ir.Arg("bool", "w")),
+                     (ir.Store(1, ir.Idx(0), ir.Reduce("sum", x, "int64")),
+                      ir.Store(2, ir.Idx(0), ir.Reduce("any", pos, "bool"))))
+
+
+def k_int_ops(n: int) -> ir.Kernel:
+    """Python-style floordiv/mod on int64, a compare, a where and a bf16 round trip."""
+    a = ir.Load(0, ir.Idx(0), "int64")
+    b = ir.Load(1, ir.Idx(0), "int64")
+    fd = ir.Op("floordiv", (a, b), "int64")
+    md = ir.Op("mod", (a, b), "int64")
+    w = ir.Op("where", (ir.Op("lt", (a, b), "bool"), fd, md), "int64")
+    bf = ir.cast(ir.cast(a, "bfloat16"), "float32")
+    return ir.Kernel("int_ops", (n,), (),
+                     (ir.Arg("int64", "r"), ir.Arg("int64", "r"), ir.Arg("int64", "w"),
+                      ir.Arg("int64", "w"), ir.Arg("int64", "w"), ir.Arg("float32", "w")),
+                     (ir.Store(2, ir.Idx(0), fd), ir.Store(3, ir.Idx(0), md),
+                      ir.Store(4, ir.Idx(0), w), ir.Store(5, ir.Idx(0), bf)))
+
+
+ALL_KERNELS = [k_silu_bcast("float16"), k_layer_norm("bfloat16", 3, 70),
+               k_softmax_max(5, 300), k_small_reduce(7, 4), k_int_ops(9)]
+
+
+# -- rendering (no GPU needed) ------------------------------------------------------------------
+
+def test_lanes_choose_warp_for_long_reductions() -> None:
+    assert CudaRenderer.lanes(k_layer_norm("float32", 4, 768)) == 32
+    assert CudaRenderer.lanes(k_small_reduce(4, 4)) == 1
+    assert CudaRenderer.lanes(k_silu_bcast("float32")) == 1
+
+
+def test_render_has_kernel_signatures() -> None:
+    src = CudaRenderer().render(ALL_KERNELS)
+    assert 'extern "C" __global__ void __launch_bounds__(256) silu_bcast(char* p0, char* p1, ' \
+           'char* p2, int64_t n)' in src
+    assert "aot_warp_sum" in src and "#include" not in src
+
+
+@needs_nvrtc
+def test_rendered_kernels_compile_with_nvrtc() -> None:
+    code = cuda_mod.compile_source(CudaRenderer().render(ALL_KERNELS), "sm_90")
+    assert len(code) > 1000
+
+
+@needs_nvrtc
+def test_compile_error_carries_the_log() -> None:
+    with pytest.raises(CompileError) as info:
+        cuda_mod.compile_source("this is not cuda", "sm_90")
+    assert "this" in info.value.log
+
+
+def test_merge_dims() -> None:
+    sizes, (a, b) = cuda_mod._merge_dims((2, 1, 3, 4), (12, 99, 4, 1), (1, 99, 9, 2))
+    assert sizes == [2, 3, 4] and a == [12, 4, 1] and b == [1, 9, 2]
+    sizes, (a,) = cuda_mod._merge_dims((2, 3, 4), (12, 4, 1))
+    assert sizes == [24] and a == [1]
+
+
+# -- the device ---------------------------------------------------------------------------------
+
+@pytest.fixture
+def dev():
+    if not cuda_available():
+        pytest.skip("no CUDA GPU here")
+    return get_device("cuda")
+
+
+@pytest.fixture
+def stream(dev):
+    s = dev.create_stream(StreamOptions(check_hazards=True))
+    yield s
+    s.close()
+
+
+def _tensor(dev, stream, arr: np.ndarray, dtype: str, strides=None) -> Handle:
+    """A new cuda tensor holding `arr` (optionally through non-row-major strides)."""
+    with dev.stream_guard(stream):
+        h = shims.empty_strided(arr.shape, strides, dtype, device=dev)
+    dev.write(h, arr)
+    return h
+
+
+def _empty(dev, stream, shape, dtype: str) -> Handle:
+    with dev.stream_guard(stream):
+        return shims.empty_strided(shape, None, dtype, device=dev)
+
+
+def _np(dt: str):
+    return dtypes.as_dtype(dt).np
+
+
+@needs_gpu
+@pytest.mark.parametrize("dt", ["float32", "float16", "bfloat16"])
+def test_pointwise_kernel_matches_numpy(dev, stream, dt) -> None:
+    rng = np.random.default_rng()
+    k = k_silu_bcast(dt)
+    a_store = rng.standard_normal((5, 6, 4)).astype(_np(dt))
+    b = rng.standard_normal(6).astype(_np(dt))
+    ha, hb = _tensor(dev, stream, a_store, dt), _tensor(dev, stream, b, dt)
+    ho = _empty(dev, stream, (4, 5, 6), dt)
+    dev.kernel_library([k]).kernel(k.name)(stream, ha, hb, ho)
+    got = ho.numpy()
+    x = a_store.astype(np.float64).transpose(2, 0, 1) + b.astype(np.float64)
+    ref = x / (1 + np.exp(-x))
+    assert rel_err(got, ref) < TOL[dt]
+
+
+@needs_gpu
+@pytest.mark.parametrize("dt,rows,cols", [("float32", 7, 768), ("float16", 33, 100),
+                                          ("bfloat16", 3, 70), ("float32", 2, 5)])
+def test_layer_norm_kernel_matches_numpy(dev, stream, dt, rows, cols) -> None:
+    rng = np.random.default_rng()
+    k = k_layer_norm(dt, rows, cols)
+    x = (rng.standard_normal((rows, cols)) * 3 + 1).astype(_np(dt))
+    w = rng.standard_normal(cols).astype(_np(dt))
+    b = rng.standard_normal(cols).astype(_np(dt))
+    hx, hw, hb = (_tensor(dev, stream, v, dt) for v in (x, w, b))
+    ho, hm = _empty(dev, stream, (rows, cols), dt), _empty(dev, stream, (rows,), "float32")
+    stream.fill(hm, 0xFF)  # poison: every row must be written
+    dev.kernel_library([k]).kernel(k.name)(stream, hx, hw, hb, ho, hm)
+    x64 = x.astype(np.float64)
+    mean = x64.mean(1, keepdims=True)
+    ref = (x64 - mean) / np.sqrt(x64.var(1, keepdims=True) + 1e-5) * w.astype(np.float64) \
+        + b.astype(np.float64)
+    assert rel_err(ho.numpy(), ref) < TOL[dt]
+    assert rel_err(hm.numpy(), mean[:, 0]) < 1e-4
+
+
+@needs_gpu
+def test_softmax_and_small_reductions(dev, stream) -> None:
+    rng = np.random.default_rng()
+    x = (rng.standard_normal((5, 300)) * 4).astype(np.float32)
+    k = k_softmax_max(5, 300)
+    hx = _tensor(dev, stream, x, "float32")
+    hs, hm = _empty(dev, stream, (5, 300), "float32"), _empty(dev, stream, (5,), "float32")
+    dev.kernel_library([k]).kernel(k.name)(stream, hx, hs, hm)
+    e = np.exp(x.astype(np.float64) - x.max(1, keepdims=True))
+    assert rel_err(hs.numpy(), e / e.sum(1, keepdims=True)) < 1e-4
+    np.testing.assert_array_equal(hm.numpy(), x.max(1))
+
+    xi = rng.integers(-10, 10, size=(7, 4)).astype(np.int64)
+    k2 = k_small_reduce(7, 4)
+    hi = _tensor(dev, stream, xi, "int64")
+    hsum, hany = _empty(dev, stream, (7,), "int64"), _empty(dev, stream, (7,), "bool")
+    dev.kernel_library([k2]).kernel(k2.name)(stream, hi, hsum, hany)
+    np.testing.assert_array_equal(hsum.numpy(), xi.sum(1))
+    np.testing.assert_array_equal(hany.numpy(), (xi > 3).any(1))
+
+
+@needs_gpu
+def test_int_ops_match_python_semantics(dev, stream) -> None:
+    rng = np.random.default_rng()
+    a = rng.integers(-50, 50, size=9).astype(np.int64)
+    b = rng.integers(1, 7, size=9).astype(np.int64) * rng.choice([-1, 1], size=9)
+    k = k_int_ops(9)
+    ha, hb = _tensor(dev, stream, a, "int64"), _tensor(dev, stream, b, "int64")
+    outs = [_empty(dev, stream, (9,), "int64") for _ in range(3)] + [
+        _empty(dev, stream, (9,), "float32")]
+    dev.kernel_library([k]).kernel(k.name)(stream, ha, hb, *outs)
+    np.testing.assert_array_equal(outs[0].numpy(), a // b)
+    np.testing.assert_array_equal(outs[1].numpy(), a % b)
+    np.testing.assert_array_equal(outs[2].numpy(), np.where(a < b, a // b, a % b))
+    np.testing.assert_array_equal(outs[3].numpy(), a.astype(np.float32))
+
+
+@needs_gpu
+def test_cuda_matches_cpu_device_on_same_ir(dev, stream) -> None:
+    """The same IR on both devices gives the same numbers (within rounding)."""
+    cpu = get_device("cpu")
+    rng = np.random.default_rng()
+    k = k_layer_norm("float32", 16, 128)
+    vals = [rng.standard_normal(s).astype(np.float32) for s in ((16, 128), (128,), (128,))]
+    results = []
+    for d in (cpu, dev):
+        s = d.create_stream(StreamOptions(check_hazards=True))
+        hs = [_tensor(d, s, v, "float32") for v in vals]
+        ho, hm = _empty(d, s, (16, 128), "float32"), _empty(d, s, (16,), "float32")
+        d.kernel_library([k]).kernel(k.name)(s, *hs, ho, hm)
+        results.append(ho.numpy())
+        s.close()
+    assert rel_err(results[1], results[0]) < 1e-5
+
+
+@needs_gpu
+@pytest.mark.parametrize("dt", ["float16", "int64", "uint8"])
+def test_copy_packed_and_strided(dev, stream, dt) -> None:
+    rng = np.random.default_rng()
+    src = (rng.standard_normal((6, 7, 5)) * 100).astype(_np(dt))
+    hs = _tensor(dev, stream, src, dt)
+    # packed, same layout: one memcpy
+    hd = _empty(dev, stream, (6, 7, 5), dt)
+    stream.copy(hd, hs)
+    np.testing.assert_array_equal(hd.numpy(), src)
+    # into a transposed view: the strided copy kernel
+    ht = _empty(dev, stream, (5, 7, 6), dt)
+    view = shims.reinterpret_tensor(ht, (6, 7, 5), (1, 6, 42), 0)
+    stream.copy(view, hs)
+    np.testing.assert_array_equal(ht.numpy(), src.transpose(2, 1, 0))
+    # from a slice with gaps, into a slice with gaps of a bigger tensor
+    big = _tensor(dev, stream, np.zeros((6, 7, 12), _np(dt)), dt)
+    dst = shims.reinterpret_tensor(big, (6, 7, 5), (84, 12, 2), 1)
+    stream.copy(dst, hs)
+    got = big.numpy()
+    np.testing.assert_array_equal(got[:, :, 1:11:2], src)
+    assert not got[:, :, 0::2].any()
+
+
+@needs_gpu
+def test_fill_packed_and_strided(dev, stream) -> None:
+    h = _tensor(dev, stream, np.arange(24, dtype=np.int32).reshape(4, 6), "int32")
+    stream.fill(h, 0)
+    assert not h.numpy().any()
+    col = shims.reinterpret_tensor(h, (4,), (6,), 2)
+    stream.fill(col, 0x01)
+    got = h.numpy()
+    assert (got[:, 2] == 0x01010101).all() and got[:, [0, 1, 3, 4, 5]].sum() == 0
+
+
+@needs_gpu
+def test_read_write_non_packed_views(dev, stream) -> None:
+    rng = np.random.default_rng()
+    base = _tensor(dev, stream, np.zeros((8, 10), np.float32), "float32")
+    view = shims.reinterpret_tensor(base, (4, 5), (20, 2), 1)
+    vals = rng.standard_normal((4, 5)).astype(np.float32)
+    base.alloc.settle()
+    dev.write(view, vals)
+    np.testing.assert_array_equal(view.numpy(), vals)
+    full = base.numpy()
+    np.testing.assert_array_equal(full[0::2, 1::2], vals)
+    full[0::2, 1::2] = 0
+    assert not full.any()
+
+
+@needs_gpu
+def test_host_read_without_wait_is_a_hazard(dev, stream) -> None:
+    h = _tensor(dev, stream, np.ones(1 << 16, np.float32), "float32")
+    stream.fill(h, 0)
+    with pytest.raises(HazardError):
+        dev.read(h)
+    assert not h.numpy().any()  # numpy() waits first
+
+
+@needs_gpu
+def test_deferred_stream_runs_at_wait(dev) -> None:
+    s = dev.create_stream(StreamOptions(deferred=True, check_hazards=True))
+    h = _tensor(dev, s, np.ones(100, np.float32), "float32")
+    s.fill(h, 0)
+    assert not h.numpy().any()
+    s.close()
+
+
+@needs_gpu
+def test_graph_capture_and_replay(dev, stream) -> None:
+    rng = np.random.default_rng()
+    k = k_softmax_max(4, 64)
+    lib = dev.kernel_library([k])
+    x = rng.standard_normal((4, 64)).astype(np.float32)
+    hx = _tensor(dev, stream, x, "float32")
+    hs, hm = _empty(dev, stream, (4, 64), "float32"), _empty(dev, stream, (4,), "float32")
+    stream.begin_capture()
+    try:
+        stream.fill(hs, 0)
+        lib.kernel(k.name)(stream, hx, hs, hm)
+    finally:
+        graph = stream.end_capture()
+    for _ in range(2):
+        x = rng.standard_normal((4, 64)).astype(np.float32)
+        hx.alloc.settle()
+        dev.write(hx, x)
+        graph.launch(stream)
+        stream.commit_and_wait()
+        e = np.exp(x.astype(np.float64) - x.max(1, keepdims=True))
+        assert rel_err(hs.numpy(), e / e.sum(1, keepdims=True)) < 1e-4
+    graph.close()
+    graph.close()
+
+
+@needs_gpu
+def test_wait_while_capturing_is_refused(dev, stream) -> None:
+    stream.begin_capture()
+    try:
+        with pytest.raises(Exception):
+            stream.commit_and_wait()
+    finally:
+        stream.abort_capture()
+
+
+@needs_gpu
+def test_pool_reuses_freed_memory(dev, stream) -> None:
+    h = _empty(dev, stream, (1000,), "float32")
+    ptr = h.address
+    shims.delete_tensor_object(h)
+    h2 = _empty(dev, stream, (1000,), "float32")
+    assert h2.address == ptr
+
+
+@needs_gpu
+def test_kernel_cache_on_disk(dev, tmp_path, monkeypatch) -> None:
+    monkeypatch.setenv("AOTRT_CACHE_DIR", str(tmp_path))
+    k = k_int_ops(3)
+    dev._modules.clear()
+    dev.kernel_library([k])
+    files = list(tmp_path.glob("*.cubin"))
+    assert len(files) == 1
+    mtime = files[0].stat().st_mtime_ns
+    dev._modules.clear()
+    dev.kernel_library([k])
+    assert files[0].stat().st_mtime_ns == mtime
+
+
+@needs_gpu
+def test_dlpack_torch_tensor_is_used_without_copy(dev, stream) -> None:
+    torch = pytest.importorskip("torch")
+    if not torch.cuda.is_available():
+        pytest.skip("torch has no CUDA here")
+    t = torch.randn(3, 4, device="cuda").t()  # a transposed view
+    ptr, sizes, strides, dt = dev.dlpack_info(t, stream)
+    assert ptr == t.data_ptr() and sizes == (4, 3) and strides == (1, 4)
+    assert dt is dtypes.float32
+    with dev.stream_guard(stream):
+        h = shims.create_tensor_from_blob(ptr, sizes, strides, 0, dt, device=dev)
+    np.testing.assert_array_equal(h.numpy(), t.cpu().numpy())
+    stream.fill(h, 0)
+    stream.commit_and_wait()
+    assert float(t.abs().sum()) == 0.0
+    shims.delete_tensor_object(h)
+
+
+@needs_gpu
+def test_bad_arguments_are_refused(dev, stream) -> None:
+    h = _empty(dev, stream, (4,), "float32")
+    with pytest.raises(InvalidArgument):
+        stream.fill(h, 256)
+    with pytest.raises(InvalidArgument):
+        stream.copy(h, _empty(dev, stream, (5,), "float32"))
+    k = k_int_ops(9)
+    with pytest.raises(InvalidArgument):
+        dev.kernel_library([k]).kernel(k.name)(stream, h)
