@@ -1,0 +1,219 @@
+"""aotrt/runtime/devices/cpu.py: aligned host memory, host_array, the worker-thread stream,
+and the kernel compiler with its on-disk cache."""
+
+from __future__ import annotations
+
+import threading
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from aotrt.errors import CompileError, OutOfMemory
+from aotrt.runtime import shims
+from aotrt.runtime.devices import cpu as cpu_mod
+from aotrt.runtime.devices.cpu import CpuStream, cache_dir, host_array
+from aotrt.runtime.memory import Owner, owner_scope
+from tests.conftest import make_stream
+from tests.support import iota, iota_kernel, kernel_fn, upload
+
+
+@pytest.fixture
+def ctx(cpu):
+    """A stream and owner on the cpu device (one mode: these tests are about the device)."""
+    s = make_stream(cpu, "async")
+    o = Owner("cpu-test")
+    with cpu.stream_guard(s), owner_scope(o):
+        yield s
+    leaked = list(o.handles)
+    o.close()
+    s.close()
+    assert not leaked
+
+
+# -- memory -----------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("nbytes", [1, 63, 64, 65, 1000, 4096])
+def test_alloc_is_64_byte_aligned_and_large_enough(cpu, nbytes):
+    block = cpu._alloc(nbytes)
+    assert block.ptr % 64 == 0 and block.nbytes == nbytes
+    base = block.keep.ctypes.data
+    assert base <= block.ptr and block.ptr + nbytes <= base + block.keep.nbytes
+    cpu._free(block)
+
+
+def test_alloc_too_large_is_out_of_memory(cpu):
+    with pytest.raises(OutOfMemory, match="cpu"):
+        cpu._alloc(1 << 61)
+
+
+def test_host_array_is_a_zero_copy_strided_view(cpu, ctx):
+    base = shims.empty_strided([4, 6], None, "float32")
+    upload(base, iota([4, 6]))
+    v = shims.reinterpret_tensor(base, [3, 2], [6, 3], 1)
+    arr = host_array(v)
+    assert arr.shape == (3, 2) and arr.strides == (24, 12)
+    np.testing.assert_array_equal(arr, iota([4, 6]).ravel()[[1, 4, 7, 10, 13, 16]].reshape(3, 2))
+    arr[0, 0] = -7.0
+    assert base.numpy()[0, 1] == -7.0
+    assert cpu.host_view(v).__array_interface__["data"][0] == arr.__array_interface__["data"][0]
+    for h in (v, base):
+        shims.delete_tensor_object(h)
+
+
+def test_host_array_of_broadcast_and_empty_views(cpu, ctx):
+    base = shims.empty_strided([4], None, "int32")
+    upload(base, np.array([1, 2, 3, 4], np.int32))
+    bc = shims.reinterpret_tensor(base, [3, 4], [0, 1], 0)
+    np.testing.assert_array_equal(host_array(bc), np.tile([1, 2, 3, 4], (3, 1)))
+    e = shims.reinterpret_tensor(base, [0, 2], [2, 1], 4)
+    assert host_array(e).shape == (0, 2)
+    for h in (bc, e, base):
+        shims.delete_tensor_object(h)
+
+
+def test_read_and_write_copy_in_and_out(cpu, ctx):
+    h = shims.empty_strided([2, 3], None, "bfloat16")
+    cpu.write(h, np.array([[1.5, 2.25, -3], [4, 5, 6]], np.float64))
+    got = cpu.read(h)
+    assert got.dtype == h.dtype.np
+    np.testing.assert_array_equal(got.astype(np.float64), [[1.5, 2.25, -3], [4, 5, 6]])
+    got[:] = 0
+    assert cpu.read(h)[0, 0] == 1.5
+    shims.delete_tensor_object(h)
+
+
+# -- stream -----------------------------------------------------------------------------------
+
+
+def test_stream_runs_on_its_own_worker_thread(cpu):
+    s = make_stream(cpu, "async")
+    assert isinstance(s, CpuStream)
+    seen = []
+    s.record([], lambda: seen.append(threading.current_thread().name))
+    s.commit_and_wait()
+    assert seen == [f"aotrt-cpu-stream-{s.id}"]
+    worker = s._worker
+    s.close()
+    assert not worker.is_alive()
+
+
+def test_work_after_a_failure_in_the_same_wait_is_skipped(cpu):
+    from aotrt.errors import DeviceError
+
+    s = make_stream(cpu, "deferred")
+    log = []
+    s.record([], lambda: log.append(1))
+    s.record([], lambda: (_ for _ in ()).throw(RuntimeError("bad")))
+    s.commit()
+    s.record([], lambda: log.append(3))
+    with pytest.raises(DeviceError, match="bad"):
+        s.commit_and_wait()
+    assert log == [1]
+    s.close()
+
+
+@pytest.mark.parametrize("dtype,byte,expect", [
+    ("float16", 0x3C, np.frombuffer(b"\x3c\x3c", "<f2")[0]),
+    ("bool", 1, True),
+    ("int64", 0xFF, -1),
+    ("uint8", 7, 7),
+])
+def test_fill_writes_the_byte_pattern(cpu, ctx, dtype, byte, expect):
+    h = shims.empty_strided([3], None, dtype)
+    ctx.fill(h, byte)
+    np.testing.assert_array_equal(h.numpy(), np.full(3, expect, h.dtype.np))
+    shims.delete_tensor_object(h)
+
+
+# -- kernel compilation and the cache ---------------------------------------------------------
+
+
+def test_cache_dir_follows_the_environment(monkeypatch, tmp_path):
+    monkeypatch.setenv("AOTRT_CACHE_DIR", str(tmp_path))
+    assert cache_dir() == tmp_path
+    monkeypatch.delenv("AOTRT_CACHE_DIR")
+    assert cache_dir() == Path.home() / ".cache" / "aotrt"
+
+
+def test_library_is_compiled_once_into_the_cache(cpu, monkeypatch, tmp_path):
+    monkeypatch.setenv("AOTRT_CACHE_DIR", str(tmp_path))
+    k = iota_kernel([5], [1], base=42.0)
+    lib = cpu.kernel_library([k])
+    assert lib.path.parent == tmp_path and lib.path.exists()
+    assert list(tmp_path.iterdir()) == [lib.path]      # no temporary left behind
+
+    def no_compiler(*args, **kwargs):
+        raise AssertionError("compiled again")
+
+    version = cpu_mod._compiler_version(lib_cc())      # warm, so only the compile is blocked
+    monkeypatch.setattr(cpu_mod.subprocess, "run", no_compiler)
+    again = cpu.kernel_library([k])
+    assert again.path == lib.path and version
+
+
+def lib_cc() -> str:
+    import os
+    import shutil
+
+    return shutil.which(os.environ.get("CC", "cc")) or shutil.which("gcc")
+
+
+def test_cache_key_covers_source_flags_and_compiler(cpu, monkeypatch, tmp_path):
+    monkeypatch.setenv("AOTRT_CACHE_DIR", str(tmp_path))
+    k = iota_kernel([6], [1], base=1.0)
+    first = cpu.kernel_library([k]).path
+    other_source = cpu.kernel_library([iota_kernel([6], [1], base=2.0)]).path
+    monkeypatch.setattr(cpu_mod, "CFLAGS", cpu_mod.CFLAGS + ("-DAOTRT_TEST_FLAG",))
+    other_flags = cpu.kernel_library([k]).path
+    monkeypatch.setattr(cpu_mod, "_versions", {lib_cc(): "another compiler 1.0"})
+    other_cc = cpu.kernel_library([k]).path
+    assert len({first, other_source, other_flags, other_cc}) == 4
+
+
+def test_compiled_kernel_runs(cpu, ctx):
+    h = shims.empty_strided([5], None, "float32")
+    kernel_fn(cpu, iota_kernel([5], [1], base=42.0))(ctx, h)
+    np.testing.assert_array_equal(h.numpy(), iota([5], base=42.0))
+    shims.delete_tensor_object(h)
+
+
+def test_compile_error_carries_the_compilers_log(cpu, monkeypatch, tmp_path):
+    monkeypatch.setenv("AOTRT_CACHE_DIR", str(tmp_path))
+
+    class Broken:
+        def render(self, kernels):
+            return "this is not C;\n"
+
+    monkeypatch.setattr(cpu, "renderer", Broken())
+    with pytest.raises(CompileError) as e:
+        cpu.kernel_library([iota_kernel([2], [1])])
+    assert "error" in e.value.log and e.value.log in str(e.value)
+    assert list(tmp_path.glob("*.so")) == []
+
+
+def test_missing_compiler_is_a_compile_error(cpu, monkeypatch, tmp_path):
+    monkeypatch.setenv("AOTRT_CACHE_DIR", str(tmp_path))
+    monkeypatch.setattr(cpu_mod.shutil, "which", lambda name: None)
+    with pytest.raises(CompileError, match="no C compiler"):
+        cpu.kernel_library([iota_kernel([2], [1])])
+
+
+def test_concurrent_builds_of_one_library_agree(cpu, monkeypatch, tmp_path):
+    monkeypatch.setenv("AOTRT_CACHE_DIR", str(tmp_path))
+    k = iota_kernel([7], [1], base=3.0)
+    paths, errors = [], []
+
+    def build() -> None:
+        try:
+            paths.append(cpu.kernel_library([k]).path)
+        except Exception as e:  # noqa: BLE001 - reported below
+            errors.append(e)
+
+    threads = [threading.Thread(target=build) for _ in range(3)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors and len(set(paths)) == 1 and len(list(tmp_path.glob("*.so"))) == 1
