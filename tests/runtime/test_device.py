@@ -212,7 +212,7 @@ def test_async_stream_commits_and_continues_every_flush_interval(dev):
 
 
 def test_wait_for_waits_only_when_the_allocation_is_pending(dev, stream, owner):
-    h = shims.empty_strided([8], None, "float32")
+    h = shims.empty_strided([8], None, "float32", dev)
     assert stream.wait_for(h.alloc) is False
     kernel_fn(dev, iota_kernel([8], [1]))(stream, h)
     assert stream.wait_for(h.alloc) is True

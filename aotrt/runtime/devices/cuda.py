@@ -68,6 +68,16 @@ def _check(result: Any, what: str) -> Any:
     return result[1] if len(result) == 2 else result[1:]
 
 
+def _takes_stream(work: Any) -> bool:
+    """Whether a callable without a code object (a bound method, a partial) takes one arg."""
+    import inspect
+
+    try:
+        return len(inspect.signature(work).parameters) >= 1
+    except (TypeError, ValueError):
+        return True
+
+
 def _wrap(e: BaseException, what: str) -> AotrtError:
     """A cuda.core or driver exception as the matching aotrt error."""
     if isinstance(e, AotrtError):
@@ -204,15 +214,21 @@ class CudaStream(Stream):
             raise _wrap(e, "create stream") from e
         self.handle = int(self.cs.handle)
         self._deferred: list[Work] = []
+        self._error: BaseException | None = None
         self.capturing = False
 
-    def _run(self, work: Work) -> None:
+    def _run(self, work: Any) -> None:
+        if self._error is not None:
+            return  # like the cpu stream: after a failure, nothing runs until the wait
         try:
-            work(self)
-        except AotrtError:
-            raise
-        except Exception as e:  # noqa: BLE001 - a failed launch is a device error
-            raise _wrap(e, f"stream {self.id}: enqueue") from e
+            # Device work takes the stream; any other payload is a host callable (tests).
+            if getattr(getattr(work, "__code__", None), "co_argcount", 1) == 0 or \
+                    not hasattr(work, "__code__") and not _takes_stream(work):
+                work()
+            else:
+                work(self)
+        except BaseException as e:  # noqa: BLE001 - reported at the next wait, as on cpu
+            self._error = e
 
     def _record(self, work: Any) -> None:
         if self.options.deferred and not self.capturing:
@@ -220,6 +236,9 @@ class CudaStream(Stream):
         else:
             self.device.ensure_current()
             self._run(work)
+            if self.capturing and self._error is not None:
+                err, self._error = self._error, None
+                raise _wrap(err, f"stream {self.id}: enqueue while capturing") from err
 
     def _submit(self) -> None:
         # NOTE: CUDA streams start work as soon as it is enqueued; nothing to hand over.
@@ -236,6 +255,10 @@ class CudaStream(Stream):
             self.cs.sync()
         except Exception as e:  # noqa: BLE001 - an asynchronous fault of earlier work
             raise _wrap(e, f"stream {self.id}: queued work") from e
+        if self._error is not None:
+            err, self._error = self._error, None
+            raise DeviceError(f"cuda stream {self.id}: queued work failed: "
+                              f"{type(err).__name__}: {err}") from err
 
     def _close(self) -> None:
         try:
@@ -279,7 +302,7 @@ class CudaStream(Stream):
 
     def timing_event(self) -> Any:
         """Record a timing event on this stream now (subtract two for milliseconds)."""
-        return self.cs.record(options=EventOptions(enable_timing=True))
+        return self.cs.record(options=EventOptions(timing_enabled=True))
 
     # -- data movement ------------------------------------------------------------------------
 
@@ -321,8 +344,9 @@ class CudaKernelFunction(KernelFunction):
     def _work(self, bound: list[Handle], n: int) -> Any:
         dev: CudaDevice = self.library.device
         cfg = dev.launch_config(n * self._lanes)
-        args = [h.address for h in bound]
-        args.append(n)
+        # Typed scalars: the kernel reads 8-byte pointers and an int64 count.
+        args: list[Any] = [np.uint64(h.address) for h in bound]
+        args.append(np.int64(n))
         kern = self._kern
 
         def work(s: CudaStream) -> None:
@@ -532,12 +556,14 @@ class CudaDevice(Device):
         pad = MAX_COPY_DIMS - len(msz)
         dims = [len(msz), *msz, *([1] * pad), *mst, *([0] * pad), *mst2, *([0] * pad)]
         module = self._helper_kernels()
+        tail = [np.int64(n), *(np.int64(v) for v in dims)]
         if fill is None:
             kern = module.get_kernel(f"aot_copy{itemsize}")
-            args = [dst_ptr, src_ptr, n, *dims]
+            args = [np.uint64(dst_ptr), np.uint64(src_ptr), *tail]
         else:
             kern = module.get_kernel(f"aot_fill{itemsize}")
-            args = [dst_ptr, int.from_bytes(bytes([fill]) * itemsize, "little"), n, *dims]
+            value = int.from_bytes(bytes([fill]) * itemsize, "little")
+            args = [np.uint64(dst_ptr), np.uint64(value), *tail]
         cfg = self.launch_config(n)
 
         def work(s: Any) -> None:
@@ -567,7 +593,7 @@ class CudaDevice(Device):
 
         stream = stream or self.current_stream()
         try:
-            view = StridedMemoryView(obj, stream_ptr=stream.handle)
+            view = StridedMemoryView.from_dlpack(obj, stream_ptr=stream.handle)
         except Exception as e:  # noqa: BLE001
             raise _wrap(e, "import a __dlpack__ object") from e
         if not view.is_device_accessible or view.device_id != 0:

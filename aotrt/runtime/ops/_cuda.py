@@ -245,70 +245,96 @@ def _dense_like(h: Handle) -> Handle:
 
 @dataclass
 class _Source:
-    """Where one GEMM operand's bytes come from: the view itself, or a packed scratch copy."""
+    """Where one GEMM operand's bytes come from: the view itself, or a packed scratch copy
+    of `full` (any rank; its row-major order is the packed 2-D/3-D operand's order)."""
 
     view: Handle
-    packed: Handle | None = None  # row-major stand-in, filled from `view` in the work
+    packed: Handle | None = None
+    full: Handle | None = None
 
     @property
     def desc(self) -> Handle:
         """The view cuBLASLt reads."""
         return self.packed if self.packed is not None else self.view
 
+    @property
+    def origin(self) -> Handle:
+        """The caller's view the packed copy is made from."""
+        return self.full if self.full is not None else self.view
 
-def _source(h: Handle, want_t: bool) -> tuple[_Source, _Operand]:
-    op = _operand(h, want_t)
+
+def _source(h: Handle, want_t: bool, full: Handle | None = None) -> tuple[_Source, _Operand]:
+    op = _operand(h, want_t) if full is None else None
     if op is not None:
         return _Source(h), op
     t = _dense_like(h)
-    return _Source(h, t), _operand(t, want_t)
+    return _Source(h, t, full), _operand(t, want_t)
+
+
+def _copy_packed(dev: "CudaDevice", s: "CudaStream", dst: int, src: Handle) -> None:
+    """Enqueue a copy of view `src` into packed row-major memory at `dst`."""
+    dev._strided(dst, src.address, src.sizes, contiguous_strides(src.sizes), src.strides,
+                 src.dtype.itemsize, None)(s)
+
+
+def _copy_unpacked(dev: "CudaDevice", s: "CudaStream", dst: Handle, src: int) -> None:
+    """Enqueue a copy of packed row-major memory at `src` into view `dst`."""
+    dev._strided(dst.address, src, dst.sizes, dst.strides, contiguous_strides(dst.sizes),
+                 dst.dtype.itemsize, None)(s)
 
 
 def make_matmul(out: Handle, a: Handle, b: Handle, bias: Handle | None, beta: float,
-                alpha: float) -> Work:
-    """out = alpha * a @ b (+ beta * bias broadcast), a/b 2-D or batched 3-D, any strides."""
+                alpha: float, a_full: Handle | None = None,
+                out_full: Handle | None = None) -> Work:
+    """out = alpha * a @ b (+ beta * bias broadcast), a/b 2-D or batched 3-D, any strides.
+
+    `a_full`/`out_full` (linear): the caller's N-D views that `a`/`out` describe as 2-D when
+    their leading dims do not fold; they go through packed scratch.
+    """
     dev = out.device
     blas = _get_blas(dev)
     dtype = out.dtype.name
     if dtype not in _CUDA_TYPE:
         raise Unsupported(f"cuda matmul: dtype {dtype}")
-    k = a.sizes[-1]
-    if k == 0:
-        raise Unsupported("cuda matmul: an empty reduction dim (k = 0)")
+    if a.sizes[-1] == 0:
+        return _empty_product(out_full or out, bias, beta)
     # Output row-major (per batch) -> compute out^T = b^T a^T in column-major terms;
     # column-major -> out = a b directly; any other layout -> through packed scratch.
-    d_op = _operand(out, want_t=True)
+    d_op = _operand(out, want_t=True) if out_full is None else None
     scatter = None
     if d_op is None:
-        scatter = _dense_like(out)
-        d_op = _operand(scatter, want_t=True)
+        scatter = out_full if out_full is not None else out
+        d_op = _operand(_dense_like(out), want_t=True)
     row_out = not d_op.trans
     if row_out:
-        (src_a, A), (src_b, B) = _source(b, True), _source(a, True)
+        (src_a, A), (src_b, B) = _source(b, True), _source(a, True, a_full)
         m, n = out.sizes[-1], out.sizes[-2]
     else:
-        (src_a, A), (src_b, B) = _source(a, False), _source(b, False)
+        (src_a, A), (src_b, B) = _source(a, False, a_full), _source(b, False)
         m, n = out.sizes[-2], out.sizes[-1]
+    k = a.sizes[-1]
     D = _Operand(d_op.ptr, False, d_op.rows, d_op.cols, d_op.ld, d_op.batch, d_op.bstride)
     batch = max(A.batch, B.batch, D.batch)
     if A.batch != batch:
         A = _Operand(A.ptr, A.trans, A.rows, A.cols, A.ld, batch, 0)
     if B.batch != batch:
         B = _Operand(B.ptr, B.trans, B.rows, B.cols, B.ld, batch, 0)
-    # Bias: a contiguous vector along D's rows goes to the epilogue; anything else is
-    # broadcast into the output first and accumulated through C = D (beta).
+    # Bias: an aligned contiguous vector along D's rows goes to the epilogue; anything else
+    # is broadcast into the output first and accumulated through C = D (beta).
     bias_vec = pre_bias = None
     if bias is not None and beta != 0.0:
         along = out.sizes[-1] if row_out else out.sizes[-2]
         want = ((along,), (1, along)) if row_out else ((along, 1),)
-        unit = bias.strides[-1] if row_out else bias.strides[-2]
+        unit = (bias.strides[-1] if row_out else bias.strides[-2]) if bias.ndim >= 2 or (
+            row_out and bias.ndim == 1) else 0
         if (tuple(bias.sizes) in want and along > 1 and unit == 1 and beta == 1.0
-                and out.ndim == 2):
+                and out.ndim == 2 and bias.address % 16 == 0):
             bias_vec = bias
         else:
             pre_bias = bias
     aligns = tuple(min(16, _align(p)) for p in (
-        src_a.desc.address or 256, src_b.desc.address or 256, D.ptr or 256))
+        src_a.desc.address or 256, src_b.desc.address or 256,
+        (D.ptr if scatter is None else 0) or 256))
     key = (dtype, A.trans, B.trans, A.rows, A.cols, A.ld, A.bstride, B.rows, B.cols, B.ld,
            B.bstride, D.rows, D.cols, D.ld, D.bstride, batch, bias_vec is not None, aligns)
     with blas.lock:
@@ -320,6 +346,7 @@ def make_matmul(out: Handle, a: Handle, b: Handle, bias: Handle | None, beta: fl
     bias_ptr = bias_vec.address if bias_vec is not None else 0
     c_beta = beta if pre_bias is not None else 0.0
     isz = out.dtype.itemsize
+    out_view = scatter if scatter is not None else out
 
     def work(s: "CudaStream") -> None:
         scratch: list[Scratch] = []
@@ -329,26 +356,42 @@ def make_matmul(out: Handle, a: Handle, b: Handle, bias: Handle | None, beta: fl
                 if src.packed is None:
                     ptrs.append(src.view.address)
                     continue
-                sc = Scratch(s, src.view.numel * isz)
+                sc = Scratch(s, src.origin.numel * isz)
                 scratch.append(sc)
-                dev._strided(sc.ptr, src.view.address, src.view.sizes, src.packed.strides,
-                             src.view.strides, isz, None)(s)
+                _copy_packed(dev, s, sc.ptr, src.origin)
                 ptrs.append(sc.ptr)
-            d_ptr, d_strides = out.address, out.strides
+            d_ptr = out.address
             if scatter is not None:
-                sc = Scratch(s, out.numel * isz)
+                sc = Scratch(s, scatter.numel * isz)
                 scratch.append(sc)
-                d_ptr, d_strides = sc.ptr, scatter.strides
+                d_ptr = sc.ptr
             if pre_bias is not None:
-                dev._strided(d_ptr, pre_bias.address, out.sizes, d_strides,
-                             _broadcast_strides(pre_bias, out.sizes), isz, None)(s)
+                shape = out_view.sizes
+                dst_st = out_view.strides if scatter is None else contiguous_strides(shape)
+                dev._strided(d_ptr, pre_bias.address, shape, dst_st,
+                             _broadcast_strides(pre_bias, shape), isz, None)(s)
             plan.run(s, ptrs[0], ptrs[1], d_ptr, d_ptr, bias_ptr, alpha, c_beta)
             if scatter is not None:
-                dev._strided(out.address, d_ptr, out.sizes, out.strides, scatter.strides,
-                             isz, None)(s)
+                _copy_unpacked(dev, s, scatter, d_ptr)
         finally:
             for sc in scratch:
                 sc.free()
+    return work
+
+
+def _empty_product(out: Handle, bias: Handle | None, beta: float) -> Work:
+    """out = beta * bias (broadcast) when the reduction dim is empty."""
+    dev = out.device
+    if bias is not None and beta != 0.0 and beta != 1.0:
+        raise Unsupported("cuda matmul: k = 0 with a bias scaled by beta != 1")
+    zero = dev.strided_fill_work(out, 0)
+    copy = None
+    if bias is not None and beta != 0.0:
+        copy = dev._strided(out.address, bias.address, out.sizes, out.strides,
+                            _broadcast_strides(bias, out.sizes), out.dtype.itemsize, None)
+
+    def work(s: "CudaStream") -> None:
+        (copy or zero)(s)
     return work
 
 
@@ -368,23 +411,26 @@ def _broadcast_strides(h: Handle, shape: Sequence[int]) -> tuple[int, ...]:
 def make_linear(out: Handle, x: Handle, w: Handle, bias: Handle | None) -> Work:
     """out[..., N] = x[..., K] @ w[N, K]^T + bias: one GEMM over all leading rows."""
     n, k = w.sizes
-    lead = x.sizes[:-1]
     rows = 1
-    for s in lead:
+    for s in x.sizes[:-1]:
         rows *= s
     x2 = _flatten_rows(x, rows, k)
     o2 = _flatten_rows(out, rows, n)
     wt = Handle(w.alloc, w.byte_offset, (k, n), (w.strides[1], w.strides[0]), w.dtype, w.device,
                 w.owner)
-    if x2 is None or o2 is None:
-        # Leading dims that do not fold into one: a batched GEMM per leading index is not
-        # worth it for the shapes we see; pack x / out through scratch instead.
-        raise Unsupported("cuda linear: leading dims that do not fold into rows")
     b1 = None
     if bias is not None:
         b1 = bias if bias.ndim == 1 else Handle(bias.alloc, bias.byte_offset, (1,), (1,),
                                                 bias.dtype, bias.device, bias.owner)
-    return make_matmul(o2, x2, wt, b1, 1.0, 1.0)
+    # Leading dims that do not fold into one row dim go through packed scratch.
+    a_full = out_full = None
+    if x2 is None:
+        x2 = Handle(None, 0, (rows, k), (k, 1), x.dtype, x.device, x.owner)
+        a_full = x
+    if o2 is None:
+        o2 = Handle(None, 0, (rows, n), (n, 1), out.dtype, out.device, out.owner)
+        out_full = out
+    return make_matmul(o2, x2, wt, b1, 1.0, 1.0, a_full=a_full, out_full=out_full)
 
 
 def _flatten_rows(h: Handle, rows: int, cols: int) -> Handle | None:
@@ -466,20 +512,19 @@ __device__ void maxpool(const T* x, T* out, int64_t* idx, int64_t N, int64_t C, 
   }
 }
 
-// src = min(floor(dst * scale), in - 1) in float32, as torch's nearest_idx.
+// out[n, c, oh, ow] = x[n, c, rows[oh], cols[ow]] (the op computes torch's source indices)
 template <typename T>
-__device__ void upsample(const T* x, T* out, int64_t N, int64_t C, int64_t H, int64_t W,
-    int64_t HO, int64_t WO, int64_t xs0, int64_t xs1, int64_t xs2, int64_t xs3, int64_t os0,
-    int64_t os1, int64_t os2, int64_t os3, float sch, float scw) {
+__device__ void upsample(const T* x, T* out, const int64_t* rows, const int64_t* cols,
+    int64_t N, int64_t C, int64_t H, int64_t W, int64_t HO, int64_t WO, int64_t xs0,
+    int64_t xs1, int64_t xs2, int64_t xs3, int64_t os0, int64_t os1, int64_t os2,
+    int64_t os3) {
   const int64_t total = N * C * HO * WO;
   for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < total;
        i += (int64_t)gridDim.x * blockDim.x) {
     int64_t ow = i % WO, r = i / WO; int64_t oh = r % HO; r /= HO;
     int64_t c = r % C, n = r / C;
-    int64_t h = HO == H ? oh : (int64_t)floorf((float)oh * sch);
-    int64_t w = WO == W ? ow : (int64_t)floorf((float)ow * scw);
-    h = h < H - 1 ? h : H - 1; w = w < W - 1 ? w : W - 1;
-    out[n * os0 + c * os1 + oh * os2 + ow * os3] = x[n * xs0 + c * xs1 + h * xs2 + w * xs3];
+    out[n * os0 + c * os1 + oh * os2 + ow * os3] =
+        x[n * xs0 + c * xs1 + rows[oh] * xs2 + cols[ow] * xs3];
   }
 }
 
@@ -546,11 +591,11 @@ AOT_POOL(aot_maxpool_bfloat16, bf16)
 
 struct b1 { uint8_t v; }; struct b2 { uint16_t v; }; struct b4 { uint32_t v; };
 struct b8 { int64_t v; };
-#define AOT_UP(NAME, T) extern "C" __global__ void NAME(const T* x, T* out, int64_t N, \
-    int64_t C, int64_t H, int64_t W, int64_t HO, int64_t WO, int64_t xs0, int64_t xs1, \
-    int64_t xs2, int64_t xs3, int64_t os0, int64_t os1, int64_t os2, int64_t os3, float sch, \
-    float scw) { upsample<T>(x, out, N, C, H, W, HO, WO, xs0, xs1, xs2, xs3, os0, os1, os2, \
-    os3, sch, scw); }
+#define AOT_UP(NAME, T) extern "C" __global__ void NAME(const T* x, T* out, \
+    const int64_t* rows, const int64_t* cols, int64_t N, int64_t C, int64_t H, int64_t W, \
+    int64_t HO, int64_t WO, int64_t xs0, int64_t xs1, int64_t xs2, int64_t xs3, int64_t os0, \
+    int64_t os1, int64_t os2, int64_t os3) { upsample<T>(x, out, rows, cols, N, C, H, W, HO, \
+    WO, xs0, xs1, xs2, xs3, os0, os1, os2, os3); }
 AOT_UP(aot_upsample1, b1)
 AOT_UP(aot_upsample2, b2)
 AOT_UP(aot_upsample4, b4)
@@ -571,6 +616,15 @@ AOT_SOFTMAX(aot_softmax_float32_bfloat16, float, bf16)
 
 // topk along the last dim of a [rows, n] view (row stride rs, element stride es): one
 // thread per row, k selection passes; NaN ranks above numbers; ties by ascending index.
+// Values are compared as double (exact for every dtype here) and copied bit for bit.
+static __device__ __forceinline__ double ldd(const float* p) { return *p; }
+static __device__ __forceinline__ double ldd(const h16* p) { return ld(p); }
+static __device__ __forceinline__ double ldd(const bf16* p) { return ld(p); }
+static __device__ __forceinline__ double ldd(const long long* p) { return (double)*p; }
+static __device__ __forceinline__ double ldd(const int* p) { return *p; }
+static __device__ __forceinline__ double ldd(const short* p) { return *p; }
+static __device__ __forceinline__ double ldd(const signed char* p) { return *p; }
+static __device__ __forceinline__ double ldd(const unsigned char* p) { return *p; }
 template <typename T>
 __device__ void topk_rows(const T* x, T* vals, int64_t* idx, int64_t rows, int64_t n,
     int64_t k, int64_t rs, int64_t es, int64_t vrs, int64_t ves, int64_t irs, int64_t ies,
@@ -578,11 +632,11 @@ __device__ void topk_rows(const T* x, T* vals, int64_t* idx, int64_t rows, int64
   for (int64_t r = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; r < rows;
        r += (int64_t)gridDim.x * blockDim.x) {
     const T* xp = x + r * rs;
-    float pv = 0.0f; int64_t pi = -1;
+    double pv = 0.0; int64_t pi = -1;
     for (int64_t t = 0; t < k; t++) {
-      float bv = 0.0f; int64_t bi = -1;
+      double bv = 0.0; int64_t bi = -1;
       for (int64_t j = 0; j < n; j++) {
-        float v = ld(xp + j * es);
+        double v = ldd(xp + j * es);
         // is (v, j) after (pv, pi) in rank order, i.e. still available?
         if (pi >= 0) {
           bool vn = v != v, pn = pv != pv;
@@ -600,37 +654,12 @@ __device__ void topk_rows(const T* x, T* vals, int64_t* idx, int64_t rows, int64
         else better = vn ? false : (bn || v < bv);
         if (better) { bv = v; bi = j; }
       }
-      st(vals + r * vrs + t * ves, bv);
+      vals[r * vrs + t * ves] = xp[bi * es];
       idx[r * irs + t * ies] = bi;
       pv = bv; pi = bi;
     }
   }
 }
-// col[n, (c*KH + a)*KW + b, oh*WO + ow] = x[n, c, oh*sh - ph + a*dh, ow*sw - pw + b*dw] or 0
-template <typename T>
-__device__ void im2col(const T* x, T* col, int64_t N, int64_t C, int64_t H, int64_t W,
-    int64_t HO, int64_t WO, int64_t xs0, int64_t xs1, int64_t xs2, int64_t xs3, int kh, int kw,
-    int sh, int sw, int ph, int pw, int dh, int dw) {
-  const int64_t total = N * C * kh * kw * HO * WO;
-  for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < total;
-       i += (int64_t)gridDim.x * blockDim.x) {
-    int64_t ow = i % WO, r = i / WO; int64_t oh = r % HO; r /= HO;
-    int64_t b = r % kw; r /= kw; int64_t a = r % kh; r /= kh;
-    int64_t c = r % C, n = r / C;
-    int64_t h = oh * sh - ph + a * dh, w = ow * sw - pw + b * dw;
-    T v; v.v = 0;
-    if (h >= 0 && h < H && w >= 0 && w < W) v = x[n * xs0 + c * xs1 + h * xs2 + w * xs3];
-    col[i] = v;
-  }
-}
-#define AOT_IM2COL(NAME, T) extern "C" __global__ void NAME(const T* x, T* col, int64_t N, \
-    int64_t C, int64_t H, int64_t W, int64_t HO, int64_t WO, int64_t xs0, int64_t xs1, \
-    int64_t xs2, int64_t xs3, int kh, int kw, int sh, int sw, int ph, int pw, int dh, \
-    int dw) { im2col<T>(x, col, N, C, H, W, HO, WO, xs0, xs1, xs2, xs3, kh, kw, sh, sw, ph, \
-    pw, dh, dw); }
-AOT_IM2COL(aot_im2col2, b2)
-AOT_IM2COL(aot_im2col4, b4)
-
 #define AOT_TOPK(NAME, T) extern "C" __global__ void NAME(const T* x, T* vals, int64_t* idx, \
     int64_t rows, int64_t n, int64_t k, int64_t rs, int64_t es, int64_t vrs, int64_t ves, \
     int64_t irs, int64_t ies, int largest) { topk_rows<T>(x, vals, idx, rows, n, k, rs, es, \
@@ -638,6 +667,11 @@ AOT_IM2COL(aot_im2col4, b4)
 AOT_TOPK(aot_topk_float32, float)
 AOT_TOPK(aot_topk_float16, h16)
 AOT_TOPK(aot_topk_bfloat16, bf16)
+AOT_TOPK(aot_topk_int64, long long)
+AOT_TOPK(aot_topk_int32, int)
+AOT_TOPK(aot_topk_int16, short)
+AOT_TOPK(aot_topk_int8, signed char)
+AOT_TOPK(aot_topk_uint8, unsigned char)
 """
 
 
@@ -657,10 +691,17 @@ def _launch(dev: "CudaDevice", name: str, threads: int, args: list) -> Work:
 
     kern = _kernel(dev, name)
     cfg = dev.launch_config(threads)
+    args = _typed(args)
 
     def work(s: "CudaStream") -> None:
         launch(s.cs, cfg, kern, *args)
     return work
+
+
+def _typed(args: list) -> list:
+    """Python ints as int64 (pointers and sizes are 8-byte kernel parameters)."""
+    return [np.int64(a) if isinstance(a, int) and not isinstance(a, bool) else a
+            for a in args]
 
 
 def _i32(v: int) -> np.int32:
@@ -691,45 +732,47 @@ def make_maxpool(out: Handle, indices_out: Handle | None, x: Handle, p: Any) -> 
 
 
 def make_upsample(out: Handle, x: Handle, rows: np.ndarray, cols: np.ndarray) -> Work:
-    """Nearest upsampling as a gather; the source index arrays are re-derived in-kernel,
-    so they are checked against the kernel's formula here (they always agree)."""
+    """Nearest upsampling as a gather through the op's own source-index arrays (uploaded
+    once per distinct array and kept on the device)."""
     dev = out.device
     n, c, h, w = x.sizes
     ho, wo = out.sizes[2:]
-    sch = _scale_of(rows, h, ho)
-    scw = _scale_of(cols, w, wo)
-    args = [x.address, out.address, n, c, h, w, ho, wo, *x.strides, *out.strides,
-            np.float32(sch), np.float32(scw)]
+    args = [x.address, out.address, _index_buffer(dev, rows), _index_buffer(dev, cols), n, c,
+            h, w, ho, wo, *x.strides, *out.strides]
     return _launch(dev, f"aot_upsample{x.dtype.itemsize}", n * c * ho * wo, args)
 
 
-def _scale_of(src: np.ndarray, n_in: int, n_out: int) -> float:
-    """The float32 scale whose floor(dst * scale) reproduces `src` (torch's two rules)."""
-    if n_in == n_out:
-        return 1.0
-    dst = np.arange(n_out, dtype=np.float32)
-    for scale in (np.float32(n_in) / np.float32(n_out),
-                  np.float32(1.0 / (n_out / n_in))):
-        got = np.minimum(np.floor(dst * scale).astype(np.int64), n_in - 1)
-        if np.array_equal(got, src):
-            return float(scale)
-    # A scale factor that is not out/in: search the factor torch used from the indices.
-    for num in range(1, 65):
-        scale = np.float32(1.0 / (num / 8))
-        got = np.minimum(np.floor(dst * scale).astype(np.int64), n_in - 1)
-        if np.array_equal(got, src):
-            return float(scale)
-    raise Unsupported("cuda upsample_nearest2d: source indices of an unusual scale factor")
+_index_buffers: dict[tuple[int, bytes], Any] = {}
+
+
+def _index_buffer(dev: "CudaDevice", arr: np.ndarray) -> int:
+    """Device address of an int64 copy of `arr` (cached; small and immutable)."""
+    from cuda.bindings import driver
+
+    data = np.ascontiguousarray(arr, dtype=np.int64)
+    key = (id(dev), data.tobytes())
+    with _blas_lock:
+        buf = _index_buffers.get(key)
+        if buf is None:
+            dev.ensure_current()
+            buf = dev.core.allocate(max(data.nbytes, 8), stream=dev._alloc_stream)
+            dev._alloc_stream.sync()
+            err = driver.cuMemcpyHtoD(int(buf.handle), data.ctypes.data, data.nbytes)[0]
+            if int(err) != 0:
+                raise DeviceError(f"cuda: upload of upsample indices failed: {err}")
+            _index_buffers[key] = buf
+        return int(buf.handle)
 
 
 def make_topk(values_out: Handle, indices_out: Handle, x: Handle, k: int, dim: int,
               largest: bool) -> Work:
-    """topk along `dim` (moved last); one thread per row."""
+    """topk along `dim`: one thread per row of the other dims (folded, or packed first)."""
     dev = x.device
-    if x.dtype.name not in _CUDA_TYPE:
-        raise Unsupported(f"cuda topk: dtype {x.dtype.name}")
     if x.ndim == 0:
-        raise Unsupported("cuda topk: a 0-D input")
+        return _topk_scalar(values_out, indices_out, x)
+    n = x.sizes[dim]
+    kern_name = f"aot_topk_{x.dtype.name}"
+    _kernel(dev, kern_name)  # refuse early if the module lacks it
 
     def rows_of(h: Handle) -> tuple[int, int, int] | None:
         sizes = [s for i, s in enumerate(h.sizes) if i != dim]
@@ -739,13 +782,54 @@ def make_topk(values_out: Handle, indices_out: Handle, x: Handle, k: int, dim: i
             return None
         return (msz[0] if msz else 1), (mst[0] if mst else 0), h.strides[dim]
 
+    def moved(h: Handle) -> Handle:
+        order = [i for i in range(h.ndim) if i != dim] + [dim]
+        return Handle(h.alloc, h.byte_offset, tuple(h.sizes[i] for i in order),
+                      tuple(h.strides[i] for i in order), h.dtype, h.device, h.owner)
+
+    rows = 1
+    for i, s_ in enumerate(x.sizes):
+        if i != dim:
+            rows *= s_
     rx, rv, ri = rows_of(x), rows_of(values_out), rows_of(indices_out)
-    if rx is None or rv is None or ri is None:
-        raise Unsupported("cuda topk: outer dims that do not fold into rows")
-    rows = rx[0]
-    args = [x.address, values_out.address, indices_out.address, rows, x.sizes[dim], k,
-            rx[1], rx[2], rv[1], rv[2], ri[1], ri[2], _i32(1 if largest else 0)]
-    return _launch(dev, f"aot_topk_{x.dtype.name}", rows, args)
+    direct = rx is not None and rv is not None and ri is not None
+    kern = _kernel(dev, kern_name)
+    cfg = dev.launch_config(rows)
+    isz = x.dtype.itemsize
+    xm, vm, im = moved(x), moved(values_out), moved(indices_out)
+
+    def work(s: "CudaStream") -> None:
+        from cuda.core import launch
+
+        if direct:
+            args = [x.address, values_out.address, indices_out.address, rows, n, k, rx[1], rx[2],
+                    rv[1], rv[2], ri[1], ri[2]]
+            launch(s.cs, cfg, kern, *_typed(args), np.int32(1 if largest else 0))
+            return
+        xs, vs, ins = (Scratch(s, rows * n * isz), Scratch(s, rows * k * isz),
+                       Scratch(s, rows * k * 8))
+        try:
+            _copy_packed(dev, s, xs.ptr, xm)
+            args = [xs.ptr, vs.ptr, ins.ptr, rows, n, k, n, 1, k, 1, k, 1]
+            launch(s.cs, cfg, kern, *_typed(args), np.int32(1 if largest else 0))
+            _copy_unpacked(dev, s, vm, vs.ptr)
+            _copy_unpacked(dev, s, im, ins.ptr)
+        finally:
+            for sc in (xs, vs, ins):
+                sc.free()
+    return work
+
+
+def _topk_scalar(values_out: Handle, indices_out: Handle, x: Handle) -> Work:
+    """torch: a 0-D input gives itself and index 0."""
+    dev = x.device
+    copy = dev._strided(values_out.address, x.address, (1,), (1,), (1,), x.dtype.itemsize, None)
+    zero = dev.strided_fill_work(indices_out, 0)
+
+    def work(s: "CudaStream") -> None:
+        copy(s)
+        zero(s)
+    return work
 
 
 def _merge(sizes: Sequence[int], strides: Sequence[int]) -> tuple[list[int], list[list[int]]]:
@@ -825,6 +909,8 @@ def make_sdpa(out: Handle, q: Handle, k: Handle, v: Handle, mask: Handle | None,
     s_len, ev = k.sizes[-2], v.sizes[-1]
     if len(batch) > 4:
         raise Unsupported("cuda sdpa: more than 4 batch dims")
+    if s_len == 0:
+        return dev.strided_fill_work(out, 0)  # no keys: torch gives zeros
 
     def expanded(h: Handle) -> tuple[tuple[int, ...], tuple[int, ...]]:
         """sizes/strides of h broadcast to the full batch (GQA heads repeated)."""
@@ -909,8 +995,8 @@ def make_sdpa(out: Handle, q: Handle, k: Handle, v: Handle, mask: Handle | None,
             a1, b1 = (ptr["k"], ptr["q"]) if swap1 else (ptr["q"], ptr["k"])
             # scale in the GEMM's alpha keeps half-precision scores in range
             plan1.run(s, a1, b1, sbuf.ptr, sbuf.ptr, 0, scale, 0.0)
-            args = list(sm_args)
-            args[0] = sbuf.ptr
+            args = _typed(list(sm_args))
+            args[0] = np.int64(sbuf.ptr)
             launch(s.cs, sm_cfg, sm_kernel, *args)
             o_ptr = od.address
             if o_scatter:
@@ -977,18 +1063,34 @@ def _geometry(p: Any, ndim: int) -> tuple[list[int], list[int], list[int]]:
     return list(p.padding), list(p.stride), list(p.dilation)
 
 
+def _dense4d(h: Handle) -> tuple[list[int], list[int], bool]:
+    """(sizes, strides, direct) of a 3-D/4-D conv operand as cuDNN gets it: the view itself
+    when it is packed (any dense order) and 16-byte aligned, else a packed row-major copy."""
+    sz, st = _as4d(h)
+    if h.packed and h.address % 16 == 0 and all(x > 0 for n, x in zip(sz, st) if n > 1):
+        # size-1 dims get the stride a packed tensor would have (cuDNN checks them)
+        fixed = list(st)
+        for i in range(len(sz) - 1, -1, -1):
+            if sz[i] == 1:
+                inner = [st[j] * sz[j] for j in range(len(sz)) if sz[j] > 1 and st[j] < 2 ** 62]
+                fixed[i] = max([1] + [v for v in inner])
+        return sz, fixed, True
+    return sz, list(contiguous_strides(tuple(sz))), False
+
+
 def _cudnn_conv(dnn: _Dnn, out: Handle, x: Handle, w: Handle, bias: Handle | None,
                 p: Any, xb: Handle, ob: Handle) -> Work:
     cudnn = dnn.cudnn
+    dev = out.device
     dt = getattr(cudnn.data_type, _DNN_TYPES[out.dtype.name])
-    xs, xst = _as4d(xb)
-    ws, wst = _as4d(w)
-    os_, ost = _as4d(ob)
+    xs, xst, x_direct = _dense4d(xb)
+    ws, wst, w_direct = _dense4d(w)
+    os_, ost, o_direct = _dense4d(ob)
+    b_direct = bias is None or (bias.strides[0] == 1 or bias.sizes[0] == 1) and \
+        bias.address % 16 == 0
     pad, stride, dil = _geometry(p, xb.ndim)
-    aligns = tuple(min(16, _align(h.address)) for h in (xb, w, ob) + ((bias,) if bias else ()))
-    key = (out.dtype.name, tuple(xs), tuple(xst), tuple(ws), tuple(wst), tuple(os_), tuple(ost),
-           tuple(pad), tuple(stride), tuple(dil), bias is not None,
-           tuple(bias.strides) if bias is not None else (), aligns)
+    key = (out.dtype.name, p.transposed, tuple(xs), tuple(xst), tuple(ws), tuple(wst),
+           tuple(os_), tuple(ost), tuple(pad), tuple(stride), tuple(dil), bias is not None)
     with dnn.lock:
         entry = dnn.graphs.get(key)
         if entry is None:
@@ -996,13 +1098,18 @@ def _cudnn_conv(dnn: _Dnn, out: Handle, x: Handle, w: Handle, bias: Handle | Non
                               compute_data_type=cudnn.data_type.FLOAT, handle=dnn.handle)
             X = g.tensor(name="x", dim=xs, stride=xst, data_type=dt)
             W = g.tensor(name="w", dim=ws, stride=wst, data_type=dt)
-            Y = g.conv_fprop(image=X, weight=W, padding=pad, stride=stride, dilation=dil,
-                             compute_data_type=cudnn.data_type.FLOAT, name="conv")
+            if p.transposed:
+                # a transposed convolution is the data gradient of the forward one
+                Y = g.conv_dgrad(loss=X, filter=W, padding=pad, stride=stride, dilation=dil,
+                                 compute_data_type=cudnn.data_type.FLOAT, name="convt")
+                Y.set_dim(os_).set_stride(ost)
+            else:
+                Y = g.conv_fprop(image=X, weight=W, padding=pad, stride=stride, dilation=dil,
+                                 compute_data_type=cudnn.data_type.FLOAT, name="conv")
             B = None
             if bias is not None:
                 co = bias.sizes[0]
-                B = g.tensor(name="b", dim=[1, co, 1, 1], stride=[co, bias.strides[0], 1, 1],
-                             data_type=dt)
+                B = g.tensor(name="b", dim=[1, co, 1, 1], stride=[co, 1, 1, 1], data_type=dt)
                 Y = g.bias(input=Y, bias=B, name="bias")
             Y.set_output(True).set_data_type(dt).set_dim(os_).set_stride(ost)
             g.validate()
@@ -1012,102 +1119,165 @@ def _cudnn_conv(dnn: _Dnn, out: Handle, x: Handle, w: Handle, bias: Handle | Non
             g.build_plans()
             entry = dnn.graphs[key] = (g, X, W, B, Y, int(g.get_workspace_size()))
     g, X, W, B, Y, wsize = entry
-    pack = {X: xb.address, W: w.address, Y: ob.address}
-    if B is not None:
-        pack[B] = bias.address
     handle = dnn.handle
+    isz = out.dtype.itemsize
+    xv = Handle(xb.alloc, xb.byte_offset, tuple(_as4d(xb)[0]), tuple(_as4d(xb)[1]), xb.dtype,
+                xb.device, xb.owner)
+    wv = Handle(w.alloc, w.byte_offset, tuple(_as4d(w)[0]), tuple(_as4d(w)[1]), w.dtype,
+                w.device, w.owner)
+    ov = Handle(ob.alloc, ob.byte_offset, tuple(_as4d(ob)[0]), tuple(_as4d(ob)[1]), ob.dtype,
+                ob.device, ob.owner)
 
     def work(s: "CudaStream") -> None:
-        ws_ptr = stream_workspace(s, wsize) if wsize else 0
-        with dnn.lock:
-            cudnn.set_stream(handle, s.handle)
-            g.execute(pack, ws_ptr, handle=handle)
+        scratch: list[Scratch] = []
+        try:
+            def packed(view: Handle, direct: bool, copy_in: bool) -> int:
+                if direct:
+                    return view.address
+                sc = Scratch(s, view.numel * isz)
+                scratch.append(sc)
+                if copy_in:
+                    _copy_packed(dev, s, sc.ptr, view)
+                return sc.ptr
+            pack = {X: packed(xv, x_direct, True), W: packed(wv, w_direct, True),
+                    Y: packed(ov, o_direct, False)}
+            if B is not None:
+                pack[B] = packed(bias, b_direct, True)
+            ws_ptr = stream_workspace(s, wsize) if wsize else 0
+            with dnn.lock:
+                cudnn.set_stream(handle, s.handle)
+                g.execute(pack, ws_ptr, handle=handle)
+            if not o_direct:
+                _copy_unpacked(dev, s, ov, pack[Y])
+        finally:
+            for sc in scratch:
+                sc.free()
     return work
 
 
 def make_conv(out: Handle, x: Handle, w: Handle, bias: Handle | None, p: Any) -> Work:
-    """aten.convolution forward (1-D/2-D, strided, padded, dilated, grouped) on cuda."""
+    """aten.convolution (1-D/2-D, strided, padded, dilated, grouped, transposed) on cuda.
+
+    Half types go through cuDNN; float32 through im2col + a float32 cuBLASLt GEMM, because
+    cuDNN may pick TF32 tensor-core engines for float32, which miss float32 accuracy.
+    """
     dev = out.device
-    if p.transposed:
-        raise Unsupported("cuda convolution: transposed convolution")
     if out.dtype.name not in _CUDA_TYPE:
         raise Unsupported(f"cuda convolution: dtype {out.dtype.name}")
     xb, ob = x, out
     if not p.batched:  # (C, *spatial) -> (1, C, *spatial)
-        xb = Handle(x.alloc, x.byte_offset, (1,) + tuple(x.sizes), (0,) + tuple(x.strides),
-                    x.dtype, x.device, x.owner)
+        xb = Handle(x.alloc, x.byte_offset, (1,) + tuple(x.sizes),
+                    (x.numel,) + tuple(x.strides), x.dtype, x.device, x.owner)
         ob = Handle(out.alloc, out.byte_offset, (1,) + tuple(out.sizes),
-                    (0,) + tuple(out.strides), out.dtype, out.device, out.owner)
+                    (out.numel,) + tuple(out.strides), out.dtype, out.device, out.owner)
     dnn = _get_dnn(dev)
-    if dnn is not None:
+    if dnn is not None and (out.dtype.name != "float32" or p.transposed):
         try:
             return _cudnn_conv(dnn, out, x, w, bias, p, xb, ob)
-        except Exception as e:  # noqa: BLE001 - any refusal: the GEMM path still works
+        except Exception as e:  # noqa: BLE001 - any refusal: the GEMM path may still work
             log.info("cuDNN refused a convolution (%s); using im2col + GEMM", e)
+            if p.transposed:
+                raise Unsupported(f"cuda convolution: cuDNN refused a transposed "
+                                  f"convolution: {e}") from None
+    if p.transposed:
+        raise Unsupported("cuda convolution: transposed convolution needs cuDNN")
     return _im2col_conv(out, w, bias, p, xb, ob)
 
 
 def _im2col_conv(out: Handle, w: Handle, bias: Handle | None, p: Any, xb: Handle,
                  ob: Handle) -> Work:
+    """Convolution as im2col (own kernel) + one batched cuBLASLt GEMM per group; a 1x1
+    stride-1 unpadded convolution of a plane-contiguous input needs no im2col at all."""
     dev = out.device
-    if p.groups != 1:
-        raise Unsupported("cuda convolution: groups > 1 without cuDNN")
     (n, c, h, wd), xst = _as4d(xb)
     (_, co, ho, wo), ost = _as4d(ob)
     wsz, wst = _as4d(w)
     kh, kw = wsz[2], wsz[3]
     pad, stride, dil = _geometry(p, xb.ndim)
-    kdim = c * kh * kw
+    groups = p.groups
+    cg, og = c // groups, co // groups
+    kg = cg * kh * kw
+    hw = ho * wo
     isz = out.dtype.itemsize
-    # out viewed [n, co, ho*wo] (when the spatial dims fold), w viewed [co, c*kh*kw]
-    if ost[2] != wo * ost[3] and ho > 1:
-        raise Unsupported("cuda convolution: an output whose spatial dims do not fold")
-    o3 = Handle(ob.alloc, ob.byte_offset, (n, co, ho * wo), (ost[0], ost[1], ost[3]),
-                out.dtype, out.device, out.owner)
-    if not (wst[3] == 1 and wst[2] == kw and wst[1] == kh * kw):
-        raise Unsupported("cuda convolution: weights that are not packed per output channel")
-    w2 = Handle(w.alloc, w.byte_offset, (n, co, kdim), (0, wst[0], 1), w.dtype, w.device,
-                w.owner)
-    direct = (kh == kw == 1 and stride == [1, 1] and pad == [0, 0]
-              and (xst[2] == wd * xst[3] or h == 1) and xst[3] == 1)
-    if direct:
-        col = Handle(xb.alloc, xb.byte_offset, (n, c, h * wd), (xst[0], xst[1], 1), xb.dtype,
-                     xb.device, xb.owner)
-    else:
-        col = Handle(None, 0, (n, kdim, ho * wo), contiguous_strides((n, kdim, ho * wo)),
-                     out.dtype, out.device, out.owner)
-    plan, swap = _plain_plan(dev, o3, w2, col)
     if isz not in (2, 4):
         raise Unsupported(f"cuda convolution: dtype {out.dtype.name}")
+    w_direct = tuple(wst) == tuple(contiguous_strides(tuple(wsz)))
+    direct = (kh == kw == 1 and stride == [1, 1] and pad == [0, 0] and xst[3] == 1
+              and (xst[2] == wd or h == 1))
+    # the stride of the flattened spatial index, when (ho, wo) fold into one dim
+    if hw == 1 or ho == 1:
+        sp = ost[3] if wo > 1 else 1
+    elif wo == 1:
+        sp = ost[2]
+    else:
+        sp = ost[3] if ost[2] == wo * ost[3] else None
+    o_direct = sp is not None
+    if o_direct:
+        o_rows = Handle(None, 0, (n, og, hw), (ost[0], ost[1], sp), out.dtype, out.device,
+                        out.owner)
+        o_direct = _operand(o_rows, True) is not None
+    if not o_direct:
+        o_rows = Handle(None, 0, (n, og, hw), (co * hw, hw, 1), out.dtype, out.device,
+                        out.owner)
+    w_rows = Handle(None, 0, (n, og, kg), (0, kg, 1), w.dtype, w.device, w.owner)
+    if direct:
+        col_rows = Handle(None, 0, (n, kg, hw), (xst[0], xst[1], 1), xb.dtype, xb.device,
+                          xb.owner)
+        if _operand(col_rows, False) is None:
+            direct = False
+    if not direct:
+        col_rows = Handle(None, 0, (n, kg, hw), (c * kh * kw * hw, hw, 1), out.dtype,
+                          out.device, out.owner)
+    plan, swap = _plain_plan(dev, o_rows, w_rows, col_rows)
     im2col = None if direct else _kernel(dev, f"aot_im2col{isz}")
-    cfg = dev.launch_config(n * kdim * ho * wo)
-    im_args = [xb.address, 0, n, c, h, wd, ho, wo, *xst,
-               *(_i32(v) for v in (kh, kw, stride[0], stride[1], pad[0], pad[1], dil[0],
-                                   dil[1]))]
-    bias_st = None
-    if bias is not None:
-        bias_st = (0, bias.strides[0], 0)
+    cfg = dev.launch_config(n * c * kh * kw * hw)
+    im_args = [xb.address, 0, n, c, h, wd, ho, wo, *xst]
+    im_tail = [_i32(v) for v in (kh, kw, stride[0], stride[1], pad[0], pad[1], dil[0], dil[1])]
+    ov = Handle(ob.alloc, ob.byte_offset, (n, co, ho, wo), tuple(ost), ob.dtype, ob.device,
+                ob.owner)
+    wv = Handle(w.alloc, w.byte_offset, tuple(wsz), tuple(wst), w.dtype, w.device, w.owner)
+    o_stride_c = ost[1] if o_direct else hw
+    col_stride_c = xst[1] if direct else hw
 
     def work(s: "CudaStream") -> None:
         from cuda.core import launch
 
-        scratch = None
+        scratch: list[Scratch] = []
         try:
-            col_ptr = col.address
+            col_ptr = xb.address
             if im2col is not None:
-                scratch = Scratch(s, n * kdim * ho * wo * isz)
-                args = list(im_args)
-                args[1] = scratch.ptr
-                launch(s.cs, cfg, im2col, *args)
-                col_ptr = scratch.ptr
+                sc = Scratch(s, n * c * kh * kw * hw * isz)
+                scratch.append(sc)
+                args = _typed(list(im_args))
+                args[1] = np.int64(sc.ptr)
+                launch(s.cs, cfg, im2col, *args, *im_tail)
+                col_ptr = sc.ptr
+            w_ptr = wv.address
+            if not w_direct:
+                sc = Scratch(s, wv.numel * isz)
+                scratch.append(sc)
+                _copy_packed(dev, s, sc.ptr, wv)
+                w_ptr = sc.ptr
+            o_ptr = ov.address
+            if not o_direct:
+                sc = Scratch(s, ov.numel * isz)
+                scratch.append(sc)
+                o_ptr = sc.ptr
             beta = 0.0
             if bias is not None:
-                dev._strided(o3.address, bias.address, o3.sizes, o3.strides, bias_st, isz,
-                             None)(s)
+                o_st = ost if o_direct else contiguous_strides((n, co, ho, wo))
+                dev._strided(o_ptr, bias.address, (n, co, ho, wo), o_st,
+                             (0, bias.strides[0], 0, 0), isz, None)(s)
                 beta = 1.0
-            a_ptr, b_ptr = (col_ptr, w.address) if swap else (w.address, col_ptr)
-            plan.run(s, a_ptr, b_ptr, o3.address, o3.address, 0, 1.0, beta)
+            for gi in range(groups):
+                wp = w_ptr + gi * og * kg * isz
+                cp = col_ptr + gi * (cg * col_stride_c if direct else kg * hw) * isz
+                op = o_ptr + gi * og * o_stride_c * isz
+                a_ptr, b_ptr = (cp, wp) if swap else (wp, cp)
+                plan.run(s, a_ptr, b_ptr, op, op, 0, 1.0, beta)
+            if not o_direct:
+                _copy_unpacked(dev, s, ov, o_ptr)
         finally:
-            if scratch is not None:
-                scratch.free()
+            for sc in scratch:
+                sc.free()
     return work
