@@ -263,7 +263,11 @@ class Delegate:
                     arr = _host_view(imp)
                     keep = [x, imp]
                 return self._classify_host(arr, spec, what, writes, keep)
-            imp = dlpack.from_dlpack(x)
+            # The producer orders its pending work before our stream (DLPack's stream rule;
+            # 1 is CUDA's legacy default stream, which must not be passed as 0).
+            handle = getattr(self._stream, "handle", None)
+            stream_arg = None if handle is None else (int(handle) or 1)
+            imp = dlpack.from_dlpack(x, stream=stream_arg)
             return self._classify_device(imp, x, spec, what)
         raise InvalidArgument(f"{what}: expected a numpy array, an aotrt.Tensor or a "
                               f"__dlpack__ tensor, got {type(x).__name__}")
