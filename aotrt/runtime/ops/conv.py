@@ -151,8 +151,16 @@ def _forward(xv: np.ndarray, wv: np.ndarray, stride: tuple, padding: tuple, dila
         win = as_strided(xs, shape=(nb, groups, cg, kh, kw, ho, wo),
                          strides=(s_n, cg * s_c, s_c, s_h * dh, s_w * dw, s_h * sh, s_w * sw),
                          writeable=False)
-        cols = win.reshape(nb, groups, cg * kh * kw, ho * wo)  # the im2col copy (if needed)
-        res = np.matmul(wmat, cols)  # (nb, groups, og, ho*wo)
+        if cg == 1:
+            # Depthwise: a GEMM per channel would have K = kh*kw; multiply-add per tap instead.
+            res = np.zeros((nb, groups, og, ho, wo), dtype=np.float32)
+            taps = wv.reshape(groups, og, kh, kw)
+            for i in range(kh):
+                for j in range(kw):
+                    res += taps[None, :, :, i, j, None, None] * win[:, :, :, i, j]
+        else:
+            cols = win.reshape(nb, groups, cg * kh * kw, ho * wo)  # the im2col copy, if needed
+            res = np.matmul(wmat, cols)  # (nb, groups, og, ho*wo)
         store(n0, n0 + nb, res.reshape(nb, cout, ho, wo))
 
 

@@ -92,6 +92,10 @@ def sdpa(stream: Stream, out: Handle, q: Handle, k: Handle, v: Handle,
 
 # -- cpu ----------------------------------------------------------------------------------------
 
+# Query rows per block of causal attention (keys past a block's last row are skipped).
+_CAUSAL_BLOCK = 128
+
+
 def _split_heads(a: np.ndarray, groups: int) -> np.ndarray:
     """View dim -3 (H) as (H / groups, groups), keeping strides (always possible)."""
     shape = a.shape[:-3] + (a.shape[-3] // groups, groups) + a.shape[-2:]
@@ -140,14 +144,19 @@ def _cpu_sdpa(out: Handle, q: Handle, k: Handle, v: Handle, mask: Handle | None,
         mx = None if ma is None else _expand(ma, batch)
         lq, s = qx.shape[-2], kx.shape[-2]
         inner = batch[-1]
-        hstep = c.rows_per_chunk(lq * s * 4, inner)
-        lstep = lq if hstep > 1 else c.rows_per_chunk(s * 4, lq)
+        # Causal rows l0:l1 see only keys [0, l1): blocks of rows skip the rest of the keys.
+        lstep = min(lq, _CAUSAL_BLOCK) if is_causal else lq
+        hstep = c.rows_per_chunk(lstep * s * 4, inner)
+        if hstep == 1:
+            lstep = min(lstep, c.rows_per_chunk(s * 4, lq))
         for idx in np.ndindex(batch[:-1]):
             for h0 in range(0, inner, hstep):
                 for l0 in range(0, lq, lstep):
+                    l1 = min(l0 + lstep, lq)
                     res = _attend(qx[idx], kx[idx], vx[idx], None if mx is None else mx[idx],
-                                  h0, h0 + hstep, l0, l0 + lstep, is_causal, scale)
-                    c.store(o[idx][h0:h0 + hstep, l0:l0 + lstep], res)
+                                  h0, h0 + hstep, l0, l1, min(s, l1) if is_causal else s,
+                                  is_causal, scale)
+                    c.store(o[idx][h0:h0 + hstep, l0:l1], res)
     return work
 
 
@@ -157,22 +166,25 @@ def _rows(a: np.ndarray, h0: int, h1: int) -> np.ndarray:
 
 
 def _attend(q: np.ndarray, k: np.ndarray, v: np.ndarray, m: np.ndarray | None, h0: int,
-            h1: int, l0: int, l1: int, is_causal: bool, scale: float) -> np.ndarray:
-    """Attention of query rows l0:l1 of heads h0:h1, in float32."""
+            h1: int, l0: int, l1: int, kend: int, is_causal: bool, scale: float) -> np.ndarray:
+    """Attention of query rows l0:l1 of heads h0:h1 over keys [0, kend), in float32."""
     qc = _rows(q, h0, h1)[:, l0:l1].astype(np.float32) * np.float32(scale)
-    kc = c.load_f32(_rows(k, h0, h1))
+    kc = c.load_f32(_rows(k, h0, h1)[:, :kend])
     scores = np.matmul(qc, kc.transpose(0, 2, 1))
     if m is not None:
         mc = _rows(m, h0, h1)
         mc = mc if mc.shape[-2] == 1 else mc[:, l0:l1]
+        mc = mc if mc.shape[-1] == 1 else mc[..., :kend]
+        full = np.broadcast_shapes(scores.shape, mc.shape)
+        if full != scores.shape:  # only the mask has all the heads of this block
+            scores = np.array(np.broadcast_to(scores, full))
         if mc.dtype == np.bool_:
-            scores = np.where(mc, scores, np.float32(-np.inf))
+            np.copyto(scores, np.float32(-np.inf), where=~mc)
         else:
             scores += c.load_f32(mc)
     if is_causal:
-        s = scores.shape[-1]
-        keep = np.arange(s)[None, :] <= np.arange(l0, l0 + scores.shape[-2])[:, None]
-        scores = np.where(keep, scores, np.float32(-np.inf))
+        keep = np.arange(kend)[None, :] <= np.arange(l0, l1)[:, None]
+        np.copyto(scores, np.float32(-np.inf), where=~keep)
     top = scores.max(axis=-1, keepdims=True)
     # A fully masked row has max -inf; shifting by 0 keeps exp() at 0 instead of NaN.
     top[np.isneginf(top)] = 0
@@ -181,7 +193,7 @@ def _attend(q: np.ndarray, k: np.ndarray, v: np.ndarray, m: np.ndarray | None, h
     total = scores.sum(axis=-1, keepdims=True)
     total[total == 0] = 1
     scores /= total
-    return np.matmul(scores, c.load_f32(_rows(v, h0, h1)))
+    return np.matmul(scores, c.load_f32(_rows(v, h0, h1)[:, :kend]))
 
 
 _SDPA: dict[str, Callable[..., Any]] = {"cpu": _cpu_sdpa, "cuda": _cuda.make_sdpa}

@@ -203,6 +203,24 @@ def test_sdpa_shared_kv_head_without_gqa_broadcasts(kit, stream):
     _check(kit, stream, "float32", q, k, v)
 
 
+@pytest.mark.parametrize("kind", ["float", "bool"])
+def test_sdpa_scores_broadcast_up_to_the_mask(kit, stream, kind):
+    # q and k have one head, v and the mask three: the scores of a block grow to the mask's
+    # heads. (torch's in-place mask add refuses this; the reference expands q instead.)
+    q, k, v = kit.randn((2, 1, 5, 8), "float32"), kit.randn((2, 1, 6, 8), "float32"), \
+        kit.randn((2, 3, 6, 8), "float32")
+    mask = kit.randn((2, 3, 5, 6), "float32")
+    if kind == "bool":
+        mask = mask > -0.5
+        mask[..., 0] = True
+    tm = torch.from_numpy(mask) if kind == "bool" else kit.t64(mask)
+    ref = F.scaled_dot_product_attention(kit.t64(q).expand(2, 3, 5, 8), kit.t64(k),
+                                         kit.t64(v), attn_mask=tm)
+    out = kit.out((2, 3, 5, 8), "float32", "strided")
+    sdpa(stream, out, kit.tensor(q), kit.tensor(k), kit.tensor(v), kit.tensor(mask))
+    kit.close(kit.read(out), ref, "float32")
+
+
 def test_sdpa_batch_broadcast(kit, stream):
     q = kit.randn((3, 2, 5, 8), "float32")
     k, v = kit.randn((1, 2, 6, 8), "float32"), kit.randn((1, 2, 6, 8), "float32")
