@@ -348,6 +348,43 @@ def to_numpy(t: torch.Tensor) -> np.ndarray:
     return t.contiguous().numpy().copy()
 
 
+def _copy_is_alias(node: torch.fx.Node) -> bool:
+    """A clone/copy whose result has its source's dtype, shape and layout shares its memory.
+
+    Nothing in a functional graph writes either one afterwards; in-place scatters check
+    every alias of a buffer before they mutate it.
+    """
+    val = node.meta.get("val")
+    src = node.args[0] if node.target == aten.clone.default else node.args[1]
+    sv = meta_val(src)
+    if not isinstance(val, torch.Tensor) or not isinstance(sv, torch.Tensor):
+        return False
+    return (sv.dtype == val.dtype and tuple(sv.shape) == tuple(val.shape)
+            and tuple(sv.stride()) == tuple(val.stride())
+            and is_injective(tuple(val.shape), tuple(val.stride())))
+
+
+class _actual_layouts:
+    """Swap node.meta['val'] for meta tensors with the views' real strides, then restore."""
+
+    def __init__(self, pairs: Sequence[tuple[torch.fx.Node, TView]]) -> None:
+        self.pairs = pairs
+        self.saved: list[tuple[torch.fx.Node, Any]] = []
+
+    def __enter__(self) -> None:
+        for node, tv in self.pairs:
+            v = node.meta.get("val")
+            if isinstance(v, torch.Tensor) and tuple(v.stride()) != tv.strides:
+                self.saved.append((node, v))
+                node.meta["val"] = torch.empty_strided(tv.sizes, tv.strides, dtype=v.dtype,
+                                                       device="meta")
+
+    def __exit__(self, *exc: Any) -> None:
+        for node, v in reversed(self.saved):
+            node.meta["val"] = v
+        self.saved.clear()
+
+
 # ---------------------------------------------------------------------------------------------
 # instructions (kept symbolic until the end, when Bufs get their roots)
 
@@ -399,6 +436,7 @@ class Lowering:
         self.forced_in_place: set[torch.fx.Node] = set()
         self.placeholder_kind: dict[torch.fx.Node, InputKind] = {}
         self.placeholder_value: dict[torch.fx.Node, torch.Tensor] = {}
+        self.unit_of: dict[torch.fx.Node, list[torch.fx.Node]] = {}
         self._kcount = 0
 
     # -- driver -------------------------------------------------------------------------------
@@ -416,6 +454,7 @@ class Lowering:
         for i, unit in enumerate(units):
             for n in unit:
                 self.pos[n] = i
+                self.unit_of[n] = unit
         for unit in units:
             self._lower_unit(unit)
         outputs = self._lower_outputs()
@@ -612,15 +651,13 @@ class Lowering:
                 dtype_name(v.dtype, node)
                 static_ints(v.shape, node)
         t = node.target
-        if t is operator.getitem:
+        if t is operator.getitem or self._is_fusible(node):
             return
         if t in VIEW_OPS or t in MULTI_VIEW_OPS or t in CAT_OPS or t in SCATTER_OPS or \
                 t in COPY_OPS:
             return
         if t in LIBRARY:
             LIBRARY[t].check(self, node)
-            return
-        if fuse.fusible(node):
             return
         raise unsupported(node)
 
@@ -670,8 +707,13 @@ class Lowering:
 
     def _is_fusible(self, node: torch.fx.Node) -> bool:
         t = node.target
-        if t is operator.getitem or t in VIEW_OPS or t in MULTI_VIEW_OPS or t in CAT_OPS or \
-                t in SCATTER_OPS or t in COPY_OPS or t in LIBRARY:
+        if t is operator.getitem:
+            src = node.args[0]
+            return not self._is_const(src) and self._is_fusible(src)
+        if t in VIEW_OPS or t in MULTI_VIEW_OPS or t in CAT_OPS or t in SCATTER_OPS or \
+                t in LIBRARY:
+            return False
+        if t in COPY_OPS and _copy_is_alias(node):
             return False
         return fuse.fusible(node)
 
@@ -870,25 +912,28 @@ class Lowering:
         if base not in self.env or not isinstance(self.env[base], TView):
             return None
         base_tv = self.env[base]
+        # A getitem's value is written by its source's unit.
+        writer = node.args[0] if node.target is operator.getitem and \
+            node.args[0] not in self.unit_of.get(node, ()) else node
         if base_tv.buf.kind != "arena" or not self._can_mutate(base_tv.buf, self.pos[sc],
-                                                                  after=self.pos[node]):
+                                                                  after=self.pos[writer]):
             return None
         region = self._scatter_region(sc, base_tv)
         if region.sizes != tuple(tensor_meta(node).shape):
             return None
-        if not self._unit_reads_allow(node, region):
+        if not self._unit_reads_allow(writer, region):
             return None
         self.forced_in_place.add(sc)
         return region
 
     def _unit_reads_allow(self, node: torch.fx.Node, region: TView) -> bool:
         """Can `node`'s unit write `region` while reading its inputs from the same Buf?"""
-        unit = [n for n, p in self.pos.items() if p == self.pos[node]]
+        unit = self.unit_of[node]
         if len(unit) == 1 and node.target in LIBRARY:
             return True      # library ops read overlapping inputs through a temporary
         unit_set = set(unit)
-        pointwise = all(is_pointwise(n) and tuple(tensor_meta(n).shape) == region.sizes
-                        for n in unit)
+        pointwise = all(is_pointwise(n) and isinstance(n.meta.get("val"), torch.Tensor) and
+                        tuple(n.meta["val"].shape) == region.sizes for n in unit)
         lo, hi = region.span()
         for n in unit:
             for d in n.all_input_nodes:
@@ -1071,29 +1116,14 @@ class Lowering:
                                                         dst.dtype)),))
         self.emit_kernel(k, [src, dst], where)
 
-    def _broadcast_view(self, src: TView, sizes: tuple[int, ...]) -> TView:
-        pad = len(sizes) - len(src.sizes)
-        strides = [0] * pad + [s if n == m else 0 for n, m, s in
-                               zip(src.sizes, sizes[pad:], src.strides)]
-        return src.with_layout(src.offset, sizes, strides)
-
     def _lower_copy(self, node: torch.fx.Node) -> None:
+        """A clone/copy that `_copy_is_alias` let through: share the source's memory."""
+        src = self.tv(node.args[0] if node.target == aten.clone.default else node.args[1])
         val = tensor_meta(node)
-        sizes = tuple(val.shape)
-        dt = dtype_name(val.dtype, node)
-        if node.target == aten.clone.default:
-            src = self.tv(node.args[0])
-        else:
-            src = self.tv(node.args[1])
-            if src.sizes != sizes:
-                src = self._broadcast_view(src, sizes)
-        # A copy whose source already has the result's layout shares its memory: nothing
-        # in a functional graph writes either afterwards (in-place scatters check aliases).
-        if src.dtype == dt and src.sizes == sizes and src.strides == tuple(val.stride()) \
-                and is_injective(src.sizes, src.strides):
+        if src.strides == tuple(val.stride()):
             self._bind(node, src)
             return
-        dst = self.out_view(node)
+        dst = self.out_view(node)          # the source is not laid out as its meta said
         self.emit_copy(dst, src, describe(node))
         self._bind(node, dst)
 
@@ -1139,26 +1169,22 @@ class Lowering:
         self.instrs.append(Instr("kernel", where, kernel=kernel, args=tuple(args)))
 
     def _lower_group(self, group: list[torch.fx.Node]) -> None:
-        members = set(group)
-        inputs: list[torch.fx.Node] = []
-        for n in group:
-            for d in n.all_input_nodes:
-                if d not in members and d not in inputs:
-                    inputs.append(d)
-        outputs = [n for n in group if any(u not in members for u in n.users)]
+        inputs, outputs = fuse.group_io(group)
         in_views = [self.tv(d) for d in inputs]
-        out_views = []
-        for n in outputs:
-            out_views.append(self.out_view(n))
-        name = self._kname(op_name(group[-1]).replace("aten.", "").split(".")[0])
-        try:
-            kernel = fuse.build_kernel(name, group, list(zip(inputs, in_views)),
-                                       list(zip(outputs, out_views)))
-        except AotrtError:
-            raise
-        except Exception as e:  # a generator bug must still name the op and line
-            raise unsupported(group[-1], f"kernel generation failed: {type(e).__name__}: {e}")
-        self.emit_kernel(kernel, [*in_views, *out_views], describe(group[-1]))
+        out_views = [self.out_view(n) for n in outputs]
+        last = group[-1]
+        name = self._kname(op_name(last).replace("aten.", "").split(".")[0])
+        # build_kernel indexes every view by its node's meta['val'] strides; where ours differ
+        # (cat slots, constants, inputs) it sees ours for the duration of the call.
+        with _actual_layouts(list(zip(inputs, in_views)) + list(zip(outputs, out_views))):
+            try:
+                kernel = fuse.build_kernel(name, group, inputs, outputs)
+            except AotrtError:
+                raise
+            except Exception as e:  # a generator bug must still name the op and line
+                raise unsupported(last, f"kernel generation failed: {type(e).__name__}: "
+                                        f"{e}") from e
+        self.emit_kernel(kernel, [*in_views, *out_views], describe(last))
         for n, v in zip(outputs, out_views):
             self._bind(n, v)
 
@@ -1285,7 +1311,15 @@ def _simple(fn: str, ins: Callable[[torch.fx.Node], list[Any]],
 
 
 def _sdpa_check(lw: Lowering, node: torch.fx.Node) -> None:
-    _float_inputs(lw, node)
+    for d in node.args[:3]:
+        v = meta_val(d)
+        if not isinstance(v, torch.Tensor) or v.dtype not in (torch.float32, torch.float16,
+                                                              torch.bfloat16):
+            raise unsupported(node, "q, k and v must be float32, float16 or bfloat16 tensors")
+    mask = _arg(node, 3, "attn_mask", None)
+    if mask is not None and meta_val(mask).dtype not in (torch.bool, meta_val(node.args[0]).dtype):
+        raise unsupported(node, f"attn_mask of dtype {meta_val(mask).dtype} for "
+                                f"{meta_val(node.args[0]).dtype} q")
     if float(_arg(node, 4, "dropout_p", 0.0) or 0.0) != 0.0:
         raise unsupported(node, "dropout in attention is not supported (export in eval mode)")
 
@@ -1295,10 +1329,6 @@ def _sdpa_params(node: torch.fx.Node) -> dict[str, Any]:
     return {"dropout_p": 0.0, "is_causal": bool(_arg(node, 5, "is_causal", False)),
             "scale": None if scale is None else float(scale),
             "enable_gqa": bool(_arg(node, 7, "enable_gqa", False))}
-
-
-def _sdpa_mask_check(lw: Lowering, node: torch.fx.Node) -> None:
-    _sdpa_check(lw, node)
 
 
 def _conv_params(node: torch.fx.Node) -> dict[str, Any]:

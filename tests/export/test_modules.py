@@ -1,0 +1,184 @@
+"""End-to-end: export modules, run them on the cpu device with the hazard checker on, and
+compare with eager (float64 reference, fresh random inputs each run).
+
+Covers behaviors.md §5 (float32 and bfloat16), the seed repros (the last-dim cat included),
+YOLO blocks, a GPT-2 block, a Whisper-style conv1d stem, real models from ultralytics,
+transformers and torchvision (marked `models`), and two delegates in one process.
+"""
+
+from __future__ import annotations
+
+import os
+import warnings
+
+import numpy as np
+import pytest
+import torch
+import torch.nn as nn
+
+import aotrt
+from aotrt.runtime.device import get_device
+from tests.export import modules as M
+from tests.export.harness import check_module, count_ops, randn, rel_err
+
+DTYPES = [pytest.param(torch.float32, id="float32"), pytest.param(torch.bfloat16, id="bfloat16")]
+
+
+def _tol(case: M.Case, dtype: torch.dtype) -> float | None:
+    return None if case.tol is None else case.tol.get(dtype)
+
+
+def _run(case: M.Case, dtype: torch.dtype) -> None:
+    torch.manual_seed(0)
+    check_module(case.build(), case.make_inputs, dtype, tol=_tol(case, dtype))
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("case", M.REGISTRY, ids=lambda c: c.name)
+def test_registry(case: M.Case, dtype: torch.dtype) -> None:
+    """behaviors.md §5 entries (reduced sizes are noted in tests/export/modules.py)."""
+    _run(case, dtype)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("case", M.SEEDS, ids=lambda c: c.name)
+def test_seed_repros(case: M.Case, dtype: torch.dtype) -> None:
+    """The seeds' chunk/cat/nested-view modules; the last-dim cat passes too."""
+    _run(case, dtype)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("case", M.YOLO_BLOCKS, ids=lambda c: c.name)
+def test_yolo_blocks(case: M.Case, dtype: torch.dtype) -> None:
+    """C2f, SPPF (+ upsample and cat) and the Detect head with DFL."""
+    _run(case, dtype)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("case", M.BLOCKS, ids=lambda c: c.name)
+def test_blocks(case: M.Case, dtype: torch.dtype) -> None:
+    """A GPT-2 block (sdpa and written-out attention) and a Whisper-style conv1d stem."""
+    _run(case, dtype)
+
+
+# ---------------------------------------------------------------------------------------------
+# real models (random weights, built from configs)
+
+
+def _quiet() -> None:
+    warnings.simplefilter("ignore")
+    os.environ.setdefault("YOLO_OFFLINE", "1")
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+
+@pytest.mark.models
+def test_yolov8n() -> None:
+    """ultralytics DetectionModel('yolov8n.yaml') at 1x3x320x320 (anchors cached by one eager
+    run first, as export-notes.md says)."""
+    _quiet()
+    tasks = pytest.importorskip("ultralytics.nn.tasks")
+    torch.manual_seed(0)
+    model = tasks.DetectionModel("yolov8n.yaml", verbose=False).eval()
+    with torch.no_grad():
+        model(torch.randn(1, 3, 320, 320))
+    report = check_module(model, lambda g, dt: (randn(g, dt, 1, 3, 320, 320),), torch.float32,
+                          runs=1, roundtrip=False)
+    counts = count_ops(report.program)
+    # Every batch norm folded into its convolution; nothing left to a generic fallback.
+    assert counts["library:convolution"] == 64
+
+
+def _hf(name: str) -> object:
+    _quiet()
+    return pytest.importorskip(name)
+
+
+@pytest.mark.models
+def test_gpt2_model() -> None:
+    """transformers GPT2Model, small config, sdpa attention, no cache."""
+    tr = _hf("transformers")
+    cfg = tr.GPT2Config(n_layer=2, n_embd=64, n_head=4, n_positions=64, vocab_size=100,
+                        use_cache=False, attn_implementation="sdpa")
+    torch.manual_seed(0)
+    model = tr.GPT2Model(cfg).eval()
+    check_module(model, lambda g, dt: (torch.randint(0, 100, (1, 16), generator=g),),
+                 torch.float32, runs=1)
+
+
+@pytest.mark.models
+def test_bert_model() -> None:
+    """transformers BertModel, small config, eager attention (the written-out path)."""
+    tr = _hf("transformers")
+    cfg = tr.BertConfig(num_hidden_layers=2, hidden_size=64, num_attention_heads=4,
+                        intermediate_size=128, vocab_size=100, max_position_embeddings=64,
+                        attn_implementation="eager")
+    torch.manual_seed(0)
+    model = tr.BertModel(cfg).eval()
+    check_module(model, lambda g, dt: (torch.randint(0, 100, (2, 16), generator=g),),
+                 torch.float32, runs=1)
+
+
+@pytest.mark.models
+def test_whisper_encoder() -> None:
+    """transformers WhisperEncoder, small config."""
+    tr = _hf("transformers")
+    from transformers.models.whisper.modeling_whisper import WhisperEncoder
+    cfg = tr.WhisperConfig(d_model=64, encoder_layers=2, encoder_attention_heads=4,
+                           encoder_ffn_dim=128, num_mel_bins=16, max_source_positions=50)
+    torch.manual_seed(0)
+    model = WhisperEncoder(cfg).eval()
+    check_module(model, lambda g, dt: (randn(g, dt, 1, 16, 100),), torch.float32, runs=1)
+
+
+@pytest.mark.models
+def test_resnet18() -> None:
+    """torchvision resnet18 (random weights) at 1x3x64x64."""
+    tv = pytest.importorskip("torchvision")
+    torch.manual_seed(0)
+    model = tv.models.resnet18()
+    M._randomize_bn(model)
+    check_module(model, lambda g, dt: (randn(g, dt, 1, 3, 64, 64),), torch.float32, runs=1)
+
+
+# ---------------------------------------------------------------------------------------------
+# two delegates in one process
+
+
+def test_two_delegates_close_one() -> None:
+    """Closing one delegate frees exactly its memory; the other still matches eager."""
+    torch.manual_seed(0)
+    a_model = M.C2f(16, 32, n=1).eval()
+    b_model = M.GPT2Block().eval()
+    gen = torch.Generator().manual_seed(3)
+    xa = randn(gen, torch.float32, 1, 16, 12, 12)
+    xb = randn(gen, torch.float32, 1, 16, 64)
+    with torch.no_grad():
+        pa = aotrt.export(a_model, (xa,))
+        pb = aotrt.export(b_model, (xb,))
+    dev = get_device("cpu")
+    da = aotrt.load(pa, device="cpu", check_hazards=True)
+    db = aotrt.load(pb, device="cpu", check_hazards=True)
+    try:
+        for _ in range(2):
+            for dlg, model, x in ((da, a_model, xa), (db, b_model, xb)):
+                with torch.no_grad():
+                    ref = model.double()(x.double()).numpy()
+                model.float()
+                assert rel_err(np.asarray(dlg.run(x)[0]), ref) <= 1e-4
+        owner_a = da.owner
+        assert any(a.owner is owner_a for a in dev.memory.live())
+        da.close()
+        da.close()   # idempotent
+        assert not [a for a in dev.memory.live() if a.owner is owner_a]
+        assert any(a.owner is db.owner for a in dev.memory.live())
+        for _ in range(2):
+            x = randn(gen, torch.float32, 1, 16, 64)
+            with torch.no_grad():
+                ref = b_model.double()(x.double()).numpy()
+            b_model.float()
+            assert rel_err(np.asarray(db.run(x)[0]), ref) <= 1e-4
+        with pytest.raises(aotrt.InvalidArgument):
+            da.run(xa)
+    finally:
+        da.close()
+        db.close()
