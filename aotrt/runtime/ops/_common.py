@@ -9,7 +9,6 @@ stream's worker thread; cuda: filled in by the cuda device's engineer).
 
 from __future__ import annotations
 
-import math
 import numbers
 from typing import Any, Callable, Mapping, Sequence
 
@@ -204,9 +203,3 @@ def rows_per_chunk(row_bytes: int, total: int) -> int:
     """How many rows of `row_bytes` scratch fit in CHUNK_BYTES (at least 1)."""
     return max(1, min(total, CHUNK_BYTES // max(row_bytes, 1)))
 
-
-def finite_or(value: float, name: str, op: str) -> float:
-    """Refuse NaN or infinite scalars where they would poison every element."""
-    if not math.isfinite(value):
-        raise InvalidArgument(f"{op}: {name}: must be finite, got {value!r}")
-    return value

@@ -100,6 +100,8 @@ def test_sdpa_strided_causal(kit, stream, dtype):
 
 @pytest.mark.slow
 def test_sdpa_strided_causal_full_size(kit, stream):
+    if stream.options.deferred:
+        pytest.skip("full size runs once, on the async stream")
     shape = (1, 32, 1500, 64)
     q, k, v = (kit.randn(shape, "float32") for _ in range(3))
     kw = {"strides": _bhle_strides(*shape), "offset": 0}
