@@ -151,13 +151,20 @@ def test_batch_chunks_give_the_same_result(kit, stream, monkeypatch):
          True, [1, 1])
 
 
-def test_output_overlapping_the_input_reads_old_values(kit, stream):
-    # A 1x1 conv written back over its own input, chunked one sample at a time.
+def test_output_overlapping_the_input_reads_old_values(kit, stream, monkeypatch):
+    # A 1x1 conv whose output is its input's memory shifted by one sample, one sample per
+    # step: without reading through a temporary, sample 0's result would clobber x[1].
+    from aotrt.runtime.ops import _common
+    monkeypatch.setattr(_common, "CHUNK_BYTES", 1)
     x_np, w_np = kit.randn((3, 4, 5, 5), "float32"), kit.randn((4, 4, 1, 1), "float32")
-    x = kit.tensor(x_np)
-    convolution(stream, x, x, kit.tensor(w_np), None, [1, 1], [0, 0], [1, 1], False, [0, 0], 1)
+    buf = kit.out((4, 4, 5, 5), "float32")
+    x = kit.view(buf, [3, 4, 5, 5], [100, 25, 5, 1], 0)
+    kit.dev.write(x, x_np)
+    out = kit.view(buf, [3, 4, 5, 5], [100, 25, 5, 1], 100)
+    convolution(stream, out, x, kit.tensor(w_np), None, [1, 1], [0, 0], [1, 1], False, [0, 0],
+                1)
     ref = torch.nn.functional.conv2d(kit.t64(x_np), kit.t64(w_np))
-    kit.close(kit.read(x), ref, "float32")
+    kit.close(kit.read(out), ref, "float32")
 
 
 # -- refused inputs -----------------------------------------------------------------------------

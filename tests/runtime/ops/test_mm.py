@@ -153,6 +153,18 @@ def test_registry_calls_match_direct_calls(kit, stream):
     kit.close(kit.read(o3), ref, "float32")
 
 
+def test_linear_and_bmm_in_place_read_old_values(kit, stream):
+    x_np, w_np, b_np = kit.randn((5, 8), "float32"), kit.randn((8, 8), "float32"), \
+        kit.randn((8,), "float32")
+    x = kit.tensor(x_np)
+    linear(stream, x, x, kit.tensor(w_np), kit.tensor(b_np))
+    ref = torch.nn.functional.linear(kit.t64(x_np), kit.t64(w_np), kit.t64(b_np))
+    kit.close(kit.read(x), ref, "float32")
+    a_np, c_np = kit.randn((2, 4, 4), "float32"), kit.randn((2, 4, 4), "float32")
+    a = kit.tensor(a_np)
+    bmm(stream, a, kit.tensor(c_np), a)
+    kit.close(kit.read(a), torch.bmm(kit.t64(c_np), kit.t64(a_np)), "float32")
+
 # -- refused inputs -----------------------------------------------------------------------------
 
 def _f(kit, shape, dtype="float32"):

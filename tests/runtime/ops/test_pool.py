@@ -89,6 +89,16 @@ def test_max_pool2d_via_registry(kit, stream):
     np.testing.assert_array_equal(kit.read(out1), ref_v.numpy())
 
 
+def test_max_pool2d_output_over_its_input_reads_old_values(kit, stream, monkeypatch):
+    from aotrt.runtime.ops import _common
+    monkeypatch.setattr(_common, "CHUNK_BYTES", 1)  # one sample per step
+    x_np = kit.randn((3, 2, 6, 6), "float32")
+    x = kit.tensor(x_np)
+    out = kit.view(x, [3, 2, 3, 3], [18, 9, 3, 1], 72)  # sample 0's result lands on x[1]
+    max_pool2d(stream, out, x, [2, 2], [], [0, 0], [1, 1], False)
+    ref = torch.nn.functional.max_pool2d(torch.from_numpy(x_np), 2)
+    np.testing.assert_array_equal(kit.read(out), ref.numpy())
+
 # -- refused inputs -----------------------------------------------------------------------------
 
 def _call(kit, stream, shape=(1, 2, 6, 6), out_shape=(1, 2, 3, 3), kernel=(2, 2), stride=(),

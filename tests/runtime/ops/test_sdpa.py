@@ -269,6 +269,18 @@ def test_sdpa_via_registry(kit, stream):
     kit.close(kit.read(out), ref, "float32")
 
 
+def test_sdpa_output_over_its_own_values_reads_old_values(kit, stream, monkeypatch):
+    # The exporter may write a library op's result over memory it reads (ops read through
+    # temporaries). Chunked by rows: every block reads all of v, which earlier blocks wrote.
+    from aotrt.runtime.ops import _common
+    monkeypatch.setattr(_common, "CHUNK_BYTES", 64)
+    q_np, k_np, v_np = (kit.randn((1, 2, 9, 8), "float32") for _ in range(3))
+    v = kit.tensor(v_np)
+    sdpa(stream, v, kit.tensor(q_np), kit.tensor(k_np), v)
+    ref = F.scaled_dot_product_attention(kit.t64(q_np), kit.t64(k_np), kit.t64(v_np))
+    kit.close(kit.read(v), ref, "float32")
+
+
 # -- refused inputs -----------------------------------------------------------------------------
 
 def _call(kit, stream, q_shape=(1, 2, 3, 4), k_shape=None, v_shape=None, out_shape=None,

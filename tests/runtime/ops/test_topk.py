@@ -95,6 +95,15 @@ def test_topk_of_linear_like_section_5(kit, stream):
         kit.close(kit.read(vals), ref, dtype)
 
 
+def test_topk_values_over_the_input_read_old_values(kit, stream):
+    x_np = kit.randn((4, 6), "float32")
+    x = kit.tensor(x_np)
+    vals = kit.view(x, [4, 3], [6, 1], 0)  # the first half of each row of x
+    idx = kit.out((4, 3), "int64")
+    topk(stream, vals, idx, x, 3)
+    ref = torch.topk(torch.from_numpy(x_np), 3)
+    np.testing.assert_array_equal(kit.read(vals), ref.values.numpy())
+
 # -- refused inputs -----------------------------------------------------------------------------
 
 def _call(kit, stream, shape=(3, 5), k=2, dim=-1, out_shape=None, dtype="float32",

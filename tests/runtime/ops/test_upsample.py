@@ -72,6 +72,15 @@ def test_upsample_empty_batch_records_nothing(kit, stream):
     assert stream.recorded_seq == before
 
 
+def test_upsample_input_inside_its_output_reads_old_values(kit, stream):
+    x_np = kit.randn((1, 2, 3, 3), "float32")
+    out = kit.out((1, 2, 6, 6), "float32")
+    x = kit.view(out, [1, 2, 3, 3], [18, 9, 3, 1], 0)  # x lives in out's first bytes
+    kit.dev.write(x, x_np)
+    upsample_nearest2d(stream, out, x, None, [2.0, 2.0])
+    ref = torch.nn.functional.interpolate(torch.from_numpy(x_np), scale_factor=2.0)
+    np.testing.assert_array_equal(kit.read(out), ref.numpy())
+
 # -- refused inputs -----------------------------------------------------------------------------
 
 def _call(kit, stream, shape=(1, 2, 3, 3), out_shape=(1, 2, 6, 6), size=None, factors=None,
