@@ -74,7 +74,7 @@ def test_pool_options_from_env_without_the_variable_is_the_default(monkeypatch):
 @pytest.mark.parametrize("raw", ["0", "16385", "-1", "abc", "", "1.5"])
 def test_pool_options_from_env_refuses_bad_values(monkeypatch, raw):
     monkeypatch.setenv("AOTRT_POOL_MB", raw)
-    with pytest.raises(InvalidArgument, match="AOTRT_POOL_MB"):
+    with pytest.raises(InvalidArgument, match="^AOTRT_POOL_MB: must be an integer in 1..16384"):
         PoolOptions.from_env()
 
 
@@ -87,7 +87,7 @@ def test_pool_options_from_env_refuses_bad_values(monkeypatch, raw):
     ({"headroom_bytes": 2.0}, "headroom_bytes"),
 ])
 def test_pool_options_refuse_bad_fields(kwargs, name):
-    with pytest.raises(InvalidArgument, match=name):
+    with pytest.raises(InvalidArgument, match=f"^{name}: "):
         PoolOptions(**kwargs)
 
 
@@ -154,7 +154,7 @@ def test_owner_scope_restores_after_an_exception(owner):
 
 
 def test_owner_scope_refuses_a_non_owner():
-    with pytest.raises(InvalidArgument, match="owner"):
+    with pytest.raises(InvalidArgument, match="^owner: expected an Owner"):
         with owner_scope("delegate"):
             pass
 
@@ -162,7 +162,7 @@ def test_owner_scope_refuses_a_non_owner():
 def test_owner_scope_refuses_a_closed_owner():
     o = Owner("gone")
     o.close()
-    with pytest.raises(InvalidArgument, match="owner.*closed"):
+    with pytest.raises(InvalidArgument, match="^owner: .* is closed"):
         with owner_scope(o):
             pass
 
@@ -207,7 +207,7 @@ def test_retired_handles_are_refused_by_every_shim_but_delete(stream, owner):
     o.close()
     for call in (lambda: shims.get_sizes(h), lambda: shims.new_tensor_handle(h),
                  lambda: shims.reinterpret_tensor(h, [1], [1], 0), lambda: h.numpy()):
-        with pytest.raises(InvalidArgument, match="retired"):
+        with pytest.raises(InvalidArgument, match="^handle: handle is retired"):
             call()
     shims.delete_tensor_object(h)
     assert h.state == "deleted"
@@ -283,7 +283,7 @@ def test_allocating_for_a_closed_owner_is_refused(mem, stream, owner):
     o = Owner("gone")
     o.close()
     live = mem.live()
-    with pytest.raises(InvalidArgument, match="owner"):
+    with pytest.raises(InvalidArgument, match="^owner: .* is closed"):
         mem.allocate(64, stream, o)
     assert mem.live() == live
 
@@ -332,7 +332,7 @@ def test_allocate_zero_bytes_gives_a_findable_allocation(dev, stream, owner):
 @pytest.mark.parametrize("nbytes", [-1, 1.0, "8", None, 1 << 62])
 def test_allocate_refuses_bad_sizes(dev, stream, owner, nbytes):
     live = dev.memory.live()
-    with pytest.raises(InvalidArgument, match="nbytes"):
+    with pytest.raises(InvalidArgument, match=r"^nbytes: must be an int in \[0, 2\*\*62\)"):
         dev.memory.allocate(nbytes, stream)
     assert dev.memory.live() == live
 
@@ -350,7 +350,7 @@ def test_retain_and_release_count_users(dev, stream, owner):
 
 def test_release_without_users_is_refused(dev, stream, owner):
     a = dev.memory.allocate(64, stream)
-    with pytest.raises(InvalidArgument, match="no users"):
+    with pytest.raises(InvalidArgument, match="^allocation .* has no users to release"):
         a.release()
     free(a)
 
@@ -358,7 +358,7 @@ def test_release_without_users_is_refused(dev, stream, owner):
 def test_retain_after_free_is_refused(dev, stream, owner):
     a = dev.memory.allocate(64, stream)
     free(a)
-    with pytest.raises(InvalidArgument, match="already freed"):
+    with pytest.raises(InvalidArgument, match="^allocation .* was already freed"):
         a.retain()
 
 
@@ -742,7 +742,7 @@ def test_free_with_pending_work_is_a_hazard(dev, stream, owner, monkeypatch):
     m = Memory(dev, PoolOptions(cap_bytes=0))      # nothing pooled: a real free
     a, h = _pending_write(dev, m, stream)
     monkeypatch.setattr(Allocation, "settle", lambda self, writes_only=False: None)
-    with pytest.raises(HazardError, match="free of .* may still use it"):
+    with pytest.raises(HazardError, match="^free of .* may still use it"):
         shims.delete_tensor_object(h)
     monkeypatch.undo()
     stream.commit_and_wait()
@@ -777,7 +777,7 @@ def test_bind_region_over_caller_memory(cpu, owner, host):
 ])
 def test_bind_region_refuses_bad_arguments(cpu, owner, ptr, nbytes, name):
     live = cpu.memory.live()
-    with pytest.raises(InvalidArgument, match=name):
+    with pytest.raises(InvalidArgument, match=f"^{name}: "):
         cpu.memory.bind_region(ptr, nbytes)
     assert cpu.memory.live() == live
 
@@ -788,7 +788,7 @@ def test_second_binding_over_bound_memory_is_refused(cpu, owner, host, start, en
     base = host.ctypes.data
     r = cpu.memory.bind_region(base, 256)
     try:
-        with pytest.raises(InvalidArgument, match="overlap"):
+        with pytest.raises(InvalidArgument, match="^data_ptr: region .* would overlap"):
             cpu.memory.bind_region(base + start, end - start)
     finally:
         free(r)
@@ -808,7 +808,7 @@ def test_region_over_an_allocation_is_refused(dev, stream, owner):
     a = dev.memory.allocate(256, stream)
     try:
         for start, n in [(0, 16), (100, 16), (250, 100), (-8, 16)]:
-            with pytest.raises(InvalidArgument, match="overlap"):
+            with pytest.raises(InvalidArgument, match="^data_ptr: region .* would overlap"):
                 dev.memory.bind_region(a.ptr + start, n)
     finally:
         free(a)
@@ -846,7 +846,7 @@ def test_region_release_with_pending_work_is_a_hazard_when_not_waited(cpu, strea
     h = shims.create_tensor_from_blob(host.ctypes.data, [64], None, 0, "float32")
     kernel_fn(cpu, iota_kernel([64], [1]))(stream, h)
     monkeypatch.setattr(Allocation, "settle", lambda self, writes_only=False: None)
-    with pytest.raises(HazardError, match="release of region"):
+    with pytest.raises(HazardError, match="^release of region of "):
         shims.delete_tensor_object(h)
     monkeypatch.undo()
     stream.commit_and_wait()
@@ -861,9 +861,11 @@ def test_region_is_never_pooled(cpu, stream, owner, host):
 def test_view_past_a_regions_end_is_refused(cpu, stream, owner, host):
     """§3 #58/#77 in our terms: a region does not grow; a view past its end is refused."""
     h = shims.create_tensor_from_blob(host.ctypes.data, [32], None, 0, "float32")
-    with pytest.raises(InvalidArgument, match="outside"):
+    with pytest.raises(InvalidArgument, 
+            match=r"^sizes/strides/storage_offset: view bytes .* lie outside"):
         shims.reinterpret_tensor(h, [33], [1], 0)
-    with pytest.raises(InvalidArgument, match="outside"):
+    with pytest.raises(InvalidArgument, 
+            match=r"^sizes/strides/storage_offset: view bytes .* lie outside"):
         shims.reinterpret_tensor(h, [4], [1], 30)
     assert h.alloc.nbytes == 128
     shims.delete_tensor_object(h)
@@ -871,9 +873,9 @@ def test_view_past_a_regions_end_is_refused(cpu, stream, owner, host):
 
 def test_blob_growing_a_live_region_is_refused(cpu, stream, owner, host):
     h = shims.create_tensor_from_blob(host.ctypes.data, [32], None, 0, "float32")
-    with pytest.raises(InvalidArgument, match="runs past the end"):
+    with pytest.raises(InvalidArgument, match="^data_ptr: blob .* runs past the end of region@"):
         shims.create_tensor_from_blob(host.ctypes.data, [64], None, 0, "float32")
-    with pytest.raises(InvalidArgument, match="runs past the end"):
+    with pytest.raises(InvalidArgument, match="^data_ptr: blob .* runs past the end of region@"):
         shims.create_tensor_from_blob(host.ctypes.data + 64, [32], None, 0, "float32")
     assert owner.handles == {h}
     shims.delete_tensor_object(h)
@@ -893,7 +895,7 @@ def test_blob_reaching_into_a_region_from_before_is_refused(cpu, stream, owner, 
     """§3 #33: a blob that starts before a region and reaches into it."""
     h = shims.create_tensor_from_blob(host.ctypes.data + 128, [32], None, 0, "float32")
     live = cpu.memory.live()
-    with pytest.raises(InvalidArgument, match="overlap"):
+    with pytest.raises(InvalidArgument, match="^data_ptr: region .* would overlap"):
         shims.create_tensor_from_blob(host.ctypes.data, [33], None, 0, "float32")
     assert cpu.memory.live() == live and owner.handles == {h}
     shims.delete_tensor_object(h)
@@ -903,7 +905,7 @@ def test_blob_reaching_into_an_allocation_is_refused(dev, stream, owner):
     """§3 #56: a blob starting before a runtime allocation and reaching into it."""
     a = shims.empty_strided([64], None, "float32")
     live = dev.memory.live()
-    with pytest.raises(InvalidArgument, match="overlap"):
+    with pytest.raises(InvalidArgument, match="^data_ptr: region .* would overlap"):
         shims.create_tensor_from_blob(a.alloc.ptr - 16, [8], None, 0, "float32")
     assert dev.memory.live() == live and owner.handles == {a}
     shims.delete_tensor_object(a)
@@ -982,7 +984,7 @@ def test_constants_segments_bound_blobs_and_views(dev, consts):
 @pytest.mark.parametrize("sizes", [[-1], [4, 1.5], ["8"], [None]])
 def test_allocate_constants_refuses_bad_sizes(dev, stream, owner, sizes):
     live = dev.memory.live()
-    with pytest.raises(InvalidArgument, match="sizes"):
+    with pytest.raises(InvalidArgument, match="^sizes: constant size"):
         dev.memory.allocate_constants(sizes, stream)
     assert dev.memory.live() == live and not owner.allocations
 
@@ -1037,9 +1039,11 @@ def test_blob_inside_a_constant_stays_inside_it(dev, stream, owner, consts):
     """§3 #37/#71: a blob in a constant may not reach into the next one."""
     a, offsets = consts
     ok = shims.create_tensor_from_blob(a.ptr + 8, [2], None, 0, "float32")
-    with pytest.raises(InvalidArgument, match="its constant"):
+    with pytest.raises(InvalidArgument, 
+            match="^data_ptr: blob .* past the end of its constant in constants@"):
         shims.create_tensor_from_blob(a.ptr + 8, [3], None, 0, "float32")
-    with pytest.raises(InvalidArgument, match="its constant"):
+    with pytest.raises(InvalidArgument, 
+            match="^data_ptr: blob .* past the end of its constant in constants@"):
         shims.create_tensor_from_blob(a.ptr + offsets[2], [11], None, 0, "float32")
     assert owner.handles == {ok}
     shims.delete_tensor_object(ok)
@@ -1050,9 +1054,11 @@ def test_view_of_a_constant_stays_inside_it(dev, stream, owner, consts):
     a, offsets = consts
     w0 = shims.create_tensor_from_blob(a.ptr, [4], None, 0, "float32")
     w2 = shims.create_tensor_from_blob(a.ptr + offsets[2], [10], None, 0, "float32")
-    with pytest.raises(InvalidArgument, match="outside"):
+    with pytest.raises(InvalidArgument, 
+            match=r"^sizes/strides/storage_offset: view bytes .* lie outside"):
         shims.reinterpret_tensor(w0, [5], [1], 0)
-    with pytest.raises(InvalidArgument, match="outside"):
+    with pytest.raises(InvalidArgument, 
+            match=r"^sizes/strides/storage_offset: view bytes .* lie outside"):
         shims.reinterpret_tensor(w2, [4], [1], -1)
     v = shims.reinterpret_tensor(w2, [5], [1], 5)
     assert v.byte_offset == 64 + 20
@@ -1105,9 +1111,9 @@ def test_views_of_freed_constants_from_other_owners_are_refused(dev, stream, own
         w = shims.create_tensor_from_blob(a.ptr, [4], None, 0, "float32")
     mine = shims.new_tensor_handle(w)
     o.close()
-    with pytest.raises(InvalidArgument, match="freed"):
+    with pytest.raises(InvalidArgument, match="^handle: the memory of .* was freed with its owner"):
         mine.numpy()
-    with pytest.raises(InvalidArgument, match="freed"):
+    with pytest.raises(InvalidArgument, match="^handle: the memory of .* was freed with its owner"):
         shims.reinterpret_tensor(mine, [2], [1], 0)
     shims.delete_tensor_object(mine)
     assert mine.state == "deleted" and mine not in owner.handles

@@ -115,31 +115,31 @@ def test_size_one_dims_may_have_any_stride(dev, stream, owner):
 # -- one pytest.raises per refused bad input (§7.3) --------------------------------------------
 
 BAD_EMPTY_STRIDED: list[tuple[str, dict, str]] = [
-    ("null sizes", {"sizes": None}, "sizes"),
-    ("sizes not a sequence", {"sizes": 4}, "sizes"),
-    ("sizes a string", {"sizes": "44"}, "sizes"),
-    ("negative size", {"sizes": [2, -1]}, r"sizes\[1\]"),
-    ("float size", {"sizes": [2.0]}, r"sizes\[0\]"),
-    ("bool size", {"sizes": [True]}, r"sizes\[0\]"),
-    ("size over int32", {"sizes": [1 << 31]}, r"sizes\[0\].*int32"),
-    ("size 2**32", {"sizes": [1 << 32, 1]}, r"sizes\[0\]"),
-    ("strides of another rank", {"strides": [1]}, "strides"),
-    ("strides not a sequence", {"strides": 1}, "strides"),
-    ("float stride", {"strides": [4.0, 1]}, r"strides\[0\]"),
-    ("zero stride", {"strides": [0, 1]}, r"strides\[0\].*zero"),
-    ("negative stride", {"strides": [4, -1]}, r"strides\[1\].*negative"),
-    ("stride over int32", {"sizes": [2, 2], "strides": [1 << 31, 1]}, r"strides\[0\].*int32"),
-    ("stride over int64", {"sizes": [1, 2], "strides": [1 << 64, 1]}, r"strides\[0\].*int64"),
-    ("holes", {"strides": [5, 1]}, "strides.*holes"),
-    ("overlap", {"strides": [2, 1]}, "strides.*overlap"),
-    ("unsupported dtype name", {"dtype": "complex64"}, "dtype"),
-    ("unsupported numpy dtype", {"dtype": np.complex64}, "dtype"),
-    ("null dtype", {"dtype": None}, "dtype"),
-    ("dtype not a dtype", {"dtype": 6}, "dtype"),
-    ("unknown device type", {"device": "tpu"}, "device"),
-    ("device index other than 0", {"device": "cpu:1"}, "device.*index"),
-    ("null device", {"device": None}, "device"),
-    ("device not a name", {"device": 0}, "device"),
+    ("null sizes", {"sizes": None}, "^sizes: "),
+    ("sizes not a sequence", {"sizes": 4}, "^sizes: "),
+    ("sizes a string", {"sizes": "44"}, "^sizes: "),
+    ("negative size", {"sizes": [2, -1]}, r"^sizes\[1\]: "),
+    ("float size", {"sizes": [2.0]}, r"^sizes\[0\]: "),
+    ("bool size", {"sizes": [True]}, r"^sizes\[0\]: "),
+    ("size over int32", {"sizes": [1 << 31]}, r"^sizes\[0\]: .*int32"),
+    ("size 2**32", {"sizes": [1 << 32, 1]}, r"^sizes\[0\]: "),
+    ("strides of another rank", {"strides": [1]}, "^strides: "),
+    ("strides not a sequence", {"strides": 1}, "^strides: "),
+    ("float stride", {"strides": [4.0, 1]}, r"^strides\[0\]: "),
+    ("zero stride", {"strides": [0, 1]}, r"^strides\[0\]: .*zero"),
+    ("negative stride", {"strides": [4, -1]}, r"^strides\[1\]: .*negative"),
+    ("stride over int32", {"sizes": [2, 2], "strides": [1 << 31, 1]}, r"^strides\[0\]: .*int32"),
+    ("stride over int64", {"sizes": [1, 2], "strides": [1 << 64, 1]}, r"^strides\[0\]: .*int64"),
+    ("holes", {"strides": [5, 1]}, "^strides: .*holes"),
+    ("overlap", {"strides": [2, 1]}, "^strides: .*overlap"),
+    ("unsupported dtype name", {"dtype": "complex64"}, "^dtype: "),
+    ("unsupported numpy dtype", {"dtype": np.complex64}, "^dtype: "),
+    ("null dtype", {"dtype": None}, "^dtype: "),
+    ("dtype not a dtype", {"dtype": 6}, "^dtype: "),
+    ("unknown device type", {"device": "tpu"}, "^device: "),
+    ("device index other than 0", {"device": "cpu:1"}, "^device: index"),
+    ("null device", {"device": None}, "^device: "),
+    ("device not a name", {"device": 0}, "^device: "),
 ]
 
 
@@ -155,24 +155,24 @@ def test_empty_strided_refuses(dev, stream, owner, case, kwargs, match):
 
 
 BAD_BLOB: list[tuple[str, dict, str]] = [
-    ("null data with elements", {"data_ptr": 0}, "data_ptr.*null"),
-    ("None data with elements", {"data_ptr": None}, "data_ptr.*null"),
-    ("negative address", {"data_ptr": -64}, "data_ptr"),
-    ("address over int64", {"data_ptr": 1 << 63}, "data_ptr"),
-    ("float address", {"data_ptr": 4096.0}, "data_ptr"),
-    ("negative storage offset", {"storage_offset": -1}, "storage_offset"),
-    ("float storage offset", {"storage_offset": 1.0}, "storage_offset"),
-    ("offset wraps 64 bits", {"storage_offset": 1 << 62}, "storage_offset"),
-    ("offset INT64_MAX", {"storage_offset": INT64_MAX}, "storage_offset"),
-    ("end past int64", {"data_ptr": INT64_MAX - 8}, "storage_offset"),
-    ("null sizes", {"sizes": None}, "sizes"),
-    ("negative size", {"sizes": [-3]}, r"sizes\[0\]"),
-    ("size over int32", {"sizes": [1 << 31]}, r"sizes\[0\]"),
-    ("holes", {"sizes": [2, 2], "strides": [4, 1]}, "strides"),
-    ("zero stride", {"sizes": [2, 2], "strides": [0, 1]}, r"strides\[0\]"),
-    ("unsupported dtype", {"dtype": "float64"}, "dtype"),
-    ("unknown device", {"device": "mps"}, "device"),
-    ("device index", {"device": "cpu:3"}, "device"),
+    ("null data with elements", {"data_ptr": 0}, "^data_ptr: null"),
+    ("None data with elements", {"data_ptr": None}, "^data_ptr: null"),
+    ("negative address", {"data_ptr": -64}, "^data_ptr: "),
+    ("address over int64", {"data_ptr": 1 << 63}, "^data_ptr: "),
+    ("float address", {"data_ptr": 4096.0}, "^data_ptr: "),
+    ("negative storage offset", {"storage_offset": -1}, "^storage_offset: "),
+    ("float storage offset", {"storage_offset": 1.0}, "^storage_offset: "),
+    ("offset wraps 64 bits", {"storage_offset": 1 << 62}, "^storage_offset: "),
+    ("offset INT64_MAX", {"storage_offset": INT64_MAX}, "^storage_offset: "),
+    ("end past int64", {"data_ptr": INT64_MAX - 8}, "^storage_offset: "),
+    ("null sizes", {"sizes": None}, "^sizes: "),
+    ("negative size", {"sizes": [-3]}, r"^sizes\[0\]: "),
+    ("size over int32", {"sizes": [1 << 31]}, r"^sizes\[0\]: "),
+    ("holes", {"sizes": [2, 2], "strides": [4, 1]}, "^strides: "),
+    ("zero stride", {"sizes": [2, 2], "strides": [0, 1]}, r"^strides\[0\]: "),
+    ("unsupported dtype", {"dtype": "float64"}, "^dtype: "),
+    ("unknown device", {"device": "mps"}, "^device: "),
+    ("device index", {"device": "cpu:3"}, "^device: "),
 ]
 
 
@@ -188,37 +188,41 @@ def test_create_tensor_from_blob_refuses(cpu, stream, owner, case, kwargs, match
     assert snapshot(cpu) == before
 
 
+OUTSIDE = r"^sizes/strides/storage_offset: view bytes .* lie outside"
+EMPTY_OUTSIDE = r"^storage_offset: empty view at byte .* is outside"
+
+
+def _view(h: Handle, sizes, strides, offset, dtype=None) -> Handle:
+    return shims.reinterpret_tensor(h, sizes, strides, offset, dtype=dtype)
+
+
 BAD_VIEWS: list[tuple[str, Callable[[Handle], Any], str]] = [
-    ("null handle", lambda h: shims.reinterpret_tensor(None, [2], [1], 0), "handle"),
-    ("not a handle", lambda h: shims.reinterpret_tensor(h.alloc, [2], [1], 0), "handle"),
-    ("null sizes", lambda h: shims.reinterpret_tensor(h, None, [1], 0), "sizes"),
-    ("null strides", lambda h: shims.reinterpret_tensor(h, [2], None, 0), "strides"),
-    ("negative size", lambda h: shims.reinterpret_tensor(h, [-2], [1], 0), r"sizes\[0\]"),
-    ("negative stride", lambda h: shims.reinterpret_tensor(h, [2], [-1], 4), r"strides\[0\]"),
-    ("size over int32", lambda h: shims.reinterpret_tensor(h, [1 << 31], [0], 0), r"sizes\[0\]"),
-    ("stride over int32", lambda h: shims.reinterpret_tensor(h, [2], [1 << 31], 0),
-     r"strides\[0\]"),
-    ("rank mismatch", lambda h: shims.reinterpret_tensor(h, [2, 2], [1], 0), "strides"),
-    ("float offset", lambda h: shims.reinterpret_tensor(h, [2], [1], 0.5), "storage_offset"),
-    ("past the end", lambda h: shims.reinterpret_tensor(h, [5], [1], 60), "outside"),
-    ("below the start", lambda h: shims.reinterpret_tensor(h, [2], [1], -1), "outside"),
-    ("strided past the end", lambda h: shims.reinterpret_tensor(h, [2, 5], [60, 1], 0),
-     "outside"),
-    ("empty view past the end", lambda h: shims.reinterpret_tensor(h, [0], [1], 65), "outside"),
-    ("empty view below the start", lambda h: shims.reinterpret_tensor(h, [0], [1], -1),
-     "outside"),
-    ("offset INT64_MAX", lambda h: shims.reinterpret_tensor(h, [1], [1], INT64_MAX),
-     "storage_offset"),
-    ("offset that wraps to the start", lambda h: shims.reinterpret_tensor(h, [1], [1], 1 << 62),
-     "storage_offset|outside"),
+    ("null handle", lambda h: _view(None, [2], [1], 0), "^handle: "),
+    ("not a handle", lambda h: _view(h.alloc, [2], [1], 0), "^handle: "),
+    ("null sizes", lambda h: _view(h, None, [1], 0), "^sizes: "),
+    ("null strides", lambda h: _view(h, [2], None, 0), "^strides: must not be null"),
+    ("negative size", lambda h: _view(h, [-2], [1], 0), r"^sizes\[0\]: negative"),
+    ("negative stride", lambda h: _view(h, [2], [-1], 4), r"^strides\[0\]: negative"),
+    ("size over int32", lambda h: _view(h, [1 << 31], [0], 0), r"^sizes\[0\]: .*int32"),
+    ("stride over int32", lambda h: _view(h, [2], [1 << 31], 0), r"^strides\[0\]: .*int32"),
+    ("rank mismatch", lambda h: _view(h, [2, 2], [1], 0), "^strides: 1 strides for 2 sizes"),
+    ("float offset", lambda h: _view(h, [2], [1], 0.5), "^storage_offset: expected an integer"),
+    ("past the end", lambda h: _view(h, [5], [1], 60), OUTSIDE),
+    ("below the start", lambda h: _view(h, [2], [1], -1), OUTSIDE),
+    ("strided past the end", lambda h: _view(h, [2, 5], [60, 1], 0), OUTSIDE),
+    ("empty view past the end", lambda h: _view(h, [0], [1], 65), EMPTY_OUTSIDE),
+    ("empty view below the start", lambda h: _view(h, [0], [1], -1), EMPTY_OUTSIDE),
+    ("offset INT64_MAX", lambda h: _view(h, [1], [1], INT64_MAX), "^storage_offset: .*64 bits"),
+    ("offset that wraps to the start", lambda h: _view(h, [1], [1], 1 << 62),
+     "^storage_offset: .*64 bits"),
+    ("offset that wraps, in bytes", lambda h: _view(_view(h, [8], [1], 0, "uint8"), [1], [1],
+                                                    INT64_MAX - 2), OUTSIDE),
     ("extent overflows 64 bits",
-     lambda h: shims.reinterpret_tensor(h, [(1 << 31) - 1] * 5, [(1 << 31) - 1] * 5, 0),
-     "overflows"),
-    ("unsupported dtype", lambda h: shims.reinterpret_tensor(h, [2], [1], 0, dtype="float64"),
-     "dtype"),
-    ("misaligned dtype view", lambda h: shims.reinterpret_tensor(
-        shims.reinterpret_tensor(h, [8], [1], 1, dtype="uint8"), [1], [1], 0, dtype="float32"),
-     "dtype.*misaligned|storage_offset"),
+     lambda h: _view(h, [(1 << 31) - 1] * 5, [(1 << 31) - 1] * 5, 0),
+     "^sizes: .* overflows 64 bits"),
+    ("unsupported dtype", lambda h: _view(h, [2], [1], 0, dtype="float64"), "^dtype: "),
+    ("misaligned dtype view", lambda h: _view(_view(h, [8], [1], 1, "uint8"), [1], [1], 0,
+                                              "float32"), "^dtype: .*misaligned"),
 ]
 
 
@@ -242,25 +246,29 @@ def _dead_handle(dev) -> Handle:
 
 
 BAD_HANDLE_CALLS: list[tuple[str, Callable[[Handle, Handle], Any], str]] = [
-    ("new_tensor_handle None", lambda ok, dead: shims.new_tensor_handle(None), "handle"),
-    ("new_tensor_handle deleted", lambda ok, dead: shims.new_tensor_handle(dead), "handle"),
-    ("new_tensor_handle not a handle", lambda ok, dead: shims.new_tensor_handle(3), "handle"),
-    ("delete None", lambda ok, dead: shims.delete_tensor_object(None), "handle.*null"),
-    ("delete twice", lambda ok, dead: shims.delete_tensor_object(dead), "handle.*deleted"),
-    ("delete not a handle", lambda ok, dead: shims.delete_tensor_object("h"), "handle"),
+    ("new_tensor_handle None", lambda ok, dead: shims.new_tensor_handle(None), "^handle: "),
+    ("new_tensor_handle deleted", lambda ok, dead: shims.new_tensor_handle(dead), "^handle: "),
+    ("new_tensor_handle not a handle", lambda ok, dead: shims.new_tensor_handle(3), "^handle: "),
+    ("delete None", lambda ok, dead: shims.delete_tensor_object(None),
+     "^handle: must not be null"),
+    ("delete twice", lambda ok, dead: shims.delete_tensor_object(dead),
+     "^handle: unknown or already deleted"),
+    ("delete not a handle", lambda ok, dead: shims.delete_tensor_object("h"), "^handle: "),
     ("delete unpublished", lambda ok, dead: shims.delete_tensor_object(
-        Handle(ok.alloc, 0, (1,), (1,), ok.dtype, ok.device, ok.owner)), "handle"),
+        Handle(ok.alloc, 0, (1,), (1,), ok.dtype, ok.device, ok.owner)), "^handle: "),
     ("reinterpret deleted", lambda ok, dead: shims.reinterpret_tensor(dead, [1], [1], 0),
-     "handle"),
-    ("copy_ null dst", lambda ok, dead: shims.copy_(None, ok), "dst"),
-    ("copy_ null src", lambda ok, dead: shims.copy_(ok, None), "src"),
-    ("copy_ deleted dst", lambda ok, dead: shims.copy_(dead, ok), "dst"),
-    ("copy_ deleted src", lambda ok, dead: shims.copy_(ok, dead), "src"),
-    ("item_bool None", lambda ok, dead: shims.item_bool(None), "handle"),
-    ("item_bool deleted", lambda ok, dead: shims.item_bool(dead), "handle"),
+     "^handle: "),
+    ("copy_ null dst", lambda ok, dead: shims.copy_(None, ok), "^dst: "),
+    ("copy_ null src", lambda ok, dead: shims.copy_(ok, None), "^src: "),
+    ("copy_ deleted dst", lambda ok, dead: shims.copy_(dead, ok), "^dst: "),
+    ("copy_ deleted src", lambda ok, dead: shims.copy_(ok, dead), "^src: "),
+    ("item_bool None", lambda ok, dead: shims.item_bool(None), "^handle: "),
+    ("item_bool deleted", lambda ok, dead: shims.item_bool(dead), "^handle: "),
     ("item_bool non-bool", lambda ok, dead: shims.item_bool(
-        shims.reinterpret_tensor(ok, [1], [1], 0, dtype="uint8")), "handle.*bool"),
-    ("item_bool two elements", lambda ok, dead: shims.item_bool(ok), "handle.*one element"),
+        shims.reinterpret_tensor(ok, [1], [1], 0, dtype="uint8")),
+     "^handle: item_bool needs a bool"),
+    ("item_bool two elements", lambda ok, dead: shims.item_bool(ok),
+     "^handle: item_bool needs one element"),
 ]
 
 
@@ -285,9 +293,9 @@ GETTERS = [shims.get_sizes, shims.get_strides, shims.get_storage_offset, shims.g
 @pytest.mark.parametrize("getter", GETTERS, ids=[g.__name__ for g in GETTERS])
 def test_getters_refuse_dead_handles(dev, stream, owner, getter):
     dead = _dead_handle(dev)
-    with pytest.raises(InvalidArgument, match="handle"):
+    with pytest.raises(InvalidArgument, match="^handle: handle is deleted"):
         getter(dead)
-    with pytest.raises(InvalidArgument, match="handle"):
+    with pytest.raises(InvalidArgument, match="^handle: expected a tensor handle"):
         getter(None)
 
 
