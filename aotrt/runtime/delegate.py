@@ -27,6 +27,7 @@ from aotrt.errors import AotrtError, InvalidArgument, Unsupported
 from aotrt.program import Program, extent
 from aotrt.runtime import dlpack, shims
 from aotrt.runtime.device import Device, Stream, StreamOptions, default_device, get_device
+from aotrt.runtime.hazards import Access
 from aotrt.runtime.memory import PROCESS_OWNER, Allocation, Owner, owner_scope
 from aotrt.runtime.public import Tensor
 from aotrt.runtime.tensor import Handle
@@ -86,13 +87,16 @@ class _Step:
 class Delegate:
     """A program loaded on a device: `run` it as often as needed, then `close` it."""
 
-    def __init__(self, program: Program, device: Any = None, check_hazards: bool = False) -> None:
+    def __init__(self, program: Program, device: Any = None, check_hazards: bool = False,
+                 cuda_graph: bool = False) -> None:
         """Load `program` (validated) onto `device` (None: cuda if present, else cpu)."""
         if not isinstance(program, Program):
             raise InvalidArgument(f"program: expected an aotrt.Program, got "
                                   f"{type(program).__name__}")
         if not isinstance(check_hazards, bool):
             raise InvalidArgument(f"check_hazards: expected a bool, got {check_hazards!r}")
+        if not isinstance(cuda_graph, bool):
+            raise InvalidArgument(f"cuda_graph: expected a bool, got {cuda_graph!r}")
         dev = get_device(default_device() if device is None else device)
         t0 = time.perf_counter()
         self.program = program
@@ -103,6 +107,9 @@ class Delegate:
         self._lock = threading.Lock()
         self._static: list[Handle | None] = []
         self._steps: list[_Step] = []
+        # CUDA graph replay (cuda only): captured on the first run, over static buffers.
+        self._graph_mode = cuda_graph and dev.name == "cuda"
+        self._graph: _Graph | None = None
         # What close() (or the garbage collector, for a delegate never closed) tears down.
         self._res = _Resources(self._owner)
         self._closer = weakref.finalize(self, _teardown, self._res)
@@ -203,6 +210,8 @@ class Delegate:
             args = [self._classify(x, spec, f"input {k} '{spec.name}'", False)
                     for k, (x, spec) in enumerate(zip(inputs, self.inputs))]
             outs = self._classify_out(out, args)
+            if self._graph_mode:
+                return self._run_graph(args, outs, out)
             return self._run(args, outs, out)
 
     def _classify_out(self, out: Any, args: list[_Arg]) -> list[_Arg] | None:
@@ -350,6 +359,85 @@ class Delegate:
             return tuple(out) if isinstance(out, (tuple, list)) else (out,)
         return results
 
+    # -- CUDA graphs --------------------------------------------------------------------------
+
+    def _capture(self) -> "_Graph":
+        """Static input/output buffers, one eager warm-up over them (plans, workspaces and
+        kernels get made), then the whole instruction list captured as one CUDA graph."""
+        dev, stream, u8 = self.device, self._stream, dtypes.uint8
+        keep: list[Handle] = []
+        ins = [shims.empty_strided([max(s.nbytes, 1)], [1], u8, dev) for s in self.inputs]
+        outs = [shims.empty_strided([max(s.nbytes, 1)], [1], u8, dev) for s in self.outputs]
+        handles: list[Handle | None] = list(self._static)
+        for k, b in enumerate(ins):
+            self._views(("input", k), b, handles, keep)
+            stream.fill(b, 0)
+        for k, b in enumerate(outs):
+            self._views(("output", k), b, handles, keep)
+        self._execute(handles)
+        stream.label = ""
+        stream.commit_and_wait()
+        stream.begin_capture()
+        try:
+            self._execute(handles)
+        except BaseException:
+            stream.abort_capture()
+            raise
+        finally:
+            stream.label = ""
+        graph = stream.end_capture()
+        allocs = {h.alloc for h in [*self._static, *ins, *outs]
+                  if h is not None and h.alloc is not None}
+        accesses = [Access(a, 0, a.nbytes, True) for a in allocs]
+        return _Graph(graph, ins, outs, keep, accesses)
+
+    def _run_graph(self, args: list[_Arg], outs: list[_Arg] | None,
+                   out: Any) -> tuple[Any, ...]:
+        """Copy inputs into the static buffers, replay the graph, copy the outputs out."""
+        dev, stream, prog = self.device, self._stream, self.program
+        temps: list[Handle] = []
+        failed = True
+        results: tuple[Any, ...] = ()
+        try:
+            with owner_scope(self._owner), dev.stream_guard(stream):
+                if self._graph is None:
+                    self._graph = self._capture()
+                g = self._graph
+                for k, a in enumerate(args):
+                    if a.spec.nbytes:
+                        stream.copy(g.ins[k], self._bind(a, temps, output=False))
+                graph = g.graph
+                stream.record(g.accesses, lambda s: graph.launch(s), "cuda graph replay")
+                views: list[Handle | None] = [None] * len(prog.tensors)
+                for k, spec in enumerate(self.outputs):
+                    o = outs[k] if outs is not None else None
+                    if o is not None and o.kind in ("handle", "blob", "empty"):
+                        base = self._bind(o, temps, output=True)
+                    else:
+                        with owner_scope(PROCESS_OWNER):
+                            base = shims.empty_strided([spec.nbytes], [1], dtypes.uint8, dev)
+                        temps.append(base)
+                    if spec.nbytes:
+                        stream.copy(base, g.outs[k])
+                    if o is not None and o.kind == "stage":
+                        typed = shims.reinterpret_tensor(base, spec.shape, spec.strides, 0,
+                                                         dtype=spec.dtype)
+                        temps.append(typed)
+                        copy_back: list[tuple[np.ndarray, Handle]] = []
+                        self._unstage(o, typed, temps, copy_back)
+                        for arr, h in copy_back:
+                            np.copyto(arr, h.numpy())
+                    self._views(("output", k), base, views, temps)
+                stream.commit()
+                if outs is None:
+                    results = tuple(Tensor._adopt(views[t]) for t in prog.outputs_tensors)
+            failed = False
+        finally:
+            self._cleanup(temps, failed)
+        if outs is not None:
+            return tuple(out) if isinstance(out, (tuple, list)) else (out,)
+        return results
+
     def _bind(self, a: _Arg, temps: list[Handle], output: bool) -> Handle:
         """The uint8 base handle of one caller tensor's root (bound, or staged)."""
         dev, u8, spec = self.device, dtypes.uint8, a.spec
@@ -489,6 +577,18 @@ class Delegate:
         return self._stream
 
 
+@dataclass
+class _Graph:
+    """A captured run: the graph, its static input/output buffers (uint8 bases), the views
+    the capture used, and the accesses a replay makes (every allocation it can touch)."""
+
+    graph: Any
+    ins: list[Handle]
+    outs: list[Handle]
+    keep: list[Handle]
+    accesses: list[Any]
+
+
 class _Resources:
     """A delegate's owner and stream, apart from the delegate so a finalizer can hold them."""
 
@@ -559,8 +659,13 @@ def _host_view(imp: dlpack.Imported) -> np.ndarray:
                       strides=[s * isz for s in imp.strides])
 
 
-def load(prog_or_path: Any, device: Any = None, check_hazards: bool = False) -> Delegate:
-    """Load a Program (or a .aotp path) as a Delegate on `device` (None: cuda if present)."""
+def load(prog_or_path: Any, device: Any = None, check_hazards: bool = False,
+         cuda_graph: bool = False) -> Delegate:
+    """Load a Program (or a .aotp path) as a Delegate on `device` (None: cuda if present).
+
+    `cuda_graph=True` (cuda only) captures the whole run as one CUDA graph on the first run
+    and replays it afterwards: inputs are copied into static buffers and outputs out of them.
+    """
     if isinstance(prog_or_path, Program):
         prog_or_path.validate()
         prog = prog_or_path
@@ -569,7 +674,7 @@ def load(prog_or_path: Any, device: Any = None, check_hazards: bool = False) -> 
     else:
         raise InvalidArgument(f"prog_or_path: expected an aotrt.Program or a path, got "
                               f"{type(prog_or_path).__name__}")
-    return Delegate(prog, device=device, check_hazards=check_hazards)
+    return Delegate(prog, device=device, check_hazards=check_hazards, cuda_graph=cuda_graph)
 
 
 __all__ = ["Delegate", "load", "library_ops"]

@@ -439,3 +439,49 @@ def test_bad_arguments_are_refused(dev, stream) -> None:
     k = k_int_ops(9)
     with pytest.raises(InvalidArgument):
         dev.kernel_library([k]).kernel(k.name)(stream, h)
+
+
+# -- delegates on cuda --------------------------------------------------------------------------
+
+def _small_program():
+    torch = pytest.importorskip("torch")
+    import aotrt
+
+    class Small(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.conv = torch.nn.Conv2d(3, 8, 3, padding=1)
+            self.bn = torch.nn.BatchNorm2d(8)
+            self.fc = torch.nn.Linear(8, 5)
+
+        def forward(self, x):
+            y = torch.nn.functional.silu(self.bn(self.conv(x)))
+            y = torch.nn.functional.max_pool2d(y, 2)
+            return self.fc(y.mean((2, 3))).softmax(-1)
+
+    torch.manual_seed(0)
+    m = Small().eval()
+    with torch.no_grad():
+        m.bn.running_mean.uniform_(-0.5, 0.5)
+        m.bn.running_var.uniform_(0.5, 1.5)
+    return torch, m, aotrt.export(m, (torch.randn(2, 3, 16, 16),))
+
+
+@needs_gpu
+@pytest.mark.parametrize("graph", [False, True])
+def test_delegate_runs_on_cuda_with_and_without_graphs(graph) -> None:
+    torch, m, prog = _small_program()
+    import aotrt
+
+    with aotrt.load(prog, device="cuda", cuda_graph=graph) as d:
+        for _ in range(3):
+            x = torch.randn(2, 3, 16, 16)
+            (out,) = d.run(x.numpy())
+            ref = m(x).detach().numpy()
+            assert rel_err(np.asarray(out), ref) < 1e-4
+        if torch.cuda.is_available():
+            xc = torch.randn(2, 3, 16, 16, device="cuda")
+            (out,) = d.run(xc)
+            got = torch.from_dlpack(out)
+            assert got.device.type == "cuda"
+            assert rel_err(got.cpu().numpy(), m(xc.cpu()).detach().numpy()) < 1e-4
