@@ -63,6 +63,13 @@ MULTI_VIEW_OPS = frozenset({
     aten.split_with_sizes.default, aten.split.Tensor, aten.unbind.int,
 })
 
+#: views a producer's layout can be chosen through (see Lowering._inverse_view)
+INVERTIBLE_VIEWS = frozenset({
+    aten.view.default, aten._unsafe_view.default, aten.reshape.default, aten.permute.default,
+    aten.unsqueeze.default, aten.squeeze.dim, aten.squeeze.dims, aten.squeeze.default,
+    aten.t.default, aten.transpose.int, aten.alias.default, aten.detach.default,
+})
+
 CAT_OPS = frozenset({aten.cat.default})
 SCATTER_OPS = frozenset({aten.slice_scatter.default})
 COPY_OPS = frozenset({aten.clone.default, aten.copy.default})
@@ -828,35 +835,114 @@ class Lowering:
     def _dest(self, node: torch.fx.Node) -> TView | None:
         if node in self.dest_memo:
             return self.dest_memo[node]
-        dest = None
-        users = list(node.users)
-        if len(users) == 1 and not self._is_const(node):
-            u = users[0]
-            if u.target in CAT_OPS:
-                dest = self._cat_slot(u, node)
-            elif u.target in SCATTER_OPS and u.target is not None:
-                dest = self._scatter_slot(u, node)
+        dest = None if self._is_const(node) else self._consumer_slot(node, via_view=False)
         self.dest_memo[node] = dest
         return dest
+
+    def _consumer_slot(self, node: torch.fx.Node, via_view: bool) -> TView | None:
+        """The view of a consumer's memory that `node`'s value can live in, or None.
+
+        - a cat among its users: its slot of the cat's result (other users read it there);
+        - its one user is an in-place slice_scatter taking it as the source: the region;
+        - a split among its users whose pieces are consecutive inputs of one cat (C2f): the
+          slots of all pieces (the pieces become views of the cat's result);
+        - its one user is a reshape/permute-like view leading on to such a slot (Detect's
+          `xi.view(b, no, -1)` into a cat): the layout that view maps onto the slot.
+        """
+        users = list(node.users)
+        if len(users) == 1 and users[0].target in SCATTER_OPS:
+            return None if via_view else self._scatter_slot(users[0], node)
+        # Other readers of the value simply read it from the consumer's memory.
+        for u in users:
+            if u.op != "call_function" or self._is_const(u):
+                continue
+            slot = None
+            if u.target in CAT_OPS:
+                slot = self._cat_slot(u, node)
+            elif u.target in INVERTIBLE_VIEWS and len(users) == 1:
+                target = self._consumer_slot(u, via_view=True)
+                slot = None if target is None else self._inverse_view(u, target)
+            elif u.target in (aten.split_with_sizes.default, aten.split.Tensor):
+                slot = self._split_slot(u, node)
+            if slot is not None:
+                return slot
+        return None
 
     def _cat_slot(self, cat: torch.fx.Node, node: torch.fx.Node) -> TView | None:
         inputs = list(cat.args[0])
         if inputs.count(node) != 1:
             return None
+        return self._cat_range(cat, inputs.index(node), node)
+
+    def _cat_range(self, cat: torch.fx.Node, first: int, node: torch.fx.Node) -> TView | None:
+        """The slot of `node`'s value in `cat`'s result, starting at input `first`."""
         val = tensor_meta(node)
-        if val.dtype != tensor_meta(cat).dtype:
+        if val.dtype != tensor_meta(cat).dtype or val.dim() == 0:
             return None
         dim = self._cat_dim(cat)
-        start = 0
-        for a in inputs:
-            if a is node:
-                break
-            start += self._cat_len(a, dim)
+        start = sum(self._cat_len(a, dim) for a in list(cat.args[0])[:first])
         result = self.result_view(cat)
-        slot = narrow_view(result, dim, start, int(val.shape[dim]) if val.dim() else 1)
+        slot = narrow_view(result, dim, start, int(val.shape[dim]))
         if slot.sizes != tuple(val.shape):
             return None
         return slot
+
+    def _split_slot(self, split: torch.fx.Node, node: torch.fx.Node) -> TView | None:
+        vals = split.meta.get("val")
+        if not isinstance(vals, (list, tuple)) or not vals:
+            return None
+        pieces: list[torch.fx.Node | None] = [None] * len(vals)
+        for g in split.users:
+            if g.target is not operator.getitem or pieces[g.args[1]] is not None:
+                return None
+            pieces[g.args[1]] = g
+        if any(p is None for p in pieces):
+            return None
+        cats = {u for p in pieces for u in p.users if u.target in CAT_OPS}
+        if len(cats) != 1:
+            return None
+        cat = cats.pop()
+        inputs = list(cat.args[0])
+        if any(inputs.count(p) != 1 for p in pieces):
+            return None
+        first = inputs.index(pieces[0])
+        if [inputs.index(p) for p in pieces] != list(range(first, first + len(pieces))):
+            return None
+        nd = tensor_meta(node).dim()
+        sdim = split.args[2] if len(split.args) > 2 else split.kwargs.get("dim", 0)
+        if nd == 0 or _wrap(int(sdim), nd) != self._cat_dim(cat):
+            return None
+        return self._cat_range(cat, first, node)
+
+    def _inverse_view(self, view: torch.fx.Node, target: TView) -> TView | None:
+        """A layout for view.args[0] such that the view op maps it exactly onto `target`."""
+        src_val = tensor_meta(view.args[0])
+        sizes = static_ints(src_val.shape, view)
+        t = view.target
+        if t in (aten.permute.default, aten.t.default, aten.transpose.int):
+            nd = len(sizes)
+            if t == aten.permute.default:
+                dims = [_wrap(d, nd) for d in view.args[1]]
+            else:
+                dims = list(range(nd))
+                if nd >= 2:
+                    d0, d1 = (0, 1) if t == aten.t.default else (_wrap(view.args[1], nd),
+                                                                  _wrap(view.args[2], nd))
+                    dims[d0], dims[d1] = dims[d1], dims[d0]
+            strides = [0] * nd
+            for i, d in enumerate(dims):
+                strides[d] = target.strides[i]
+            cand = target.with_layout(target.offset, sizes, strides)
+        elif t in (aten.alias.default, aten.detach.default):
+            cand = target
+        else:
+            st = view_strides(target.sizes, target.strides, sizes)
+            if st is None:
+                return None
+            cand = target.with_layout(target.offset, sizes, st)
+        if not is_injective(cand.sizes, cand.strides) or self._view_of(view, cand) != target:
+            return None
+        return cand
 
     def _cat_dim(self, cat: torch.fx.Node) -> int:
         dim = cat.args[1] if len(cat.args) > 1 else cat.kwargs.get("dim", 0)
@@ -1387,7 +1473,8 @@ def _upsample_params(node: torch.fx.Node) -> dict[str, Any]:
                 "scale_factors": None if scales is None else [float(s) for s in scales]}
     size = _arg(node, 1, "output_size")
     sh, sw = _arg(node, 2, "scales_h", None), _arg(node, 3, "scales_w", None)
-    scales = None if sh is None or sw is None else [1.0 / float(sh), 1.0 / float(sw)]
+    # NOTE: aten's scales_h/scales_w are already output/input factors, like .vec's.
+    scales = None if sh is None or sw is None else [float(sh), float(sw)]
     return {"output_size": [int(s) for s in size], "scale_factors": scales}
 
 
