@@ -433,3 +433,13 @@ def test_float64_is_refused() -> None:
     with pytest.raises(aotrt.Unsupported, match="float64"):
         with torch.no_grad():
             aotrt.export(nn.Linear(3, 2).double(), (torch.randn(2, 3, dtype=torch.float64),))
+
+
+@pytest.mark.parametrize("case", [c for c in M.YOLO_BLOCKS if c.name in ("c2f", "sppf",
+                                                                          "detect_dfl")],
+                         ids=lambda c: c.name)
+def test_yolo_blocks_fill_cats_without_copies(case: M.Case) -> None:
+    """C2f's chunk pieces, SPPF's pooled maps and Detect's per-level cats (through
+    `view(b, no, -1)`) are all written straight into the cat results: no copy at all."""
+    prog = check_module(case.build(), case.make_inputs, torch.float32).program
+    assert "copy" not in count_ops(prog)
