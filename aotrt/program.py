@@ -13,6 +13,7 @@ import json
 import logging
 import math
 import os
+import tempfile
 from pathlib import Path
 from typing import Any, Iterable, Mapping, Sequence
 
@@ -407,13 +408,14 @@ class Program:
         text = json.dumps(self.to_json(), separators=(",", ":"), allow_nan=False)
         arrays = {k: np.ascontiguousarray(v) for k, v in self.constants.items()}
         path = Path(path)
-        tmp = path.with_name(path.name + ".tmp")
+        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+        os.close(fd)
         try:
-            save_file(arrays, str(tmp), metadata={METADATA_KEY: text})
+            save_file(arrays, tmp, metadata={METADATA_KEY: text})
             os.replace(tmp, path)  # a reader never sees half a file
         finally:
-            if tmp.exists():
-                tmp.unlink()
+            if os.path.exists(tmp):
+                os.unlink(tmp)
 
     @classmethod
     def load(cls, path: str | os.PathLike) -> "Program":

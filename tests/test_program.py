@@ -479,3 +479,61 @@ def test_validate_catches_hand_built_garbage() -> None:
     p.constants["bad"] = [1, 2]
     with pytest.raises(ProgramError, match="expected a numpy array"):
         p.validate()
+
+
+# -- fuzzing: whatever validates also runs inside its own memory ------------------------------
+
+
+def _int_slots(doc: Any, path: tuple = ()) -> list[tuple]:
+    """Paths of every integer in the document's tensors, instructions and kernel shapes."""
+    out = []
+    if isinstance(doc, dict):
+        for k, v in doc.items():
+            out += _int_slots(v, path + (k,))
+    elif isinstance(doc, list):
+        for i, v in enumerate(doc):
+            out += _int_slots(v, path + (i,))
+    elif isinstance(doc, int) and not isinstance(doc, bool):
+        out.append(path)
+    return out
+
+
+def _put(doc: Any, path: tuple, value: Any) -> None:
+    for k in path[:-1]:
+        doc = doc[k]
+    doc[path[-1]] = value
+
+
+def test_mutated_programs_load_and_run_or_are_refused() -> None:
+    """Random integer changes (offsets, sizes, strides, ids, kernel shapes): each document is
+    refused with ProgramError, or it loads and runs (a run may fail only with an AotrtError:
+    nothing reads or writes outside the runtime's own memory, which would crash here)."""
+    import aotrt
+    from aotrt.errors import AotrtError
+
+    base, arrays = doc_and_arrays()
+    slots = [p for p in _int_slots(base) if p[0] in ("tensors", "instructions", "arena")
+             or (p[0] == "kernels" and p[2] in ("shape", "rshape"))]
+    rng = np.random.default_rng(123)
+    accepted = 0
+    for trial in range(150):
+        doc = copy.deepcopy(base)
+        for _ in range(int(rng.integers(1, 4))):
+            path = slots[int(rng.integers(len(slots)))]
+            old = doc
+            for k in path:
+                old = old[k]
+            choice = rng.integers(6)
+            value = [0, 1, old + 1, old - 1, old * 2 + 3, int(rng.integers(-5, 200))][choice]
+            _put(doc, path, int(value))
+        try:
+            prog = Program.from_json(doc, arrays)
+        except ProgramError:
+            continue
+        accepted += 1
+        try:
+            with aotrt.load(prog, check_hazards=True) as m:
+                m.run(np.ones((4, 3), np.float32))
+        except AotrtError:
+            pass
+    assert accepted > 10, accepted
