@@ -255,6 +255,8 @@ class Delegate:
             kind = "handle" if spec.layout_matches(h.strides) else "stage"
             return _Arg(what, spec, kind if spec.nbytes else "empty", handle=h, keep=[x],
                         span=span)
+        if isinstance(x, np.generic) and not writes:
+            x = np.asarray(x)       # a numpy scalar: a 0-d input
         if isinstance(x, np.ndarray):
             return self._classify_host(x, spec, what, writes, [])
         if hasattr(x, "__dlpack__") and hasattr(x, "__dlpack_device__"):

@@ -35,6 +35,26 @@ class Tensor:
         self._finalizer = weakref.finalize(self, _delete_quietly, handle)
 
     @classmethod
+    def from_numpy(cls, array: Any, device: Any = "cpu") -> "Tensor":
+        """A new Tensor on `device` holding a copy of `array` (row-major)."""
+        from aotrt.dtypes import as_dtype
+        from aotrt.runtime.device import get_device
+
+        arr = np.asarray(array)
+        dt = as_dtype(arr.dtype)
+        dev = get_device(device)
+        with owner_scope(PROCESS_OWNER):
+            h = shims.empty_strided(arr.shape, None, dt, dev)
+        try:
+            if h.alloc is not None and h.numel:
+                h.alloc.settle()       # pooled memory may still be in use on its stream
+                dev.write(h, arr)
+        except BaseException:
+            shims.delete_tensor_object(h)
+            raise
+        return cls(h)
+
+    @classmethod
     def _adopt(cls, handle: Handle) -> "Tensor":
         """A Tensor over a new process-owned handle to `handle`'s view."""
         with owner_scope(PROCESS_OWNER):

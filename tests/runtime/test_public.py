@@ -180,3 +180,23 @@ def test_import_refuses_objects_without_dlpack() -> None:
             return "not a capsule"
     with pytest.raises(InvalidArgument, match="did not return a 'dltensor' capsule"):
         dlpack.from_dlpack(Fake())
+
+
+@pytest.mark.parametrize("name,np_dtype,t_dtype", DTYPES[:3], ids=[d[0] for d in DTYPES[:3]])
+def test_from_numpy_makes_a_device_tensor(name: str, np_dtype: type, t_dtype: object) -> None:
+    x = sample(np_dtype, [3, 4], 11)
+    t = aotrt.Tensor.from_numpy(x)
+    assert t.shape == (3, 4) and t.dtype.name == name and t.device == "cpu"
+    np.testing.assert_array_equal(t.numpy(), x)
+    x[0, 0] = x[1, 1] + 1          # a copy: later changes to the array do not show
+    assert t.numpy()[0, 0] != x[0, 0]
+    with identity(name, [3, 4]) as m:
+        (out,) = m.run(t)
+        np.testing.assert_array_equal(out.numpy(), t.numpy())
+    t.release()
+
+
+def test_numpy_scalar_input() -> None:
+    with identity("float32", []) as m:
+        (out,) = m.run(np.float32(2.5))
+        assert out.shape == () and float(out.numpy()) == 2.5
