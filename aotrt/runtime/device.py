@@ -216,6 +216,11 @@ class Stream(ABC):
             raise InvalidArgument(f"copy: dtype mismatch dst {dst.dtype} vs src {src.dtype}")
         if dst.sizes != src.sizes:
             raise InvalidArgument(f"copy: sizes mismatch dst {dst.sizes} vs src {src.sizes}")
+        for h, name in ((dst, "dst"), (src, "src")):
+            if h.device is not self.device:
+                # a device kernel on another device's memory would fault, not fail cleanly
+                raise InvalidArgument(f"{name}: handle is on {h.device.name}, the stream on "
+                                      f"{self.device.name}")
         if dst.numel == 0:
             return self.recorded_seq
         acc = [src.access(write=False), dst.access(write=True)]
@@ -228,6 +233,9 @@ class Stream(ABC):
         check_live(view, "view")
         if not isinstance(byte, int) or not 0 <= byte <= 255:
             raise InvalidArgument(f"fill: byte must be in [0, 255], got {byte!r}")
+        if view.device is not self.device:
+            raise InvalidArgument(f"view: handle is on {view.device.name}, the stream on "
+                                  f"{self.device.name}")
         if view.numel == 0:
             return self.recorded_seq
         return self.record([view.access(write=True)], self._fill_work(view, byte), "fill")

@@ -301,7 +301,7 @@ def test_stream_guard_refuses_non_streams(dev, bad):
 
 @pytest.mark.parametrize("byte,expect", [(0, 0.0), (0x3F, np.frombuffer(b"\x3f" * 4, "<f4")[0])])
 def test_fill_sets_every_byte_of_a_view(dev, stream, owner, byte, expect):
-    base = shims.empty_strided([4, 4], None, "float32")
+    base = shims.empty_strided([4, 4], None, "float32", dev)
     upload(base, iota([4, 4]))
     right = shims.reinterpret_tensor(base, [4, 2], [4, 1], 2)
     stream.fill(right, byte)
@@ -315,7 +315,7 @@ def test_fill_sets_every_byte_of_a_view(dev, stream, owner, byte, expect):
 
 @pytest.mark.parametrize("byte", [-1, 256, 1.0, "0"])
 def test_fill_refuses_bad_bytes(dev, stream, owner, byte):
-    h = shims.empty_strided([2], None, "uint8")
+    h = shims.empty_strided([2], None, "uint8", dev)
     with pytest.raises(InvalidArgument, match="byte"):
         stream.fill(h, byte)
     assert stream.is_empty
@@ -323,17 +323,17 @@ def test_fill_refuses_bad_bytes(dev, stream, owner, byte):
 
 
 def test_fill_and_copy_of_empty_views_record_nothing(dev, stream, owner):
-    a = shims.empty_strided([0], None, "float32")
-    b = shims.empty_strided([0], None, "float32")
+    a = shims.empty_strided([0], None, "float32", dev)
+    b = shims.empty_strided([0], None, "float32", dev)
     assert stream.fill(a, 1) == 0 and stream.copy(a, b) == 0 and stream.is_empty
     shims.delete_tensor_object(a)
     shims.delete_tensor_object(b)
 
 
 def test_stream_copy_refuses_mismatches(dev, stream, owner):
-    a = shims.empty_strided([2, 3], None, "float32")
-    b = shims.empty_strided([3, 2], None, "float32")
-    c = shims.empty_strided([2, 3], None, "int32")
+    a = shims.empty_strided([2, 3], None, "float32", dev)
+    b = shims.empty_strided([3, 2], None, "float32", dev)
+    c = shims.empty_strided([2, 3], None, "int32", dev)
     with pytest.raises(InvalidArgument, match="sizes mismatch"):
         stream.copy(a, b)
     with pytest.raises(InvalidArgument, match="dtype mismatch"):
@@ -349,9 +349,9 @@ def test_stream_copy_refuses_mismatches(dev, stream, owner):
 
 
 def test_stream_copy_is_strided(dev, stream, owner):
-    src = shims.empty_strided([3, 4], None, "float32")
+    src = shims.empty_strided([3, 4], None, "float32", dev)
     upload(src, iota([3, 4]))
-    dst = shims.empty_strided([4, 3], None, "float32")
+    dst = shims.empty_strided([4, 3], None, "float32", dev)
     t = shims.reinterpret_tensor(dst, [3, 4], [1, 3], 0)
     stream.copy(t, src)
     np.testing.assert_array_equal(dst.numpy(), iota([3, 4]).T)
@@ -366,7 +366,7 @@ def test_missing_wait_is_caught_every_time_in_deferred_mode(dev, owner, stream):
     """dev.read without a wait raises HazardError, however often it is tried."""
     s = make_stream(dev, "deferred")
     with dev.stream_guard(s):
-        h = shims.empty_strided([32], None, "float32")
+        h = shims.empty_strided([32], None, "float32", dev)
     fn = kernel_fn(dev, iota_kernel([32], [1]))
     for i in range(20):
         fn(s, h)
@@ -407,8 +407,8 @@ def test_missing_wait_shows_stale_data_in_deferred_mode(cpu, owner, stream):
 def test_reads_after_a_wait_on_an_async_stream_see_the_work(dev, owner, stream):
     s = make_stream(dev, "async")
     with dev.stream_guard(s):
-        h = shims.empty_strided([64], None, "float32")
-        src = shims.empty_strided([64], None, "float32")
+        h = shims.empty_strided([64], None, "float32", dev)
+        src = shims.empty_strided([64], None, "float32", dev)
     fn = kernel_fn(dev, copy_kernel([64], [1], [1]))
     for base in range(10):
         upload(src, iota([64], base=float(base)))
@@ -424,7 +424,7 @@ def test_hazard_checks_off_allow_reads_without_a_wait(dev, owner, stream):
     s = dev.create_stream(StreamOptions(deferred=True, check_hazards=False))
     s.hazards.enabled = False
     with dev.stream_guard(s):
-        h = shims.empty_strided([4], None, "float32")
+        h = shims.empty_strided([4], None, "float32", dev)
     kernel_fn(dev, iota_kernel([4], [1]))(s, h)
     dev.read(h)                      # unchecked: no error (and no guarantee)
     s.close()
@@ -451,7 +451,7 @@ def test_library_kernel_by_name(dev):
 
 def test_kernel_call_checks_the_argument_count(dev, stream, owner):
     fn = kernel_fn(dev, copy_kernel([4], [1], [1]))
-    h = shims.empty_strided([4], None, "float32")
+    h = shims.empty_strided([4], None, "float32", dev)
     with pytest.raises(InvalidArgument, match="takes 2 arguments, got 1"):
         fn(stream, h)
     assert stream.is_empty
@@ -461,7 +461,7 @@ def test_kernel_call_checks_the_argument_count(dev, stream, owner):
 @pytest.mark.parametrize("slot", [-1, 2, "0", None])
 def test_bind_refuses_bad_slots(dev, stream, owner, slot):
     fn = kernel_fn(dev, copy_kernel([4], [1], [1]))
-    h = shims.empty_strided([4], None, "float32")
+    h = shims.empty_strided([4], None, "float32", dev)
     with pytest.raises(InvalidArgument, match="slot"):
         fn.bind(slot, h)
     shims.delete_tensor_object(h)
@@ -469,7 +469,7 @@ def test_bind_refuses_bad_slots(dev, stream, owner, slot):
 
 def test_bind_refuses_non_handles_and_wrong_dtypes(dev, stream, owner):
     fn = kernel_fn(dev, copy_kernel([4], [1], [1]))
-    h = shims.empty_strided([4], None, "int32")
+    h = shims.empty_strided([4], None, "int32", dev)
     with pytest.raises(InvalidArgument, match="arg 0: expected a Handle"):
         fn.bind(0, np.zeros(4, np.float32))
     with pytest.raises(InvalidArgument, match="arg 1: .* wants float32, got int32"):
@@ -479,7 +479,7 @@ def test_bind_refuses_non_handles_and_wrong_dtypes(dev, stream, owner):
 
 def test_dispatch_refuses_unbound_arguments(dev, stream, owner):
     fn = kernel_fn(dev, copy_kernel([4], [1], [1]))
-    h = shims.empty_strided([4], None, "float32")
+    h = shims.empty_strided([4], None, "float32", dev)
     fn.bind(0, h)
     with pytest.raises(InvalidArgument, match="argument 1 is not bound"):
         fn.dispatch(stream)
@@ -490,7 +490,7 @@ def test_dispatch_refuses_unbound_arguments(dev, stream, owner):
 def test_dispatch_forgets_its_bindings(dev, stream, owner):
     """After a dispatch the arguments must be bound again (as the anchor's encoder rule)."""
     fn = kernel_fn(dev, iota_kernel([4], [1]))
-    h = shims.empty_strided([4], None, "float32")
+    h = shims.empty_strided([4], None, "float32", dev)
     fn.bind(0, h)
     fn.dispatch(stream)
     with pytest.raises(InvalidArgument, match="not bound"):
@@ -502,8 +502,8 @@ def test_dispatch_forgets_its_bindings(dev, stream, owner):
 def test_rebinding_a_slot_replaces_the_earlier_binding(dev, stream, owner):
     """§4 PackingKeepsArgumentsAlreadyBound in our terms: the last binding of a slot wins."""
     fn = kernel_fn(dev, iota_kernel([4], [1]))
-    a = shims.empty_strided([4], None, "float32")
-    b = shims.empty_strided([4], None, "float32")
+    a = shims.empty_strided([4], None, "float32", dev)
+    b = shims.empty_strided([4], None, "float32", dev)
     upload(a, np.zeros(4, np.float32))
     fn.bind(0, a)
     fn.bind(0, b)
@@ -517,7 +517,7 @@ def test_rebinding_a_slot_replaces_the_earlier_binding(dev, stream, owner):
 @pytest.mark.parametrize("grid", [-1, 9, 2.0])
 def test_dispatch_refuses_grids_outside_the_kernel(dev, stream, owner, grid):
     fn = kernel_fn(dev, iota_kernel([8], [1]))
-    h = shims.empty_strided([8], None, "float32")
+    h = shims.empty_strided([8], None, "float32", dev)
     fn.bind(0, h)
     with pytest.raises(InvalidArgument, match="grid"):
         fn.dispatch(stream, grid=grid)
@@ -526,7 +526,7 @@ def test_dispatch_refuses_grids_outside_the_kernel(dev, stream, owner, grid):
 
 def test_dispatch_over_part_of_the_grid(dev, stream, owner):
     fn = kernel_fn(dev, iota_kernel([8], [1]))
-    h = shims.empty_strided([8], None, "float32")
+    h = shims.empty_strided([8], None, "float32", dev)
     upload(h, np.zeros(8, np.float32))
     fn.bind(0, h)
     fn.dispatch(stream, grid=3)
@@ -540,7 +540,7 @@ def test_dispatch_over_part_of_the_grid(dev, stream, owner):
 def test_kernel_with_empty_views_records_nothing(dev, stream, owner):
     """§3 #66 in our terms: empty views at offsets go through a dispatch (as a no-op)."""
     k = copy_kernel([2, 0], [0, 1], [0, 1])
-    base = shims.empty_strided([4], None, "float32")
+    base = shims.empty_strided([4], None, "float32", dev)
     a = shims.reinterpret_tensor(base, [2, 0], [0, 1], 4)
     b = shims.reinterpret_tensor(base, [2, 0], [0, 1], 2)
     seq = stream.recorded_seq
@@ -552,8 +552,8 @@ def test_kernel_with_empty_views_records_nothing(dev, stream, owner):
 def test_failed_dispatch_leaves_nothing_behind(dev, stream, owner):
     """§3 #13 in our terms: a refused dispatch leaves no recorded work and no wait armed."""
     fn = kernel_fn(dev, copy_kernel([4], [1], [1]))
-    a = shims.empty_strided([4], None, "float32")
-    b = shims.empty_strided([4], None, "int32")
+    a = shims.empty_strided([4], None, "float32", dev)
+    b = shims.empty_strided([4], None, "int32", dev)
     waits = stream.completed_waits
     with pytest.raises(InvalidArgument):
         fn(stream, a, b)
@@ -565,7 +565,7 @@ def test_failed_dispatch_leaves_nothing_behind(dev, stream, owner):
 def test_a_kernel_may_write_a_strided_view(dev, stream, owner):
     """§4 HandWrittenKernelMayNotWriteAStridedView, reversed: our kernels write a non-packed
     view in place, so the writes reach the parent."""
-    base = shims.empty_strided([4, 4], None, "float32")
+    base = shims.empty_strided([4, 4], None, "float32", dev)
     upload(base, np.zeros((4, 4), np.float32))
     right = shims.reinterpret_tensor(base, [4, 2], [4, 1], 2)
     kernel_fn(dev, iota_kernel([4, 2], [4, 1]))(stream, right)

@@ -23,6 +23,7 @@ import os
 import tempfile
 import threading
 from pathlib import Path
+from types import FunctionType
 from typing import Any, Callable, Sequence
 
 import numpy as np
@@ -73,9 +74,11 @@ def _takes_stream(work: Any) -> bool:
     import inspect
 
     try:
-        return len(inspect.signature(work).parameters) >= 1
+        params = inspect.signature(work).parameters.values()
     except (TypeError, ValueError):
         return True
+    return any(p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD, p.VAR_POSITIONAL)
+               for p in params)
 
 
 def _wrap(e: BaseException, what: str) -> AotrtError:
@@ -222,11 +225,14 @@ class CudaStream(Stream):
             return  # like the cpu stream: after a failure, nothing runs until the wait
         try:
             # Device work takes the stream; any other payload is a host callable (tests).
-            if getattr(getattr(work, "__code__", None), "co_argcount", 1) == 0 or \
-                    not hasattr(work, "__code__") and not _takes_stream(work):
-                work()
+            if type(work) is FunctionType:
+                takes = work.__code__.co_argcount >= 1
             else:
+                takes = _takes_stream(work)
+            if takes:
                 work(self)
+            else:
+                work()
         except BaseException as e:  # noqa: BLE001 - reported at the next wait, as on cpu
             self._error = e
 

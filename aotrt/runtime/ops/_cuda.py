@@ -44,18 +44,28 @@ def _align(ptr: int) -> int:
 
 
 class Scratch:
-    """Device memory for the length of one work item, in stream order on `stream`."""
+    """Device memory for the length of one work item, in stream order on `stream`.
+
+    It comes straight from the driver's stream-ordered allocator (cuMemAllocAsync), which
+    also works while the stream is being captured into a CUDA graph (as graph memory nodes).
+    """
 
     def __init__(self, stream: "CudaStream", nbytes: int) -> None:
+        from cuda.bindings import driver
+
         self._stream = stream
-        self._buf = stream.device.core.allocate(max(nbytes, 1), stream=stream.cs)
-        self.ptr = int(self._buf.handle)
+        err, ptr = driver.cuMemAllocAsync(max(nbytes, 1), stream.handle)
+        if int(err) != 0:
+            raise DeviceError(f"cuda: scratch of {nbytes} bytes: {err}")
+        self.ptr = int(ptr)
 
     def free(self) -> None:
         """Give the memory back after everything enqueued so far on the stream."""
-        if self._buf is not None:
-            self._buf.close(self._stream.cs)
-            self._buf = None
+        from cuda.bindings import driver
+
+        if self.ptr:
+            driver.cuMemFreeAsync(self.ptr, self._stream.handle)
+            self.ptr = 0
 
 
 def stream_workspace(stream: "CudaStream", nbytes: int) -> int:
@@ -567,7 +577,9 @@ __device__ void softmax_rows(T* s, const M* mask, int mask_kind, int64_t NB, int
       sum += __expf(v - mx);
     }
     for (int o = 16; o > 0; o >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, o);
-    const float inv = 1.0f / sum;
+    // a fully masked row gives zeros, as torch does (not 0/0)
+    const float inv = mx == -AOT_INF ? 0.0f : 1.0f / sum;
+    if (mx == -AOT_INF) mx = 0.0f;
     for (int64_t j = lane; j < S; j += 32) {
       float v = ld(p + j) * scale;
       if (mask_kind == 1) v += ld(mask + moff + j * ms);
@@ -613,6 +625,73 @@ AOT_SOFTMAX(aot_softmax_bfloat16_bfloat16, bf16, bf16)
 AOT_SOFTMAX(aot_softmax_bfloat16_float32, bf16, float)
 AOT_SOFTMAX(aot_softmax_float32_float16, float, h16)
 AOT_SOFTMAX(aot_softmax_float32_bfloat16, float, bf16)
+
+// col[n, (c*KH + a)*KW + b, oh*WO + ow] = x[n, c, oh*sh - ph + a*dh, ow*sw - pw + b*dw] or 0
+template <typename T>
+__device__ void im2col(const T* x, T* col, int64_t N, int64_t C, int64_t H, int64_t W,
+    int64_t HO, int64_t WO, int64_t xs0, int64_t xs1, int64_t xs2, int64_t xs3, int kh, int kw,
+    int sh, int sw, int ph, int pw, int dh, int dw) {
+  const int64_t total = N * C * kh * kw * HO * WO;
+  for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < total;
+       i += (int64_t)gridDim.x * blockDim.x) {
+    int64_t ow = i % WO, r = i / WO; int64_t oh = r % HO; r /= HO;
+    int64_t b = r % kw; r /= kw; int64_t a = r % kh; r /= kh;
+    int64_t c = r % C, n = r / C;
+    int64_t h = oh * sh - ph + a * dh, w = ow * sw - pw + b * dw;
+    T v; v.v = 0;
+    if (h >= 0 && h < H && w >= 0 && w < W) v = x[n * xs0 + c * xs1 + h * xs2 + w * xs3];
+    col[i] = v;
+  }
+}
+#define AOT_IM2COL(NAME, T) extern "C" __global__ void NAME(const T* x, T* col, int64_t N, \
+    int64_t C, int64_t H, int64_t W, int64_t HO, int64_t WO, int64_t xs0, int64_t xs1, \
+    int64_t xs2, int64_t xs3, int kh, int kw, int sh, int sw, int ph, int pw, int dh, \
+    int dw) { im2col<T>(x, col, N, C, H, W, HO, WO, xs0, xs1, xs2, xs3, kh, kw, sh, sw, ph, \
+    pw, dh, dw); }
+AOT_IM2COL(aot_im2col2, b2)
+AOT_IM2COL(aot_im2col4, b4)
+
+// Transposed convolution, second half: out[n, co, oh, ow] = bias[co] + the sum over taps
+// (a, b) with oh + ph - a*dh = ih*sh and ow + pw - b*dw = iw*sw (in range) of
+// cols[n, g, (j*KH + a)*KW + b, ih*W + iw], where co = g*OG + j (a gather: no atomics).
+template <typename T>
+__device__ void col2im(const T* cols, T* out, const T* bias, int64_t bs, int64_t N,
+    int64_t CO, int64_t G, int64_t H, int64_t W, int64_t HO, int64_t WO, int64_t os0,
+    int64_t os1, int64_t os2, int64_t os3, int kh, int kw, int sh, int sw, int ph, int pw,
+    int dh, int dw) {
+  const int64_t total = N * CO * HO * WO;
+  const int64_t OG = CO / G, KK = (int64_t)kh * kw, HW = H * W;
+  for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < total;
+       i += (int64_t)gridDim.x * blockDim.x) {
+    int64_t ow = i % WO, r = i / WO; int64_t oh = r % HO; r /= HO;
+    int64_t co = r % CO, n = r / CO;
+    int64_t g = co / OG, j = co % OG;
+    const T* cp = cols + ((n * G + g) * OG + j) * KK * HW;
+    float acc = bias ? ld(bias + co * bs) : 0.0f;
+    for (int a = 0; a < kh; a++) {
+      int64_t t = oh + ph - (int64_t)a * dh;
+      if (t < 0 || t % sh) continue;
+      int64_t ih = t / sh;
+      if (ih >= H) continue;
+      for (int b = 0; b < kw; b++) {
+        int64_t u = ow + pw - (int64_t)b * dw;
+        if (u < 0 || u % sw) continue;
+        int64_t iw = u / sw;
+        if (iw >= W) continue;
+        acc += ld(cp + ((int64_t)a * kw + b) * HW + ih * W + iw);
+      }
+    }
+    st(out + n * os0 + co * os1 + oh * os2 + ow * os3, acc);
+  }
+}
+#define AOT_COL2IM(NAME, T) extern "C" __global__ void NAME(const T* cols, T* out, \
+    const T* bias, int64_t bs, int64_t N, int64_t CO, int64_t G, int64_t H, int64_t W, \
+    int64_t HO, int64_t WO, int64_t os0, int64_t os1, int64_t os2, int64_t os3, int kh, \
+    int kw, int sh, int sw, int ph, int pw, int dh, int dw) { col2im<T>(cols, out, bias, bs, \
+    N, CO, G, H, W, HO, WO, os0, os1, os2, os3, kh, kw, sh, sw, ph, pw, dh, dw); }
+AOT_COL2IM(aot_col2im_float32, float)
+AOT_COL2IM(aot_col2im_float16, h16)
+AOT_COL2IM(aot_col2im_bfloat16, bf16)
 
 // topk along the last dim of a [rows, n] view (row stride rs, element stride es): one
 // thread per row, k selection passes; NaN ranks above numbers; ties by ascending index.
@@ -792,7 +871,9 @@ def make_topk(values_out: Handle, indices_out: Handle, x: Handle, k: int, dim: i
         if i != dim:
             rows *= s_
     rx, rv, ri = rows_of(x), rows_of(values_out), rows_of(indices_out)
-    direct = rx is not None and rv is not None and ri is not None
+    # outputs over the input must read the old values: go through packed copies then
+    direct = (rx is not None and rv is not None and ri is not None
+              and not _overlaps(values_out, x) and not _overlaps(indices_out, x))
     kern = _kernel(dev, kern_name)
     cfg = dev.launch_config(rows)
     isz = x.dtype.itemsize
@@ -818,6 +899,15 @@ def make_topk(values_out: Handle, indices_out: Handle, x: Handle, k: int, dim: i
             for sc in (xs, vs, ins):
                 sc.free()
     return work
+
+
+def _overlaps(a: Handle, b: Handle) -> bool:
+    """True when two views share bytes of one allocation (conservatively, by byte range)."""
+    if a.alloc is None or b.alloc is None or a.alloc is not b.alloc:
+        return False
+    a0, a1 = a.byte_range()
+    b0, b1 = b.byte_range()
+    return a0 < b1 and b0 < a1
 
 
 def _topk_scalar(values_out: Handle, indices_out: Handle, x: Handle) -> Work:
@@ -1170,18 +1260,83 @@ def make_conv(out: Handle, x: Handle, w: Handle, bias: Handle | None, p: Any) ->
                     (x.numel,) + tuple(x.strides), x.dtype, x.device, x.owner)
         ob = Handle(out.alloc, out.byte_offset, (1,) + tuple(out.sizes),
                     (out.numel,) + tuple(out.strides), out.dtype, out.device, out.owner)
+    if p.transposed:
+        return _gemm_col2im_conv(out, w, bias, p, xb, ob)
     dnn = _get_dnn(dev)
-    if dnn is not None and (out.dtype.name != "float32" or p.transposed):
+    if dnn is not None and out.dtype.name != "float32":
         try:
             return _cudnn_conv(dnn, out, x, w, bias, p, xb, ob)
-        except Exception as e:  # noqa: BLE001 - any refusal: the GEMM path may still work
+        except Exception as e:  # noqa: BLE001 - any refusal: the GEMM path still works
             log.info("cuDNN refused a convolution (%s); using im2col + GEMM", e)
-            if p.transposed:
-                raise Unsupported(f"cuda convolution: cuDNN refused a transposed "
-                                  f"convolution: {e}") from None
-    if p.transposed:
-        raise Unsupported("cuda convolution: transposed convolution needs cuDNN")
     return _im2col_conv(out, w, bias, p, xb, ob)
+
+
+def _gemm_col2im_conv(out: Handle, w: Handle, bias: Handle | None, p: Any, xb: Handle,
+                      ob: Handle) -> Work:
+    """Transposed convolution: cols = W_g^T x_g per group (cuBLASLt), then a col2im gather
+    that sums the taps of each output element and adds the bias."""
+    dev = out.device
+    (n, cin, h, wd), xst = _as4d(xb)
+    (_, co, ho, wo), ost = _as4d(ob)
+    wsz, wst = _as4d(w)
+    kh, kw = wsz[2], wsz[3]
+    pad, stride, dil = _geometry(p, xb.ndim)
+    groups = p.groups
+    cg, og = cin // groups, co // groups
+    kk, hw = kh * kw, h * wd
+    isz = out.dtype.itemsize
+    w_direct = tuple(wst) == tuple(contiguous_strides(tuple(wsz)))
+    x_direct = xst[3] == 1 and (xst[2] == wd or h == 1)
+    xv = Handle(xb.alloc, xb.byte_offset, (n, cin, h, wd), tuple(xst), xb.dtype, xb.device,
+                xb.owner)
+    wv = Handle(w.alloc, w.byte_offset, tuple(wsz), tuple(wst), w.dtype, w.device, w.owner)
+    x_rows = Handle(None, 0, (n, cg, hw), (xst[0], xst[1], 1) if x_direct else
+                    (cin * hw, hw, 1), out.dtype, out.device, out.owner)
+    if _operand(x_rows, False) is None:
+        x_direct = False
+        x_rows = Handle(None, 0, (n, cg, hw), (cin * hw, hw, 1), out.dtype, out.device,
+                        out.owner)
+    w_t = Handle(None, 0, (n, og * kk, cg), (0, 1, og * kk), out.dtype, out.device, out.owner)
+    c_rows = Handle(None, 0, (n, og * kk, hw), (groups * og * kk * hw, hw, 1), out.dtype,
+                    out.device, out.owner)
+    plan, swap = _plain_plan(dev, c_rows, w_t, x_rows)
+    kern = _kernel(dev, f"aot_col2im_{out.dtype.name}")
+    cfg = dev.launch_config(n * co * ho * wo)
+    x_cstride = xst[1] if x_direct else hw
+    tail = [bias.strides[0] if bias is not None else 0, n, co, groups, h, wd, ho, wo, *ost]
+    geo = [_i32(v) for v in (kh, kw, stride[0], stride[1], pad[0], pad[1], dil[0], dil[1])]
+
+    def work(s: "CudaStream") -> None:
+        from cuda.core import launch
+
+        scratch: list[Scratch] = []
+        try:
+            x_ptr, w_ptr = xv.address, wv.address
+            if not x_direct:
+                sc = Scratch(s, xv.numel * isz)
+                scratch.append(sc)
+                _copy_packed(dev, s, sc.ptr, xv)
+                x_ptr = sc.ptr
+            if not w_direct:
+                sc = Scratch(s, wv.numel * isz)
+                scratch.append(sc)
+                _copy_packed(dev, s, sc.ptr, wv)
+                w_ptr = sc.ptr
+            cols = Scratch(s, n * groups * og * kk * hw * isz)
+            scratch.append(cols)
+            for gi in range(groups):
+                wp = w_ptr + gi * cg * og * kk * isz
+                xp = x_ptr + gi * cg * x_cstride * isz
+                cp = cols.ptr + gi * og * kk * hw * isz
+                a_ptr, b_ptr = (xp, wp) if swap else (wp, xp)
+                plan.run(s, a_ptr, b_ptr, cp, cp, 0, 1.0, 0.0)
+            args = _typed([cols.ptr, ob.address, bias.address if bias is not None else 0,
+                           *tail])
+            launch(s.cs, cfg, kern, *args, *geo)
+        finally:
+            for sc in scratch:
+                sc.free()
+    return work
 
 
 def _im2col_conv(out: Handle, w: Handle, bias: Handle | None, p: Any, xb: Handle,
