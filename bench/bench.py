@@ -169,7 +169,7 @@ def rel_err(got, ref) -> float:
 # -- one model ------------------------------------------------------------------------------------
 
 def run_model(name: str, runners: list[str], iters: int, warmup: int,
-              prog_path: str | None = None) -> dict:
+              prog_path: str | None = None, partial_path: str | None = None) -> dict:
     """Every runner on one model; failures recorded per runner."""
     import torch
 
@@ -192,6 +192,9 @@ def run_model(name: str, runners: list[str], iters: int, warmup: int,
             r = {"ok": False, "error": f"{type(e).__name__}: {e}"[:2000],
                  "trace": traceback.format_exc()[-3000:]}
         res["runners"][runner] = r
+        if partial_path:
+            with open(partial_path, "w") as f:
+                json.dump(res, f)
         print(f"  {name:22s} {runner:24s} " + (
             f"{r['ms']:8.3f} ms  err {r.get('rel_err', 0):.2e}" if r.get("ok")
             else "FAILED " + r["error"][:300]), flush=True)
@@ -203,24 +206,6 @@ def run_model(name: str, runners: list[str], iters: int, warmup: int,
             return {"ms": ms, "peak_bytes": torch.cuda.max_memory_allocated()}
         record("eager", eager)
 
-    for runner, mode in (("compile", None), ("compile_reduce_overhead", "reduce-overhead")):
-        if runner not in runners:
-            continue
-
-        def compiled(mode: str | None = mode) -> dict:
-            torch._dynamo.reset()
-            cm = torch.compile(m, mode=mode) if mode else torch.compile(m)
-            t = time.perf_counter()
-            with torch.no_grad():
-                out = cm(*inputs)
-                torch.cuda.synchronize()
-                compile_s = time.perf_counter() - t
-                ms = time_torch(lambda: cm(*inputs), iters, warmup)
-                out = cm(*inputs)
-                err = rel_err(out, ref)
-            return {"ms": ms, "compile_s": compile_s, "rel_err": err,
-                    "peak_bytes": torch.cuda.max_memory_allocated()}
-        record(runner, compiled)
     prog_box: dict = {}
     if "aotrt" in runners or "aotrt_graph" in runners:
         def export() -> dict:
@@ -229,7 +214,7 @@ def run_model(name: str, runners: list[str], iters: int, warmup: int,
                 # exported in the background by the driver: wait for it
                 t = time.perf_counter()
                 while not os.path.exists(prog_path) and not os.path.exists(prog_path + ".err"):
-                    if time.perf_counter() - t > 600:
+                    if time.perf_counter() - t > 5:
                         raise TimeoutError("export did not finish")
                     time.sleep(0.2)
                 if os.path.exists(prog_path + ".err"):
@@ -274,6 +259,24 @@ def run_model(name: str, runners: list[str], iters: int, warmup: int,
                 d.close()
         record(runner, ours)
 
+    for runner, mode in (("compile", None), ("compile_reduce_overhead", "reduce-overhead")):
+        if runner not in runners:
+            continue
+
+        def compiled(mode: str | None = mode) -> dict:
+            torch._dynamo.reset()
+            cm = torch.compile(m, mode=mode) if mode else torch.compile(m)
+            t = time.perf_counter()
+            with torch.no_grad():
+                out = cm(*inputs)
+                torch.cuda.synchronize()
+                compile_s = time.perf_counter() - t
+                ms = time_torch(lambda: cm(*inputs), iters, warmup)
+                out = cm(*inputs)
+                err = rel_err(out, ref)
+            return {"ms": ms, "compile_s": compile_s, "rel_err": err,
+                    "peak_bytes": torch.cuda.max_memory_allocated()}
+        record(runner, compiled)
     return res
 
 
@@ -329,15 +332,18 @@ def main() -> int:
     if args.export:
         return export_one(args.export, args.prog)
     if args.one:
-        res = run_model(args.one, runners, args.iters, args.warmup, args.prog)
+        res = run_model(args.one, runners, args.iters, args.warmup, args.prog,
+                        os.path.join(args.workdir, f"{args.one}.partial.json"))
         print("RESULT " + json.dumps(res), flush=True)
         return 0
     models = args.models.split(",")
     t_start = time.perf_counter()
     os.makedirs(args.workdir, exist_ok=True)
+    doc: dict[str, Any] = {"env": env_info(), "iters": args.iters, "warmup": args.warmup,
+                           "models": {}}
     exporters = {}
     if "aotrt" in runners or "aotrt_graph" in runners:
-        # Exports are CPU work: all of them in the background while the GPU times the peers.
+        # Exports are CPU work: all of them at once, in parallel processes.
         for name in models:
             path = os.path.join(args.workdir, f"{name}.aotp")
             for old in (path, path + ".err", path + ".json"):
@@ -346,8 +352,15 @@ def main() -> int:
             exporters[name] = subprocess.Popen(
                 [sys.executable, __file__, "--export", name, "--prog", path],
                 stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    doc: dict[str, Any] = {"env": env_info(), "iters": args.iters, "warmup": args.warmup,
-                           "models": {}}
+        # Wait for all exports before timing anything: background CPU work would slow the
+        # host-bound peers (torch eager) and flatter aotrt.
+        for name, proc in exporters.items():
+            try:
+                proc.wait(timeout=max(10.0, args.budget * 0.4 - (time.perf_counter() - t_start)))
+            except subprocess.TimeoutExpired:
+                proc.kill()
+        doc["export_phase_s"] = time.perf_counter() - t_start
+        print(f"exports done in {doc['export_phase_s']:.1f} s", flush=True)
     for i, name in enumerate(models):
         left = args.budget - (time.perf_counter() - t_start)
         share = left / (len(models) - i)
@@ -355,6 +368,9 @@ def main() -> int:
             doc["models"][name] = {"model": name, "error": "skipped: time budget spent"}
             continue
         print(f"== {name} (limit {share:.0f} s)", flush=True)
+        part = os.path.join(args.workdir, f"{name}.partial.json")
+        if os.path.exists(part):
+            os.remove(part)
         cmd = [sys.executable, __file__, "--one", name, "--runners", args.runners,
                "--iters", str(args.iters), "--warmup", str(args.warmup)]
         if name in exporters:
@@ -374,8 +390,11 @@ def main() -> int:
         except subprocess.TimeoutExpired as e:
             partial = e.stdout.decode() if isinstance(e.stdout, bytes) else (e.stdout or "")
             sys.stdout.write(partial)
-            doc["models"][name] = {"model": name, "error": f"timed out after {share:.0f} s",
-                                   "partial": partial[-3000:]}
+            part = os.path.join(args.workdir, f"{name}.partial.json")
+            entry = json.load(open(part)) if os.path.exists(part) else {"model": name}
+            entry["error"] = f"timed out after {share:.0f} s; runners not listed did not finish"
+            entry["log"] = partial[-3000:]
+            doc["models"][name] = entry
         with open(args.out, "w") as f:
             json.dump(doc, f, indent=1)
     for proc in exporters.values():
