@@ -178,7 +178,7 @@ def test_owner_close_retires_its_handles_and_frees_its_memory(dev, stream, owner
     """§3 #3 / §7.2 full cleanup: after close no handle and no allocation of it is left."""
     o = Owner("delegate")
     with owner_scope(o):
-        h = shims.empty_strided([4, 4], None, "float32")
+        h = shims.empty_strided([4, 4], None, "float32", dev)
         v = shims.reinterpret_tensor(h, [2, 4], [4, 1], 8)
         alloc = h.alloc
     assert len(o.handles) == 2
@@ -219,9 +219,9 @@ def test_owner_close_frees_only_its_own(dev, stream, owner):
     """§7.5: destroying one delegate keeps the other's memory and data."""
     a, b = Owner("a"), Owner("b")
     with owner_scope(a):
-        ha = shims.empty_strided([8], None, "float32")
+        ha = shims.empty_strided([8], None, "float32", dev)
     with owner_scope(b):
-        hb = shims.empty_strided([8], None, "float32")
+        hb = shims.empty_strided([8], None, "float32", dev)
     upload(hb, iota([8]))
     a.close()
     assert hb.state == "live" and hb.alloc in dev.memory.live()
@@ -234,7 +234,7 @@ def test_owner_close_waits_for_queued_work(dev, stream, owner):
     """§3 #68: cleanup waits for queued work first."""
     o = Owner("delegate")
     with owner_scope(o):
-        h = shims.empty_strided([64], None, "float32")
+        h = shims.empty_strided([64], None, "float32", dev)
     kernel_fn(dev, iota_kernel([64], [1]))(stream, h)
     stream.commit()
     assert h.alloc.busy()
@@ -246,7 +246,7 @@ def test_owner_close_purges_its_pooled_blocks_even_without_live_handles(dev, str
     """Bug fixed: close used to purge the pool only for allocations it still had handles in."""
     o = Owner("delegate")
     with owner_scope(o):
-        h = shims.empty_strided([1000], None, "float32")
+        h = shims.empty_strided([1000], None, "float32", dev)
     ptr = h.alloc.ptr
     shims.delete_tensor_object(h)
     assert ptr in pooled_ptrs(dev.memory, stream)
@@ -373,7 +373,7 @@ def test_describe_names_kind_device_and_owner(dev, stream, owner):
 
 
 def test_busy_and_settle_follow_the_stream(dev, stream, owner):
-    h = shims.empty_strided([16], None, "float32")
+    h = shims.empty_strided([16], None, "float32", dev)
     assert not h.alloc.busy()
     kernel_fn(dev, iota_kernel([16], [1]))(stream, h)
     assert h.alloc.busy() and h.alloc.busy(writes_only=True)
@@ -383,8 +383,8 @@ def test_busy_and_settle_follow_the_stream(dev, stream, owner):
 
 
 def test_busy_writes_only_ignores_pending_reads(dev, stream, owner):
-    src = shims.empty_strided([16], None, "float32")
-    dst = shims.empty_strided([16], None, "float32")
+    src = shims.empty_strided([16], None, "float32", dev)
+    dst = shims.empty_strided([16], None, "float32", dev)
     upload(src, iota([16]))
     from tests.support import copy_kernel
     kernel_fn(dev, copy_kernel([16], [1], [1]))(stream, src, dst)
@@ -401,7 +401,7 @@ def test_busy_writes_only_ignores_pending_reads(dev, stream, owner):
 def test_settle_skips_closed_streams(dev, owner, stream):
     s2 = make_stream(dev, "deferred")
     with dev.stream_guard(s2):
-        h = shims.empty_strided([4], None, "float32")
+        h = shims.empty_strided([4], None, "float32", dev)
     kernel_fn(dev, iota_kernel([4], [1]))(s2, h)
     s2.close()                      # waits
     h.alloc.settle()                # nothing to do on a closed stream
@@ -903,10 +903,10 @@ def test_blob_reaching_into_a_region_from_before_is_refused(cpu, stream, owner, 
 
 def test_blob_reaching_into_an_allocation_is_refused(dev, stream, owner):
     """§3 #56: a blob starting before a runtime allocation and reaching into it."""
-    a = shims.empty_strided([64], None, "float32")
+    a = shims.empty_strided([64], None, "float32", dev)
     live = dev.memory.live()
     with pytest.raises(InvalidArgument, match="^data_ptr: region .* would overlap"):
-        shims.create_tensor_from_blob(a.alloc.ptr - 16, [8], None, 0, "float32")
+        shims.create_tensor_from_blob(a.alloc.ptr - 16, [8], None, 0, "float32", dev)
     assert dev.memory.live() == live and owner.handles == {a}
     shims.delete_tensor_object(a)
 
@@ -996,7 +996,7 @@ def test_constants_with_no_weights(dev, stream, owner):
 
 def test_constants_are_not_freed_with_their_last_handle(dev, stream, owner, consts):
     a, _ = consts
-    h = shims.create_tensor_from_blob(a.ptr, [4], None, 0, "float32")
+    h = shims.create_tensor_from_blob(a.ptr, [4], None, 0, "float32", dev)
     shims.delete_tensor_object(h)
     assert a.users == 0 and not a.freed and a in dev.memory.live()
     assert a.ptr not in pooled_ptrs(dev.memory)
@@ -1007,7 +1007,7 @@ def test_constants_are_freed_with_their_owner(dev, stream, owner):
     o = Owner("delegate")
     with owner_scope(o):
         a, _ = dev.memory.allocate_constants([64], stream)
-        h = shims.create_tensor_from_blob(a.ptr, [16], None, 0, "float32")
+        h = shims.create_tensor_from_blob(a.ptr, [16], None, 0, "float32", dev)
     raw = dev.memory.raw_bytes
     o.close()
     assert a.freed and a not in dev.memory.live() and not o.allocations
@@ -1025,9 +1025,9 @@ def test_constants_are_never_taken_from_the_pool(dev, stream, owner):
 def test_constants_load_one_after_another(dev, stream, owner, consts):
     """§3 #38: wrapping the first constant does not block loading the second."""
     a, offsets = consts
-    w0 = shims.create_tensor_from_blob(a.ptr, [4], None, 0, "float32")
+    w0 = shims.create_tensor_from_blob(a.ptr, [4], None, 0, "float32", dev)
     upload(w0, iota([4]))
-    w2 = shims.create_tensor_from_blob(a.ptr + offsets[2], [10], None, 0, "float32")
+    w2 = shims.create_tensor_from_blob(a.ptr + offsets[2], [10], None, 0, "float32", dev)
     upload(w2, iota([10], base=100.0))
     np.testing.assert_array_equal(w0.numpy(), iota([4]))
     np.testing.assert_array_equal(w2.numpy(), iota([10], base=100.0))
@@ -1038,13 +1038,13 @@ def test_constants_load_one_after_another(dev, stream, owner, consts):
 def test_blob_inside_a_constant_stays_inside_it(dev, stream, owner, consts):
     """§3 #37/#71: a blob in a constant may not reach into the next one."""
     a, offsets = consts
-    ok = shims.create_tensor_from_blob(a.ptr + 8, [2], None, 0, "float32")
+    ok = shims.create_tensor_from_blob(a.ptr + 8, [2], None, 0, "float32", dev)
     with pytest.raises(InvalidArgument, 
             match="^data_ptr: blob .* past the end of its constant in constants@"):
-        shims.create_tensor_from_blob(a.ptr + 8, [3], None, 0, "float32")
+        shims.create_tensor_from_blob(a.ptr + 8, [3], None, 0, "float32", dev)
     with pytest.raises(InvalidArgument, 
             match="^data_ptr: blob .* past the end of its constant in constants@"):
-        shims.create_tensor_from_blob(a.ptr + offsets[2], [11], None, 0, "float32")
+        shims.create_tensor_from_blob(a.ptr + offsets[2], [11], None, 0, "float32", dev)
     assert owner.handles == {ok}
     shims.delete_tensor_object(ok)
 
@@ -1052,8 +1052,8 @@ def test_blob_inside_a_constant_stays_inside_it(dev, stream, owner, consts):
 def test_view_of_a_constant_stays_inside_it(dev, stream, owner, consts):
     """§3 #60: a view of the offset-0 constant must stay inside that constant."""
     a, offsets = consts
-    w0 = shims.create_tensor_from_blob(a.ptr, [4], None, 0, "float32")
-    w2 = shims.create_tensor_from_blob(a.ptr + offsets[2], [10], None, 0, "float32")
+    w0 = shims.create_tensor_from_blob(a.ptr, [4], None, 0, "float32", dev)
+    w2 = shims.create_tensor_from_blob(a.ptr + offsets[2], [10], None, 0, "float32", dev)
     with pytest.raises(InvalidArgument, 
             match=r"^sizes/strides/storage_offset: view bytes .* lie outside"):
         shims.reinterpret_tensor(w0, [5], [1], 0)
@@ -1071,10 +1071,10 @@ def test_reloading_a_constant_is_ordered_after_its_readers(dev, stream, owner, c
     from tests.support import copy_kernel
 
     a, _ = consts
-    w = shims.create_tensor_from_blob(a.ptr, [4], None, 0, "float32")
+    w = shims.create_tensor_from_blob(a.ptr, [4], None, 0, "float32", dev)
     upload(w, iota([4]))
-    out = shims.empty_strided([4], None, "float32")
-    new = shims.empty_strided([4], None, "float32")
+    out = shims.empty_strided([4], None, "float32", dev)
+    new = shims.empty_strided([4], None, "float32", dev)
     upload(new, iota([4], base=50.0))
     kernel_fn(dev, copy_kernel([4], [1], [1]))(stream, w, out)
     shims.copy_(w, new)
@@ -1091,9 +1091,9 @@ def test_freeing_constants_waits_for_their_readers(dev, stream, owner):
     o = Owner("delegate")
     with owner_scope(o):
         a, _ = dev.memory.allocate_constants([16], stream)
-        w = shims.create_tensor_from_blob(a.ptr, [4], None, 0, "float32")
+        w = shims.create_tensor_from_blob(a.ptr, [4], None, 0, "float32", dev)
     upload(w, iota([4]))
-    out = shims.empty_strided([4], None, "float32")
+    out = shims.empty_strided([4], None, "float32", dev)
     kernel_fn(dev, copy_kernel([4], [1], [1]))(stream, w, out)
     stream.commit()
     o.close()
@@ -1108,7 +1108,7 @@ def test_views_of_freed_constants_from_other_owners_are_refused(dev, stream, own
     o = Owner("delegate")
     with owner_scope(o):
         a, _ = dev.memory.allocate_constants([16], stream)
-        w = shims.create_tensor_from_blob(a.ptr, [4], None, 0, "float32")
+        w = shims.create_tensor_from_blob(a.ptr, [4], None, 0, "float32", dev)
     mine = shims.new_tensor_handle(w)
     o.close()
     with pytest.raises(InvalidArgument, match="^handle: the memory of .* was freed with its owner"):
@@ -1130,3 +1130,97 @@ def test_drop_owned_is_idempotent(dev, stream, owner):
 def test_block_repr_hides_its_buffer():
     b = Block(4096, 64, keep=np.zeros(64, np.uint8))
     assert "keep" not in repr(b) and b == Block(4096, 64)
+
+
+# -- boundaries (found by mutation testing, docs/mutation.md) ----------------------------------
+
+
+def test_a_new_memory_has_no_bytes_and_no_peak(dev):
+    m = Memory(dev, PoolOptions())
+    assert (m.raw_bytes, m.peak_raw_bytes, m.live(), m.pool.entries()) == (0, 0, [], [])
+
+
+def test_find_of_a_zero_byte_allocation_covers_only_its_start(dev, stream, owner):
+    a = dev.memory.allocate(0, stream)
+    try:
+        assert dev.memory.find(a.ptr) is a and dev.memory.find(a.ptr + 1) is not a
+    finally:
+        free(a)
+
+
+def test_empty_region_just_before_an_allocation_is_its_own(dev, stream, owner):
+    a = shims.empty_strided([4], None, "float32", dev)
+    e = shims.create_tensor_from_blob(a.alloc.ptr - 1, [0], None, 0, "uint8", device=dev.name)
+    assert e.alloc is not a.alloc and e.alloc.kind == "region" and e.alloc.ptr == a.alloc.ptr - 1
+    shims.delete_tensor_object(e)
+    shims.delete_tensor_object(a)
+
+
+def test_region_at_the_lowest_address(cpu, owner):
+    r = cpu.memory.bind_region(1, 0)
+    assert r.ptr == 1 and r.nbytes == 0
+    free(r)
+
+
+def test_region_reaching_the_top_of_the_address_space_is_refused(cpu, owner):
+    with pytest.raises(InvalidArgument, match="^nbytes: region size 16 is invalid"):
+        cpu.memory.bind_region((1 << 64) - 16, 16)
+    r = cpu.memory.bind_region((1 << 64) - 17, 16)
+    free(r)
+
+
+def test_overlap_message_names_the_refused_range(cpu, owner, host):
+    base = host.ctypes.data
+    r = cpu.memory.bind_region(base, 64)
+    try:
+        with pytest.raises(InvalidArgument) as e:
+            cpu.memory.bind_region(base + 32, 64)
+        assert str(e.value).startswith(
+            f"data_ptr: region [{base + 32:#x}, {base + 96:#x}) would overlap {r.describe()}")
+    finally:
+        free(r)
+
+
+def test_constants_belong_to_the_given_owner_and_stream(dev, stream, owner):
+    o = Owner("delegate")
+    a, _ = dev.memory.allocate_constants([8, 8], stream, owner=o)
+    assert a.owner is o and a in o.allocations and a not in owner.allocations
+    assert a.stream is stream and a.kind == "constants"
+    o.close()
+    assert a.freed
+
+
+def test_a_one_byte_constant_bounds_its_blobs(dev, stream, owner):
+    a, offsets = dev.memory.allocate_constants([1, 4], stream)
+    assert a.segments == [(0, 1), (64, 68)]
+    one = shims.create_tensor_from_blob(a.ptr, [1], None, 0, "uint8", device=dev.name)
+    with pytest.raises(InvalidArgument, match="^data_ptr: blob .* its constant"):
+        shims.create_tensor_from_blob(a.ptr, [2], None, 0, "uint8", device=dev.name)
+    shims.delete_tensor_object(one)
+
+
+def test_freeing_constants_gives_the_device_its_block(dev, stream, owner, monkeypatch):
+    freed = []
+    real = dev._free
+    monkeypatch.setattr(dev, "_free", lambda block: (freed.append(block), real(block)))
+    o = Owner("delegate")
+    a, _ = dev.memory.allocate_constants([32], stream, owner=o)
+    block = a.block
+    o.close()
+    assert [b for b in freed if b is block] == [block]
+
+
+def test_freeing_constants_under_pending_work_is_a_hazard(dev, stream, owner, monkeypatch):
+    from tests.support import copy_kernel
+
+    a, _ = dev.memory.allocate_constants([16], stream)
+    w = shims.create_tensor_from_blob(a.ptr, [4], None, 0, "float32", device=dev.name)
+    out = shims.empty_strided([4], None, "float32", dev)
+    kernel_fn(dev, copy_kernel([4], [1], [1]))(stream, w, out)
+    monkeypatch.setattr(Allocation, "settle", lambda self, writes_only=False: None)
+    with pytest.raises(HazardError, match="^free of constants of constants@"):
+        dev.memory.drop_owned(a)
+    monkeypatch.undo()
+    stream.commit_and_wait()
+    for h in (w, out):
+        shims.delete_tensor_object(h)

@@ -931,3 +931,77 @@ def _run_chain(dev, s, o, data) -> None:
     for h, *_ in live:
         shims.delete_tensor_object(h)
     assert alloc.users == 0 and alloc.freed and alloc not in dev.memory.live()
+
+
+def test_empty_blob_at_the_highest_address(cpu, stream, owner):
+    """The address range ends at INT64_MAX: an empty blob there is fine, one past it is not."""
+    e = shims.create_tensor_from_blob(INT64_MAX, [0], None, 0, "uint8")
+    assert e.address == INT64_MAX and e.alloc.nbytes == 0
+    delete(e)
+
+
+def test_blob_past_the_end_message_names_the_blob_and_its_allocation(dev, stream, owner):
+    base = shims.empty_strided([8], None, "float32")
+    start = base.alloc.ptr + 8
+    with pytest.raises(InvalidArgument) as e:
+        shims.create_tensor_from_blob(start, [8], None, 0, "float32", device=dev.name)
+    assert str(e.value) == (f"data_ptr: blob [{start:#x}, {start + 32:#x}) runs past the end "
+                            f"of {base.alloc.describe()}")
+    delete(base)
+
+
+def test_blob_past_its_constant_message_names_the_constant(dev, stream, owner):
+    a, _ = dev.memory.allocate_constants([8, 8], stream)
+    with pytest.raises(InvalidArgument) as e:
+        shims.create_tensor_from_blob(a.ptr, [3], None, 0, "float32", device=dev.name)
+    assert str(e.value) == (f"data_ptr: blob [{a.ptr:#x}, {a.ptr + 12:#x}) runs past the end "
+                            f"of its constant in {a.describe()}")
+
+
+def test_blob_whose_end_passes_int64_through_its_offset_is_refused(cpu, stream, owner):
+    host = rand([4], seed=20)
+    before = snapshot(cpu)
+    with pytest.raises(InvalidArgument, match="^storage_offset: .* overflows 64 bits"):
+        shims.create_tensor_from_blob(host.ctypes.data, [4], None, INT64_MAX // 4, "float32")
+    assert snapshot(cpu) == before
+
+
+def test_empty_blob_at_the_end_of_a_one_byte_allocation_joins_it(dev, stream, owner):
+    one = shims.empty_strided([1], None, "uint8")
+    e = shims.create_tensor_from_blob(one.alloc.end, [0], None, 0, "uint8", device=dev.name)
+    assert e.alloc is one.alloc and e.byte_offset == 1
+    delete(e, one)
+
+
+def test_empty_blob_past_a_zero_byte_allocation_does_not_join_it(dev, stream, owner):
+    z = shims.empty_strided([0], None, "uint8")
+    e = shims.create_tensor_from_blob(z.alloc.ptr + 1, [0], None, 0, "uint8", device=dev.name)
+    assert e.alloc is not z.alloc and e.alloc.ptr == z.alloc.ptr + 1
+    delete(e, z)
+
+
+def test_null_blob_keeps_its_layout_and_device(dev, stream, owner):
+    h = shims.create_tensor_from_blob(0, [3, 0], [5, 7], 0, "int16", device=dev.name)
+    assert shims.get_strides(h) == (5, 7) and shims.get_device(h) == dev.name
+    assert h.device is dev and shims.get_dtype(h) is dtypes.int16
+    delete(h)
+
+
+def test_copy_across_devices_goes_through_the_host_after_the_waits(cpu, owner, stream):
+    """copy_ between two devices reads the source after its pending writes and writes the
+    destination after its pending work (here two cpu device instances stand for cpu/cuda)."""
+    from aotrt.dtypes import float32
+    from aotrt.runtime.devices.cpu import CpuDevice
+
+    other = CpuDevice()
+    s = make_stream(cpu, "deferred")
+    with cpu.stream_guard(s):
+        src = shims.empty_strided([4, 4], None, "float32")
+    kernel_fn(cpu, iota_kernel([4, 4], [4, 1]))(s, src)      # pending, not waited
+    s.commit()
+    dst_alloc = other.memory.allocate(64, None, owner)
+    dst = Handle(dst_alloc, 0, (4, 4), (1, 4), float32, other, owner)._publish()
+    shims.copy_(dst, src)
+    np.testing.assert_array_equal(dst.numpy(), iota([4, 4]))
+    delete(dst, src)
+    s.close()
