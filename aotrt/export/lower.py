@@ -56,6 +56,7 @@ VIEW_OPS = frozenset({
     aten.squeeze.default, aten.slice.Tensor, aten.select.int, aten.t.default,
     aten.transpose.int, aten.alias.default, aten.detach.default, aten.as_strided.default,
     aten.unfold.default, aten.lift_fresh_copy.default, aten.narrow.default,
+    aten.diagonal.default,
 })
 
 #: view ops with a list of results (picked by getitem)
@@ -71,7 +72,16 @@ INVERTIBLE_VIEWS = frozenset({
 })
 
 CAT_OPS = frozenset({aten.cat.default})
-SCATTER_OPS = frozenset({aten.slice_scatter.default})
+
+#: ops that read only their input's shape and dtype, never its values
+SHAPE_ONLY_OPS = frozenset({
+    aten.full_like.default, aten.zeros_like.default, aten.ones_like.default,
+    aten.empty_like.default,
+})
+#: functional "write src into a view of base" ops, lowered in place when base is dead after
+SCATTER_OPS = frozenset({aten.slice_scatter.default, aten.select_scatter.default,
+                         aten.diagonal_scatter.default})
+INDEX_PUT_OPS = frozenset({aten.index_put.default})
 COPY_OPS = frozenset({aten.clone.default, aten.copy.default})
 
 BN_NO_TRAINING = aten._native_batch_norm_legit_no_training.default
@@ -259,6 +269,25 @@ def select_view(tv: TView, dim: int, index: int) -> TView:
     return tv.with_layout(offset, sizes, strides)
 
 
+def diagonal_view(tv: TView, offset: int = 0, dim1: int = 0, dim2: int = 1) -> TView:
+    """tv.diagonal(offset, dim1, dim2): the diagonal becomes the last dim."""
+    nd = len(tv.sizes)
+    d1, d2 = _wrap(dim1, nd), _wrap(dim2, nd)
+    if d1 == d2:
+        raise InvalidArgument("diagonal: dim1 and dim2 must differ")
+    n1, n2 = tv.sizes[d1], tv.sizes[d2]
+    s1, s2 = tv.strides[d1], tv.strides[d2]
+    if offset >= 0:
+        length = max(0, min(n1, n2 - offset))
+        start = tv.offset + (offset * s2 if length else 0)
+    else:
+        length = max(0, min(n1 + offset, n2))
+        start = tv.offset + (-offset * s1 if length else 0)
+    keep = [i for i in range(nd) if i not in (d1, d2)]
+    return tv.with_layout(start, [tv.sizes[i] for i in keep] + [length],
+                          [tv.strides[i] for i in keep] + [s1 + s2])
+
+
 def narrow_view(tv: TView, dim: int, start: int, length: int) -> TView:
     """tv.narrow(dim, start, length)."""
     return slice_view(tv, dim, start, start + length)
@@ -369,6 +398,109 @@ def _copy_is_alias(node: torch.fx.Node) -> bool:
     return (sv.dtype == val.dtype and tuple(sv.shape) == tuple(val.shape)
             and tuple(sv.stride()) == tuple(val.stride())
             and is_injective(tuple(val.shape), tuple(val.stride())))
+
+
+def _check_index_put(node: torch.fx.Node) -> None:
+    """Refuse index_put forms the scatter kernel does not implement."""
+    if bool(_arg(node, 3, "accumulate", False)):
+        raise unsupported(node, "index_put with accumulate=True (duplicate indices race)")
+    base = tensor_meta(node.args[0])
+    indices = list(node.args[1])
+    masks = [i for i in indices if i is not None and meta_val(i).dtype == torch.bool]
+    if masks:
+        if len(indices) != 1 or meta_val(node.args[2]).numel() != 1:
+            raise unsupported(node, "boolean-mask index_put needs one mask and one value")
+        if tuple(meta_val(indices[0]).shape) != tuple(base.shape[:meta_val(indices[0]).dim()]):
+            raise unsupported(node, "the mask must match the leading dims")
+        return
+    for i in indices:
+        if i is not None and meta_val(i).dtype not in (torch.int64, torch.int32):
+            raise unsupported(node, f"index dtype {meta_val(i).dtype}")
+
+
+def _index_put_kernel(name: str, out: TView, idx: list[TView | None], vals: TView
+                      ) -> tuple[ir.Kernel | None, list[TView]]:
+    """A kernel writing `vals` into `out` at advanced indices (PyTorch semantics: broadcast
+    index tensors; consecutive indexed dims keep their place, others move to the front).
+    Indices are wrapped (negative) and clamped, so no file can index out of bounds."""
+    nd = len(out.sizes)
+    idx = idx + [None] * (nd - len(idx))
+    if any(t is not None and t.dtype == "bool" for t in idx):
+        mask = next(t for t in idx if t is not None)
+        shape = out.sizes
+        args = [mask, vals, out]
+        mdims = list(range(len(mask.sizes)))
+        cond = ir.Op("ne", (ir.load(0, mask.strides, "bool", mdims), ir.Const(False, "bool")),
+                     "bool")
+        v = ir.cast(ir.Load(1, ir.Const(0, "int64"), vals.dtype), out.dtype)
+        old = ir.load(2, out.strides, out.dtype)
+        value = ir.Op("where", (cond, v, old), out.dtype)
+        k = ir.Kernel(name, shape, (), (ir.Arg("bool", "r"), ir.Arg(vals.dtype, "r"),
+                                        ir.Arg(out.dtype, "rw")),
+                      (ir.store(2, out.strides, value),))
+        return (k if math.prod(shape) else None), args
+    indexed = [d for d in range(nd) if idx[d] is not None]
+    bshape = tuple(torch.broadcast_shapes(*[tuple(idx[d].sizes) for d in indexed]))
+    nb = len(bshape)
+    rest = [d for d in range(nd) if idx[d] is None]
+    adjacent = indexed == list(range(indexed[0], indexed[-1] + 1))
+    if adjacent:
+        before = [d for d in rest if d < indexed[0]]
+        after = [d for d in rest if d > indexed[-1]]
+        region = [out.sizes[d] for d in before] + list(bshape) + [out.sizes[d] for d in after]
+        bdims = list(range(len(before), len(before) + nb))
+        dim_of = {d: i for i, d in enumerate(before)}
+        dim_of.update({d: len(before) + nb + i for i, d in enumerate(after)})
+    else:
+        region = list(bshape) + [out.sizes[d] for d in rest]
+        bdims = list(range(nb))
+        dim_of = {d: nb + i for i, d in enumerate(rest)}
+    shape = tuple(region)
+    if math.prod(shape) == 0:
+        return None, []
+    args: list[TView] = []
+    ir_args: list[ir.Arg] = []
+    coord: dict[int, ir.Expr] = {}
+    for d in indexed:
+        t = idx[d]
+        pad = nb - len(t.sizes)
+        dims = [bdims[pad + j] for j in range(len(t.sizes))]
+        strides = [s if n != 1 else 0 for n, s in zip(t.sizes, t.strides)]
+        i_arg = len(args)
+        args.append(t)
+        ir_args.append(ir.Arg(t.dtype, "r"))
+        raw = ir.cast(ir.load(i_arg, strides, t.dtype, dims), "int64")
+        n = ir.Const(out.sizes[d], "int64")
+        wrapped = ir.Op("where", (ir.Op("lt", (raw, ir.Const(0, "int64")), "bool"),
+                                  ir.Op("add", (raw, n), "int64"), raw), "int64")
+        clamped = ir.Op("minimum", (ir.Op("maximum", (wrapped, ir.Const(0, "int64")), "int64"),
+                                    ir.Const(out.sizes[d] - 1, "int64")), "int64")
+        coord[d] = clamped
+    for d in rest:
+        coord[d] = ir.Idx(dim_of[d])
+    # values broadcast to the region's shape
+    pad = len(shape) - len(vals.sizes)
+    v_strides = [s if n != 1 else 0 for n, s in zip(vals.sizes, vals.strides)]
+    v_arg = len(args)
+    args.append(vals)
+    ir_args.append(ir.Arg(vals.dtype, "r"))
+    value = ir.cast(ir.load(v_arg, v_strides, vals.dtype, list(range(pad, len(shape)))),
+                    out.dtype)
+    terms: list[ir.Expr] = []
+    for d in range(nd):
+        if out.sizes[d] == 1 or out.strides[d] == 0:
+            continue
+        c = coord[d]
+        terms.append(c if out.strides[d] == 1 else
+                     ir.Op("mul", (c, ir.Const(out.strides[d], "int64")), "int64"))
+    index: ir.Expr = terms[0] if terms else ir.Const(0, "int64")
+    for t in terms[1:]:
+        index = ir.Op("add", (index, t), "int64")
+    o_arg = len(args)
+    args.append(out)
+    ir_args.append(ir.Arg(out.dtype, "w"))
+    k = ir.Kernel(name, shape, (), tuple(ir_args), (ir.Store(o_arg, index, value),))
+    return k, args
 
 
 class _actual_layouts:
@@ -663,6 +795,9 @@ class Lowering:
         if t in VIEW_OPS or t in MULTI_VIEW_OPS or t in CAT_OPS or t in SCATTER_OPS or \
                 t in COPY_OPS:
             return
+        if t in INDEX_PUT_OPS:
+            _check_index_put(node)
+            return
         if t in LIBRARY:
             LIBRARY[t].check(self, node)
             return
@@ -718,7 +853,7 @@ class Lowering:
             src = node.args[0]
             return not self._is_const(src) and self._is_fusible(src)
         if t in VIEW_OPS or t in MULTI_VIEW_OPS or t in CAT_OPS or t in SCATTER_OPS or \
-                t in LIBRARY:
+                t in LIBRARY or t in INDEX_PUT_OPS:
             return False
         if t in COPY_OPS and _copy_is_alias(node):
             return False
@@ -961,12 +1096,15 @@ class Lowering:
         return self.result_memo[node]
 
     def _scatter_region(self, sc: torch.fx.Node, base_tv: TView) -> TView:
-        args = list(sc.args) + [None] * (6 - len(sc.args))
-        dim = sc.kwargs.get("dim", args[2] if args[2] is not None else 0)
-        start = sc.kwargs.get("start", args[3])
-        end = sc.kwargs.get("end", args[4])
-        step = sc.kwargs.get("step", args[5] if args[5] is not None else 1)
-        return slice_view(base_tv, int(dim), start, end, int(step))
+        """The view of `base_tv` that a scatter op writes its source into."""
+        if sc.target == aten.select_scatter.default:
+            return select_view(base_tv, int(_arg(sc, 2, "dim")), int(_arg(sc, 3, "index")))
+        if sc.target == aten.diagonal_scatter.default:
+            return diagonal_view(base_tv, int(_arg(sc, 2, "offset", 0)),
+                                 int(_arg(sc, 3, "dim1", 0)), int(_arg(sc, 4, "dim2", 1)))
+        step = _arg(sc, 5, "step", 1)
+        return slice_view(base_tv, int(_arg(sc, 2, "dim", 0) or 0), _arg(sc, 3, "start", None),
+                          _arg(sc, 4, "end", None), 1 if step is None else int(step))
 
     def _can_mutate(self, buf: Buf, at: float, after: float | None = None) -> bool:
         """True when no old alias of `buf` is read after position `at` (or, with `after`,
@@ -1017,11 +1155,18 @@ class Lowering:
         unit = self.unit_of[node]
         if len(unit) == 1 and node.target in LIBRARY:
             return True      # library ops read overlapping inputs through a temporary
+        if node.target in INDEX_PUT_OPS:
+            # Its base is copied into the region first (nothing when it is the region), and
+            # overlapping values/indices are read through copies (_lower_index_put).
+            base = self.env.get(node.args[0])
+            return isinstance(base, TView) and (base == region or base.buf is not region.buf)
         unit_set = set(unit)
         pointwise = all(is_pointwise(n) and isinstance(n.meta.get("val"), torch.Tensor) and
                         tuple(n.meta["val"].shape) == region.sizes for n in unit)
         lo, hi = region.span()
         for n in unit:
+            if n.target in SHAPE_ONLY_OPS:
+                continue     # reads only the shape of its input
             for d in n.all_input_nodes:
                 if d in unit_set or d not in self.env:
                     continue
@@ -1062,6 +1207,8 @@ class Lowering:
             self._lower_cat(node)
         elif t in SCATTER_OPS:
             self._lower_scatter(node)
+        elif t in INDEX_PUT_OPS:
+            self._lower_index_put(node)
         elif t in COPY_OPS:
             self._lower_copy(node)
         elif t in LIBRARY:
@@ -1136,6 +1283,9 @@ class Lowering:
             return narrow_view(base, int(a[1]), int(a[2]), int(a[3]))
         if t == aten.select.int:
             return select_view(base, int(a[1]), int(a[2]))
+        if t == aten.diagonal.default:
+            return diagonal_view(base, int(_arg(node, 1, "offset", 0)),
+                                 int(_arg(node, 2, "dim1", 0)), int(_arg(node, 3, "dim2", 1)))
         if t == aten.unfold.default:
             nd = len(base.sizes)
             d = _wrap(a[1], nd)
@@ -1240,6 +1390,36 @@ class Lowering:
             self.emit_copy(result, base_tv, describe(node))
         region = self._scatter_region(node, result)
         self.emit_copy(region, self.tv(src), describe(node))
+        self._bind(node, result)
+
+    def _lower_index_put(self, node: torch.fx.Node) -> None:
+        """out = base with out[indices] = values: in place when base is dead afterwards,
+        else into a copy; then one generated scatter kernel over the indexed region."""
+        base, indices, values = node.args[0], list(node.args[1]), node.args[2]
+        base_tv = self.tv(base)
+        dest = self._dest(node)     # y[1:3, i] = v: the slice_scatter's region of y
+        if dest is None and base_tv.buf.kind == "arena" and \
+                self._can_mutate(base_tv.buf, self.pos[node]):
+            result = base_tv
+        else:
+            result = dest if dest is not None else self._fresh(node)
+            self.emit_copy(result, base_tv, describe(node))
+        vals_tv = self.tv(values)
+        idx_tvs = [None if i is None else self.tv(i) for i in indices]
+        # A values/index view sharing bytes with the result is read through a copy, so the
+        # scatter never reads what it already wrote.
+        lo, hi = result.span()
+
+        def detached(tv: TView, label: str) -> TView:
+            a, b = tv.span()
+            if tv.buf is result.buf and a < hi and lo < b:
+                return self._materialize(node, tv)
+            return tv
+        vals_tv = detached(vals_tv, "values")
+        idx_tvs = [None if t is None else detached(t, "index") for t in idx_tvs]
+        kernel, args = _index_put_kernel(self._kname("index_put"), result, idx_tvs, vals_tv)
+        if kernel is not None:
+            self.emit_kernel(kernel, args, describe(node))
         self._bind(node, result)
 
     # fused groups
