@@ -1561,6 +1561,17 @@ def _float_inputs(lw: Lowering, node: torch.fx.Node) -> None:
                                     f"float16 and bfloat16 are supported")
 
 
+def _conv_check(lw: Lowering, node: torch.fx.Node) -> None:
+    _float_inputs(lw, node)
+    if meta_val(node.args[1]).dim() not in (3, 4):
+        raise unsupported(node, "only 1-D and 2-D convolutions are supported")
+
+
+def _topk_check(lw: Lowering, node: torch.fx.Node) -> None:
+    if meta_val(node.args[0]).dtype == torch.bool:
+        raise unsupported(node, "topk of a bool tensor")
+
+
 def _opt(lw: Lowering, v: Any) -> TView | None:
     return None if v is None else lw.tv(v)
 
@@ -1677,13 +1688,14 @@ LIBRARY: dict[Any, LibOp] = {
         "addmm", lambda n: [n.args[0], n.args[1], n.args[2]],
         lambda n: {"beta": float(_arg(n, 3, "beta", 1)), "alpha": float(_arg(n, 4, "alpha", 1))}),
     aten.linear.default: _simple("linear", _linear_ins),
-    aten.convolution.default: _simple(
-        "convolution", lambda n: [n.args[0], n.args[1], n.args[2]], _conv_params),
+    aten.convolution.default: LibOp("convolution", _simple(
+        "convolution", lambda n: [n.args[0], n.args[1], n.args[2]], _conv_params).lower,
+        _conv_check),
     aten.scaled_dot_product_attention.default: LibOp(
             "sdpa", _simple("sdpa", lambda n: [n.args[0], n.args[1], n.args[2],
                                            _arg(n, 3, "attn_mask", None)],
                         _sdpa_params).lower, _sdpa_check),
-    aten.topk.default: LibOp("topk", _lower_multi("topk", _topk_params, False), _float_inputs),
+    aten.topk.default: LibOp("topk", _lower_multi("topk", _topk_params, False), _topk_check),
     aten.max_pool2d_with_indices.default: LibOp(
         "max_pool2d", _lower_multi("max_pool2d", _pool_params, True), _float_inputs),
     aten.upsample_nearest2d.vec: LibOp(
