@@ -693,14 +693,44 @@ def test_pool_clear_frees_everything(mem, dev, stream, owner):
     s2.close()
 
 
-def test_pool_eviction_waits_for_pending_work(dev, stream, owner):
+def test_pool_eviction_waits_for_pending_work(dev, stream, owner, monkeypatch):
+    """An evicted block goes back to the device only after the work queued on it."""
     m = Memory(dev, PoolOptions(cap_bytes=2 * KIB))
-    a, h = _pending_write(dev, m, stream, n=256)
+    a, h = _pending_write(dev, m, stream, n=256)          # a 1 KiB block, busy
     shims.delete_tensor_object(h)
+    freed = []
+    real = dev._free
+    monkeypatch.setattr(dev, "_free", lambda block: (freed.append(block), real(block)))
     waits = stream.completed_waits
-    free(m.allocate(1024, make_stream(dev, "async")))  # evicts the busy block: waits first
-    assert stream.completed_waits == waits + 1
+    s2 = make_stream(dev, "async")
+    small = [m.allocate(448, s2) for _ in range(3)]     # too small to take the 1 KiB block
+    for x in small[:2]:
+        free(x)
+    assert stream.completed_waits == waits and freed == []
+    free(small[2])                                       # over the cap: evicts the busy one
+    assert stream.completed_waits == waits + 1 and freed == [a.block]
+    assert pooled_ptrs(m) != [] and a.ptr not in pooled_ptrs(m)
     m.pool.clear()
+    s2.close()
+
+
+def test_freeing_settled_pooled_blocks_does_not_wait(mem, dev, stream, owner, monkeypatch):
+    a, h = _pending_write(dev, mem, stream)
+    shims.delete_tensor_object(h)
+    stream.commit_and_wait()
+    freed = []
+    real = dev._free
+    monkeypatch.setattr(dev, "_free", lambda block: (freed.append(block), real(block)))
+    waits = stream.completed_waits
+    mem.pool.clear()
+    assert stream.completed_waits == waits and freed == [a.block]
+
+
+def test_a_closed_stream_leaves_no_trace_in_the_pool(dev, owner, stream):
+    s2 = make_stream(dev, "async")
+    free(dev.memory.allocate(704, s2))
+    s2.close()
+    assert s2 not in dev.memory.pool._lists
 
 
 def test_allocation_retries_once_after_dropping_the_pool(mem, dev, stream, owner, monkeypatch):
