@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import math
 import operator
+import os
+import re
 from dataclasses import dataclass
 from typing import Any, Callable, Sequence
 
@@ -41,9 +43,17 @@ ZERO = Const(0, I64)
 
 
 def where_from(node: torch.fx.Node) -> str:
-    """`aten.op at file:line` of a node, for error messages."""
-    trace = (node.meta.get("stack_trace") or "").strip().splitlines()
-    return f"{node.target} ({node.name})" + (f" at {trace[-1].strip()}" if trace else "")
+    """`aten.op (name) at file:line: code` of a node, for error messages."""
+    lines = [x.strip() for x in (node.meta.get("stack_trace") or "").strip().splitlines()]
+    text = f"{node.target} ({node.name})"
+    files = [x for x in lines if x.startswith('File "')]
+    if files:
+        m = re.match(r'File "([^"]*)", line (\d+)', files[-1])
+        if m:
+            text += f" at {os.path.basename(m.group(1))}:{m.group(2)}"
+    if lines and not lines[-1].startswith('File "'):
+        text += f": {lines[-1]}"
+    return text
 
 
 def dtype_name(dtype: Any, node: torch.fx.Node | None = None) -> str:

@@ -43,7 +43,12 @@ def _reduce_space(node: torch.fx.Node) -> Space:
     """Space of a plain reduction: the input's shape, reduced over the node's dims."""
     a = node_args(node)
     xs = shape_of(_source(node))
-    return Space(xs, _dims(a.get("dim"), len(xs)), reduce=True)
+    # any.dims/all.dims read dim=[] as "no dims"; the older reductions as "every dim"
+    empty_is_all = node.target not in _EMPTY_IS_NONE
+    return Space(xs, _dims(a.get("dim"), len(xs), empty_is_all), reduce=True)
+
+
+_EMPTY_IS_NONE = set(_ov(aten.any, "dims") + _ov(aten.all, "dims"))
 
 
 def _keepdim(node: torch.fx.Node) -> bool:
