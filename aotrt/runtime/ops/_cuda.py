@@ -932,10 +932,13 @@ def _merge(sizes: Sequence[int], strides: Sequence[int]) -> tuple[list[int], lis
 # attention: two batched GEMMs around a fused scale/mask/softmax kernel
 
 
-def _plain_plan(dev: "CudaDevice", out: Handle, a: Handle, b: Handle
-                ) -> tuple[_GemmPlan, bool]:
+def _plain_plan(dev: "CudaDevice", out: Handle, a: Handle, b: Handle,
+                aligns_abo: tuple[int, int, int] = (16, 16, 16)) -> tuple[_GemmPlan, bool]:
     """A plan for out = a @ b (views whose addresses may be placeholders); returns the plan
-    and whether the operands go in swapped (b first), as make_matmul decides."""
+    and whether the operands go in swapped (b first), as make_matmul decides.
+
+    `aligns_abo`: the alignment (bytes, at most 16) every pointer of a, b and out will have
+    when the plan runs; cuBLASLt refuses at run time what a plan assumed wrongly."""
     blas = _get_blas(dev)
     d_op = _operand(out, want_t=True)
     row_out = not d_op.trans
@@ -951,16 +954,26 @@ def _plain_plan(dev: "CudaDevice", out: Handle, a: Handle, b: Handle
     batch = max(A.batch, B.batch, D.batch)
     A = _Operand(0, A.trans, A.rows, A.cols, A.ld, batch, A.bstride if A.batch > 1 else 0)
     B = _Operand(0, B.trans, B.rows, B.cols, B.ld, batch, B.bstride if B.batch > 1 else 0)
-    aligns = (16, 16, 16)
+    al_a, al_b, al_o = (min(16, x) for x in aligns_abo)
+    aligns = (al_b, al_a, al_o) if row_out else (al_a, al_b, al_o)
     dtype = out.dtype.name
     key = ("plain", dtype, A.trans, B.trans, A.rows, A.cols, A.ld, A.bstride, B.rows, B.cols,
-           B.ld, B.bstride, D.rows, D.cols, D.ld, D.bstride, batch)
+           B.ld, B.bstride, D.rows, D.cols, D.ld, D.bstride, batch, aligns)
     with blas.lock:
         plan = blas.plans.get(key)
         if plan is None:
             plan = blas.plans[key] = _GemmPlan(blas, dtype, A, B, D, m, n, a.sizes[-1], False,
                                                False, aligns)
     return plan, row_out
+
+
+def _alignment(*byte_values: int) -> int:
+    """The alignment (at most 16) shared by base addresses and byte offsets (0 is free)."""
+    al = 16
+    for v in byte_values:
+        if v:
+            al = min(al, _align(v))
+    return al
 
 
 def _fold_batch(h: Handle, nb: int) -> Handle | None:
@@ -1045,8 +1058,14 @@ def make_sdpa(out: Handle, q: Handle, k: Handle, v: Handle, mask: Handle | None,
     if o_scatter:
         od = Handle(None, 0, (nb, lq, ev), contiguous_strides((nb, lq, ev)), out.dtype,
                     out.device, out.owner)
-    plan1, swap1 = _plain_plan(dev, sc_desc, qd, kt)
-    plan2, swap2 = _plain_plan(dev, od, sc_desc, vd)
+    isz0 = out.dtype.itemsize
+
+    def al(d: Handle, packed: Any) -> int:
+        return 16 if packed is not None else _alignment(d.address, d.strides[0] * isz0)
+
+    o_al = 16 if od.alloc is None else _alignment(od.address, od.strides[0] * isz0)
+    plan1, swap1 = _plain_plan(dev, sc_desc, qd, kt, (al(qd, qpack), al(kd, kpack), 16))
+    plan2, swap2 = _plain_plan(dev, od, sc_desc, vd, (16, al(vd, vpack), o_al))
     # mask: strides broadcast over (batch..., lq, s)
     mask_kind, mptr, mst, mname = 0, 0, [0] * 6, "float32"
     if mask is not None:
@@ -1299,7 +1318,12 @@ def _gemm_col2im_conv(out: Handle, w: Handle, bias: Handle | None, p: Any, xb: H
     w_t = Handle(None, 0, (n, og * kk, cg), (0, 1, og * kk), out.dtype, out.device, out.owner)
     c_rows = Handle(None, 0, (n, og * kk, hw), (groups * og * kk * hw, hw, 1), out.dtype,
                     out.device, out.owner)
-    plan, swap = _plain_plan(dev, c_rows, w_t, x_rows)
+    x_cs = xst[1] if x_direct else hw
+    w_al = _alignment(wv.address if w_direct else 0, cg * og * kk * isz)
+    x_al = _alignment(xv.address if x_direct else 0, cg * x_cs * isz,
+                      (xst[0] if x_direct else cin * hw) * isz)
+    c_al = _alignment(og * kk * hw * isz, groups * og * kk * hw * isz)
+    plan, swap = _plain_plan(dev, c_rows, w_t, x_rows, (w_al, x_al, c_al))
     kern = _kernel(dev, f"aot_col2im_{out.dtype.name}")
     cfg = dev.launch_config(n * co * ho * wo)
     x_cstride = xst[1] if x_direct else hw
@@ -1383,7 +1407,12 @@ def _im2col_conv(out: Handle, w: Handle, bias: Handle | None, p: Any, xb: Handle
     if not direct:
         col_rows = Handle(None, 0, (n, kg, hw), (c * kh * kw * hw, hw, 1), out.dtype,
                           out.device, out.owner)
-    plan, swap = _plain_plan(dev, o_rows, w_rows, col_rows)
+    w_al = _alignment(w.address if w_direct else 0, og * kg * isz)
+    c_al = (_alignment(xb.address, cg * xst[1] * isz, xst[0] * isz) if direct else
+            _alignment(kg * hw * isz, c * kh * kw * hw * isz))
+    o_al = (_alignment(ob.address, og * ost[1] * isz, ost[0] * isz) if o_direct else
+            _alignment(og * hw * isz, co * hw * isz))
+    plan, swap = _plain_plan(dev, o_rows, w_rows, col_rows, (w_al, c_al, o_al))
     im2col = None if direct else _kernel(dev, f"aot_im2col{isz}")
     cfg = dev.launch_config(n * c * kh * kw * hw)
     im_args = [xb.address, 0, n, c, h, wd, ho, wo, *xst]
