@@ -1,0 +1,57 @@
+"""On the GPU machine: GPU time per kernel of one aotrt run (CUPTI through torch.profiler),
+next to torch.compile's, for one benchmark model.
+
+    python3 scripts/cuda_profile.py gpt2_1x256
+"""
+
+from __future__ import annotations
+
+import collections
+import sys
+
+import torch
+from torch.profiler import ProfilerActivity, profile
+
+sys.path.insert(0, "bench")
+import bench  # noqa: E402
+
+import aotrt  # noqa: E402
+
+
+def kernel_table(prof, title: str) -> None:
+    """Kernels by total GPU time (us), grouped by name prefix."""
+    tot: dict = collections.Counter()
+    cnt: dict = collections.Counter()
+    for e in prof.events():
+        if e.device_type == torch.autograd.DeviceType.CUDA:
+            key = e.name[:60]
+            tot[key] += e.device_time_total if hasattr(e, "device_time_total") else e.cuda_time
+            cnt[key] += 1
+    total = sum(tot.values())
+    print(f"== {title}: {total / 3:.1f} us GPU per run, {sum(cnt.values()) / 3:.0f} kernels")
+    for k, v in tot.most_common(14):
+        print(f"  {v / 3:8.1f} us  x{cnt[k] / 3:4.0f}  {k}")
+
+
+name = sys.argv[1] if len(sys.argv) > 1 else "gpt2_1x256"
+m, inputs = bench.build(name)
+prog = aotrt.export(m, inputs)
+with aotrt.load(prog, device="cuda") as d:
+    for _ in range(3):
+        d.run(*inputs)
+    d.stream.commit_and_wait()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(3):
+            d.run(*inputs)
+        d.stream.commit_and_wait()
+    kernel_table(prof, f"aotrt {name}")
+cm = torch.compile(m)
+with torch.no_grad():
+    for _ in range(3):
+        cm(*inputs)
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(3):
+            cm(*inputs)
+        torch.cuda.synchronize()
+kernel_table(prof, f"torch.compile {name}")
