@@ -310,13 +310,25 @@ def _pow(c: str, x: Expr, e: Expr) -> Expr:
     return op("pow", x, e)
 
 
+def _int_divisor(c: str, d: Expr) -> Expr:
+    """An integer divisor that is never 0 (torch raises there; a 0 would trap the process),
+    so x / 0 and x % 0 give x / 1 and x % 1."""
+    if c in ir.FLOAT_DTYPES or (isinstance(d, Const) and d.value != 0):
+        return d
+    return op("where", op("eq", d, const(0, c), dtype=BOOL), const(1, c), d)
+
+
 def _div_mode(c: str, v: list[Any], a: dict[str, Any]) -> Expr:
     mode = a.get("rounding_mode")
     if mode is None:
         return op("div", v[0], v[1])
     if mode not in ("trunc", "floor"):
         raise Unsupported(f"div rounding_mode {mode!r}")
-    return op("truncdiv" if mode == "trunc" else "floordiv", v[0], v[1])
+    return op("truncdiv" if mode == "trunc" else "floordiv", v[0], _int_divisor(c, v[1]))
+
+
+def _int_safe(name: str) -> Callable[[str, list[Any], dict[str, Any]], Expr]:
+    return lambda c, v, a: op(name, v[0], _int_divisor(c, v[1]))
 
 
 def _clamp(c: str, v: list[Any], a: dict[str, Any]) -> Expr:
@@ -356,8 +368,8 @@ _pw(_ov(aten.rsub, "Tensor", "Scalar"), SO, DEF,
 _pw(_ov(aten.mul, "Tensor", "Scalar"), SO, DEF, _binary("mul"))
 _pw(_ov(aten.div, "Tensor", "Scalar"), SO, INT2F, _binary("div"))
 _pw(_ov(aten.div, "Tensor_mode", "Scalar_mode"), SO, DEF, _div_mode)
-_pw(_ov(aten.remainder, "Tensor", "Scalar"), SO, DEF, _binary("mod"))
-_pw(_ov(aten.fmod, "Tensor", "Scalar"), SO, DEF, _binary("fmod"))
+_pw(_ov(aten.remainder, "Tensor", "Scalar"), SO, DEF, _int_safe("mod"))
+_pw(_ov(aten.fmod, "Tensor", "Scalar"), SO, DEF, _int_safe("fmod"))
 _pw(_ov(aten.maximum, "default"), SO, DEF, _binary("maximum"))
 _pw(_ov(aten.minimum, "default"), SO, DEF, _binary("minimum"))
 _pw(_ov(aten.atan2, "default"), SO, INT2F, _binary("atan2"))
@@ -459,7 +471,7 @@ def _check_to_copy(node: torch.fx.Node) -> str | None:
         return "a layout change"
     if a.get("pin_memory"):
         return "pin_memory"
-    if src is not None and a.get("device") is not None and \
+    if src is not None and a.get("device") is not None and src.device.type != "meta" and \
             torch.device(a["device"]).type != src.device.type:
         return f"a device change to {a['device']}"
     if src is not None and tuple(src.shape) != tuple(dst.shape):

@@ -648,8 +648,9 @@ def test_gpt2_block_with_decomposed_attention() -> None:
         assert _rel_err(g, ref) < TOL[x.dtype]
 
 
-def _patterns(x: torch.Tensor, w: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, ...]:
-    """Three partition patterns in one graph (see the test below)."""
+def _patterns(x: torch.Tensor, w: torch.Tensor, v: torch.Tensor, ix: torch.Tensor,
+              iy: torch.Tensor) -> tuple[torch.Tensor, ...]:
+    """Partition patterns in one graph (see the test below)."""
     a = torch.sigmoid(x)          # feeds an mm and a later multiply
     m = a @ w
     c = a * 2
@@ -660,7 +661,7 @@ def _patterns(x: torch.Tensor, w: torch.Tensor, v: torch.Tensor) -> tuple[torch.
     for _ in range(20):           # every value used twice: the tree doubles per step
         z = z * torch.sigmoid(z) + 0.5
     gen = torch.where(v > 0, v, -1.5) + torch.zeros(5)   # generators used by one consumer
-    return c + m, a.sum(-1), y, z, gen
+    return c + m, a.sum(-1), y, z, gen, ix // iy, ix % iy
 
 
 @torch.no_grad()
@@ -668,9 +669,14 @@ def test_partition_patterns() -> None:
     """- sigmoid feeds mm and a later multiply: they cannot share a kernel (the multiply's
       group would have to run both before and after the mm);
     - long chains and exponentially shared expressions split into several kernels;
-    - scalar_tensor/full used by one broadcasting consumer fold into it."""
+    - scalar_tensor/full used by one broadcasting consumer fold into it;
+    - integer division by zero does not trap (it divides by 1 instead)."""
+    def ints() -> list[torch.Tensor]:
+        iy = torch.randint(-2, 3, (4, 7))
+        iy[0, 0] = 0
+        return [torch.randint(-50, 50, (4, 7)), iy]
     x, w, v = torch.randn(4, 6), torch.randn(6, 6), torch.randn(3, 5)
-    ep = _export(_patterns, x, w, v)
+    ep = _export(_patterns, x, w, v, *ints())
     nodes = _fusible_nodes(ep)
     groups = partition(nodes)
     _check_groups(nodes, groups)
@@ -685,11 +691,14 @@ def test_partition_patterns() -> None:
     assert {"scalar_tensor.default", "full.default"} <= set(_targets(gen))
     plan = _plan("pat", groups)
     assert not plan.errors, plan.errors
-    fresh = [torch.randn(4, 6), torch.randn(6, 6), torch.randn(3, 5)]
+    fresh = [torch.randn(4, 6), torch.randn(6, 6), torch.randn(3, 5), *ints()]
     got = _run_ep(ep, plan, fresh)
-    ref = _patterns(*[t.double() for t in fresh])
-    for g, r in zip(got, ref):
+    fresh[-1] = torch.where(fresh[-1] == 0, 1, fresh[-1])
+    ref = _patterns(*[t.double() if t.dtype.is_floating_point else t for t in fresh])
+    for g, r in zip(got[:5], ref[:5]):
         assert _rel_err(g, r) < 1e-4
+    for g, r in zip(got[5:], ref[5:]):
+        assert torch.equal(g, r)
 
 
 # ---------------------------------------------------------------------------------------------
