@@ -13,6 +13,8 @@ here. Half-precision values are computed in float and rounded on store, as on th
 
 from __future__ import annotations
 
+import os
+
 from aotrt.kernels import ir
 from aotrt.kernels.render_c import COMPUTE_TYPE, CStyleRenderer
 
@@ -20,6 +22,10 @@ from aotrt.kernels.render_c import COMPUTE_TYPE, CStyleRenderer
 BLOCK = 256
 #: a reduce domain at least this long gets a warp per outer element
 WARP_REDUCE_MIN = 32
+#: ... and at least this long a whole block (AOTRT_CUDA_BLOCK_REDUCE=1 turns it on; it is
+#: not yet measured on the GPU, so the default stays with warps)
+BLOCK_REDUCE_MIN = 256 if os.environ.get("AOTRT_CUDA_BLOCK_REDUCE", "0") not in (
+    "", "0", "false", "no") else None
 
 STORAGE_TYPE_CUDA = {
     "float32": "float", "float16": "uint16_t", "bfloat16": "uint16_t", "int64": "int64_t",
@@ -83,6 +89,21 @@ static __device__ __forceinline__ bool aot_warp_any(bool v) { return __any_sync(
 static __device__ __forceinline__ bool aot_warp_all(bool v) { return __all_sync(AOT_FULL, v); }
 """
 
+# Block all-reduces: warp results meet in shared memory; the first barrier keeps a block
+# from overwriting partials that another warp of it still reads from the previous call.
+_BLOCK = r"""
+#define AOT_BLOCK(NAME, T, ID) static __device__ __forceinline__ T aot_block_##NAME(T v) { \
+  __shared__ T sh[32]; v = aot_warp_##NAME(v); __syncthreads(); \
+  if ((threadIdx.x & 31) == 0) sh[threadIdx.x >> 5] = v; __syncthreads(); \
+  T r = (threadIdx.x & 31) < (blockDim.x >> 5) ? sh[threadIdx.x & 31] : (T)(ID); \
+  return aot_warp_##NAME(r); }
+AOT_BLOCK(sum, float, 0.0f) AOT_BLOCK(sum, int64_t, 0) AOT_BLOCK(sum, bool, false)
+AOT_BLOCK(prod, float, 1.0f) AOT_BLOCK(prod, int64_t, 1) AOT_BLOCK(prod, bool, true)
+AOT_BLOCK(max, float, -INFINITY) AOT_BLOCK(max, int64_t, INT64_MIN) AOT_BLOCK(max, bool, false)
+AOT_BLOCK(min, float, INFINITY) AOT_BLOCK(min, int64_t, INT64_MAX) AOT_BLOCK(min, bool, true)
+AOT_BLOCK(any, bool, false) AOT_BLOCK(all, bool, true)
+"""
+
 
 def _prod(shape: tuple[int, ...]) -> int:
     n = 1
@@ -97,16 +118,23 @@ class CudaRenderer(CStyleRenderer):
     def preamble(self) -> str:
         """Types, macros, conversions, the shared helpers and the warp reductions."""
         helpers = self.HELPERS.replace("{q}", "static __device__ __forceinline__")
-        return _PREAMBLE + helpers + _WARP
+        return _PREAMBLE + helpers + _WARP + (_BLOCK if BLOCK_REDUCE_MIN else "")
 
     @staticmethod
     def lanes(k: ir.Kernel) -> int:
-        """Threads that work on one outer element: 32 for long reductions, else 1."""
-        return 32 if k.rshape and _prod(k.rshape) >= WARP_REDUCE_MIN else 1
+        """Threads that work on one outer element: a block or a warp for long reductions,
+        else 1."""
+        if not k.rshape:
+            return 1
+        rn = _prod(k.rshape)
+        if BLOCK_REDUCE_MIN is not None and rn >= BLOCK_REDUCE_MIN:
+            return BLOCK
+        return 32 if rn >= WARP_REDUCE_MIN else 1
 
     def render_kernel(self, k: ir.Kernel) -> str:
-        """One kernel; remembers whether it runs a warp per outer element."""
-        self._warp = self.lanes(k) == 32
+        """One kernel; remembers how many threads share one outer element."""
+        self._lanes = self.lanes(k)
+        self._warp = self._lanes > 1
         return super().render_kernel(k)
 
     def flat_index(self) -> str:
@@ -135,14 +163,16 @@ class CudaRenderer(CStyleRenderer):
             super()._open_rloop(depth, var)
             return
         rn = _prod(self._k.rshape)
-        self._emit(depth, f"for (int64_t {var} = lane; {var} < {rn}; {var} += 32) {{")
+        step = self._lanes
+        self._emit(depth, f"for (int64_t {var} = lane; {var} < {rn}; {var} += {step}) {{")
         for line in self.decompose(var, self._k.rshape, len(self._k.shape)):
             self._emit(depth + 1, line)
 
     def _reduce(self, e: ir.Reduce, scope: dict, depth: int) -> str:
         acc = super()._reduce(e, scope, depth)
         if self._warp:
-            self._emit(depth, f"{acc} = aot_warp_{e.op}({acc});")
+            scope_ = "block" if self._lanes == BLOCK else "warp"
+            self._emit(depth, f"{acc} = aot_{scope_}_{e.op}({acc});")
         return acc
 
     def round_to(self, x: str, dtype: str) -> str:
@@ -173,7 +203,10 @@ class CudaRenderer(CStyleRenderer):
         """A __global__ function over a grid-stride loop of outer elements (or of warps)."""
         params = ", ".join([f"char* p{i}" for i in range(len(k.args))] + ["int64_t n"])
         inner = "\n".join("  " + line for line in body.splitlines())
-        if self._warp:
+        if self._lanes == BLOCK:
+            head = ("  const int64_t lane = threadIdx.x;\n"
+                    "  for (int64_t it = blockIdx.x; it < n; it += gridDim.x) {\n")
+        elif self._warp:
             head = ("  const int64_t lane = threadIdx.x & 31;\n"
                     "  const int64_t step = ((int64_t)gridDim.x * blockDim.x) >> 5;\n"
                     "  for (int64_t it = ((int64_t)blockIdx.x * blockDim.x + threadIdx.x) >> 5;"
