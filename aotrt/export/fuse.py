@@ -32,12 +32,11 @@ import torch
 from aotrt.errors import Unsupported
 from aotrt.kernels import ir
 from aotrt.kernels.ir import Const, Expr, Idx, Load
-from aotrt.export import reductions  # noqa: F401  (registers reductions into OPS)
 from aotrt.export.pointwise import (
     I64, OPS, ZERO, OpDef, Space, broadcast_coords, const, dtype_name,
     node_args, numel, shape_of, val, where_from,
 )
-from aotrt.export.reductions import OPS_SPACE
+from aotrt.export.reductions import OPS_SPACE  # importing it registers the reductions
 
 log = logging.getLogger(__name__)
 
@@ -516,6 +515,7 @@ def partition(nodes: list[torch.fx.Node]) -> list[list[torch.fx.Node]]:
     groups = _fold_generators(groups, group_of, pos)
     out = [sorted(g.members, key=lambda m: pos[m]) for g in groups]
     out.sort(key=lambda ms: pos[ms[-1]])
+    log.debug("partition: %d fusible nodes in %d groups", len(order), len(out))
     return out
 
 

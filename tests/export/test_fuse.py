@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import json
 import math
 import operator
 from dataclasses import dataclass, field
@@ -746,3 +747,11 @@ def test_export_notes_op_union_is_covered() -> None:
     ]
     missing = [str(op) for op in union if op not in OPS]
     assert not missing, missing
+
+
+def test_kernels_survive_the_program_file_json() -> None:
+    """Every suite kernel serializes to the program file's JSON and back unchanged."""
+    for plan in _suite_run().plans.values():
+        kernels = [k for k in plan.kernels if k is not None]
+        back = ir.from_json(json.loads(ir.dumps(kernels)))
+        assert tuple(back) == tuple(kernels)
