@@ -25,10 +25,10 @@ def export(model: Any, example_inputs: Sequence[Any], *, kwargs: dict[str, Any] 
     the runtime cannot run; nothing unsupported is left to fail at run time.
     """
     from aotrt.export.capture import capture
-    from aotrt.export.lower import lower
+    from aotrt.export.lower import lower, runs_whole
 
     t0 = time.perf_counter()
-    ep = capture(model, example_inputs, kwargs=kwargs, strict=strict)
+    ep = capture(model, example_inputs, kwargs=kwargs, strict=strict, runs_whole=runs_whole)
     t1 = time.perf_counter()
     prog = lower(ep, name or type(model).__name__)
     log.info("exported %s: capture %.2fs, lowering %.2fs, %d instructions, %d kernels",

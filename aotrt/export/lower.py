@@ -1707,6 +1707,27 @@ LIBRARY: dict[Any, LibOp] = {
 }
 
 
+def runs_whole(node: torch.fx.Node) -> bool:
+    """True when the lowering can run `node` as it is (capture decomposes the others
+    further where torch knows how)."""
+    t = node.target
+    if node.op != "call_function" or t is operator.getitem or t in NOOPS:
+        return True
+    if t in VIEW_OPS or t in MULTI_VIEW_OPS or t in CAT_OPS or t in SCATTER_OPS or \
+            t in COPY_OPS:
+        return True
+    try:
+        if t in INDEX_PUT_OPS:
+            _check_index_put(node)
+            return True
+        if t in LIBRARY:
+            LIBRARY[t].check(None, node)  # type: ignore[arg-type]
+            return True
+        return fuse.fusible(node)
+    except Exception:  # noqa: BLE001 - anything odd: let decomposition have a go
+        return False
+
+
 def lower(ep: torch.export.ExportedProgram, name: str = "module") -> Program:
     """Lower a decomposed ExportedProgram into a validated Program."""
     return Lowering(ep, name).run()

@@ -16,7 +16,7 @@ import torch.nn.functional as F
 
 import aotrt
 from aotrt.export.capture import KEPT_OPS, capture, decomposition_table
-from aotrt.export.lower import TView, Buf, slice_view, view_strides
+from aotrt.export.lower import Buf, TView, runs_whole, slice_view, view_strides
 from tests.export import modules as M
 from tests.export.harness import check_module, count_ops, randn
 
@@ -436,6 +436,34 @@ def test_memory_plan_reuses_the_arena() -> None:
     prog = _check(Chain(), (32, 64))
     one = 32 * 64 * 4
     assert prog.arena_nbytes <= 3 * one
+
+
+class FurtherDecomposed(nn.Module):
+    """Ops the core table keeps but aotrt cannot run whole: capture decomposes them further
+    (group/instance norm, bilinear upsampling, average and adaptive pooling)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.up = nn.ConvTranspose2d(4, 6, 3, stride=2, padding=1, output_padding=1)
+        self.gn = nn.GroupNorm(2, 6)
+        self.inorm = nn.InstanceNorm2d(6, affine=True)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = self.inorm(self.gn(self.up(x)))
+        y = F.interpolate(y, scale_factor=1.5, mode="bilinear", align_corners=False)
+        y = F.avg_pool2d(y, 3, stride=2, padding=1, count_include_pad=False)
+        return F.adaptive_avg_pool2d(y, (3, 2)).flatten(1).log_softmax(-1)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_unsupported_ops_decompose_further(dtype: torch.dtype) -> None:
+    """The program has no group-norm/upsample/pool op left and matches eager."""
+    check_module(FurtherDecomposed(), M.inputs((1, 4, 5, 5)), dtype)
+    ep = capture(FurtherDecomposed().eval(), (torch.randn(1, 4, 5, 5),),
+                 runs_whole=runs_whole)
+    targets = {n.target for n in ep.graph.nodes if n.op == "call_function"}
+    assert not targets & {aten.native_group_norm.default, aten.upsample_bilinear2d.vec,
+                          aten.avg_pool2d.default, aten._adaptive_avg_pool2d.default}
 
 
 # ---------------------------------------------------------------------------------------------
