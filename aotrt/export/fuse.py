@@ -420,11 +420,12 @@ def group_io(group: Sequence[torch.fx.Node]) -> tuple[list[torch.fx.Node], list[
         return inputs, outputs
     pos = {n: i for i, n in enumerate(next(iter(members)).graph.nodes)}
     for n in sorted(members, key=lambda m: pos[m]):
-        for x in n.all_input_nodes:
+        d = _opdef(n)
+        reads = [] if d is not None and d.kind == "generator" else n.all_input_nodes
+        for x in reads:  # generators (full_like, ...) read only their operand's shape
             if x not in members and x not in inputs and isinstance(x.meta.get("val"),
                                                                    torch.Tensor):
                 inputs.append(x)
-        d = _opdef(n)
         if d is not None and d.outputs > 1:
             continue
         if any(u not in members for u in n.users):
