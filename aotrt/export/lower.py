@@ -645,10 +645,13 @@ class Lowering:
 
     def _check_outputs(self) -> None:
         for spec in self.ep.graph_signature.output_specs:
-            if spec.kind in (OutputKind.BUFFER_MUTATION, OutputKind.USER_INPUT_MUTATION):
-                raise Unsupported(f"the model mutates {spec.kind.name.lower().replace('_', ' ')}"
-                                  f" {spec.target!r} in place; aotrt programs do not write "
-                                  f"their inputs or weights (clone it first)")
+            if spec.kind == OutputKind.USER_INPUT_MUTATION:
+                raise Unsupported(f"the model mutates user input {spec.target!r} in place; "
+                                  f"aotrt programs never write their inputs (clone it first)")
+            if spec.kind == OutputKind.BUFFER_MUTATION:
+                raise Unsupported(f"the model updates buffer {spec.target!r} in place; aotrt "
+                                  f"programs never write their weights (a model in training "
+                                  f"mode updates batch-norm statistics: call model.eval())")
             if spec.kind != OutputKind.USER_OUTPUT:
                 raise Unsupported(f"output kind {spec.kind.name} is not supported")
 

@@ -498,6 +498,13 @@ def test_attention_dropout_is_refused() -> None:
         _export(Dropout(), (1, 2, 4, 8))
 
 
+def test_training_mode_batch_norm_is_refused() -> None:
+    """A batch norm in training mode updates its statistics: refused, suggesting eval()."""
+    model = nn.Sequential(nn.Conv2d(3, 4, 3), nn.BatchNorm2d(4)).train()
+    with pytest.raises(aotrt.Unsupported, match=r"running_mean.*model\.eval"):
+        aotrt.export(model, (torch.randn(1, 3, 6, 6),))
+
+
 def test_float64_is_refused() -> None:
     """float64 has no aotrt dtype: refused at export."""
     with pytest.raises(aotrt.Unsupported, match="float64"):
