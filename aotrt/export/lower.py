@@ -1,13 +1,29 @@
 """Lowering: a core-ATen graph from torch.export -> an aotrt Program.
 
 Every value of the graph becomes a `TView`: a view (element offset, sizes, strides, dtype)
-of one `Buf` (an arena intermediate, an input, an output or a constant). View ops make new
-TViews of the same Buf and emit nothing. Compute nodes write fresh Bufs laid out as their
-meta['val'] says, or, when their one consumer is a `cat` or an in-place `slice_scatter`,
-straight into a view of that consumer's result. Pointwise and reduction nodes are grouped
-by aotrt.export.fuse into generated kernels; GEMMs, convolution, attention, topk, pooling
-and upsampling become library instructions. Arena Bufs are planned by the ProgramBuilder
-(aotrt.export.plan) from the instruction order.
+of one `Buf` (an arena intermediate, an input, an output or a constant).
+
+- View ops (view, permute, expand, slice, select, split, diagonal, as_strided, ...) make new
+  TViews of the same Buf, computed from the base's real layout (never copies; a view of a
+  view is one view of the root). A reshape that no layout allows reads a row-major copy.
+- Compute nodes write a fresh Buf laid out as their meta['val'] strides (elementwise ops keep
+  their input's layout, and later `view` nodes rely on it), or straight into a consumer's
+  memory: their slot of a `cat` result (also through a split whose pieces are consecutive
+  cat inputs, and through reshape/permute views), or the region of an in-place
+  `slice_scatter`/`index_put`. A cat input that is not written in place is copied into its
+  slot.
+- Functional scatters (slice/select/diagonal_scatter, index_put) mutate their base in place
+  when no older alias of its Buf is read later; otherwise they write a copy.
+- Pointwise and reduction nodes go to aotrt.export.fuse (partition + build_kernel, which
+  sees the views' real strides); GEMMs, convolution, attention, topk, pooling and nearest
+  upsampling become library instructions (aotrt.runtime.ops).
+- Batch norm (eval) folds into the convolution before it; subgraphs of constants fold into
+  program constants (growing a constant only up to `fold_limit` elements).
+- Outputs own their memory: a whole row-major arena Buf becomes the output root; anything
+  else (inputs, constants, views, repeated values) is copied.
+- Anything unsupported raises Unsupported naming the op and the model's source line,
+  before any instruction is made. Arena Bufs are planned by ProgramBuilder (export/plan.py)
+  from the instruction order.
 """
 
 from __future__ import annotations
@@ -697,13 +713,14 @@ class Lowering:
             return
         if gamma is None or beta is None or mean is None or var is None:
             return
-        wv = self.placeholder_value[w].double()
-        scale = self.placeholder_value[gamma].double() / torch.sqrt(
-            self.placeholder_value[var].double() + eps)
-        bias = self.placeholder_value[b].double() if b is not None else torch.zeros_like(scale)
-        new_w = (wv * scale.reshape(-1, *([1] * (wv.dim() - 1)))).to(self.placeholder_value[w].dtype)
-        new_b = ((bias - self.placeholder_value[mean].double()) * scale +
-                 self.placeholder_value[beta].double()).to(self.placeholder_value[w].dtype)
+        value = self.placeholder_value
+        dt = value[w].dtype
+        # Folded in float64, rounded once to the weights' dtype.
+        wv = value[w].double()
+        scale = value[gamma].double() / torch.sqrt(value[var].double() + eps)
+        bias = value[b].double() if b is not None else torch.zeros_like(scale)
+        new_w = (wv * scale.reshape(-1, *([1] * (wv.dim() - 1)))).to(dt)
+        new_b = ((bias - value[mean].double()) * scale + value[beta].double()).to(dt)
         g = self.graph
         first = next(iter(g.nodes))
         with g.inserting_before(first):

@@ -14,7 +14,6 @@ import warnings
 import numpy as np
 import pytest
 import torch
-import torch.nn as nn
 
 import aotrt
 from aotrt.runtime.device import get_device
