@@ -384,6 +384,26 @@ def test_outputs_own_their_memory() -> None:
     assert count_ops(prog)["copy"] == 6
 
 
+class EmptyAndScalars(nn.Module):
+    """Zero-size views and cat inputs, 0-dim results and inputs, bool outputs."""
+
+    def forward(self, s: torch.Tensor, x: torch.Tensor, y: torch.Tensor) -> tuple:
+        e = x[:, :0]
+        c = torch.cat([e, x * s, e], 1)
+        return (c.sum(), x > 0, e * 3, torch.cat([y[0:0], y], 0), x.mean(), y[..., 1],
+                s + 1)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_empty_and_scalar_values(dtype: torch.dtype) -> None:
+    """Empty tensors and 0-dim values lower and run (bool outputs compared exactly)."""
+    def make(gen: torch.Generator, dt: torch.dtype) -> tuple[torch.Tensor, ...]:
+        return (torch.randn((), generator=gen).to(dt), randn(gen, dt, 3, 4),
+                randn(gen, dt, 2, 5))
+    prog = check_module(EmptyAndScalars(), make, dtype).program
+    assert [o["shape"] for o in prog.outputs] == [[], [3, 4], [3, 0], [2, 5], [], [2], []]
+
+
 class TransposedWeight(nn.Module):
     """A parameter whose storage is transposed (non-contiguous strides)."""
 
