@@ -58,12 +58,21 @@ TORCH_DTYPES: dict[torch.dtype, str] = {
     torch.uint8: "uint8", torch.bool: "bool",
 }
 
+def _ops(*names: str) -> frozenset[Any]:
+    """The aten overloads named 'packet.overload' that this torch has (2.11 .. 2.14)."""
+    out = set()
+    for name in names:
+        packet, _, overload = name.partition(".")
+        op = getattr(getattr(aten, packet, None), overload, None)
+        if op is not None:
+            out.add(op)
+    return frozenset(out)
+
+
 #: ops that check or annotate and compute nothing
-NOOPS = frozenset({
-    aten._assert_tensor_metadata.default, aten._assert_scalar.default,
-    aten.sym_constrain_range_for_size.default, aten.sym_constrain_range.default,
-    aten._assert_async.msg, aten._assert_async.default,
-})
+NOOPS = _ops("_assert_tensor_metadata.default", "_assert_scalar.default",
+             "sym_constrain_range_for_size.default", "sym_constrain_range.default",
+             "_assert_async.msg", "_assert_async.default")
 
 #: view ops with a single result, lowered by `_view_of`
 VIEW_OPS = frozenset({
