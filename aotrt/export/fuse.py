@@ -401,8 +401,11 @@ def build_kernel(name: str, group: list[torch.fx.Node], inputs: list[torch.fx.No
     """The kernel of one group: args are `inputs` (mode 'r') then `outputs` (mode 'w').
 
     `outputs` are group members whose values are needed outside; for a multi-output node
-    they are its getitem nodes. Loads and stores index each view by the strides of its
-    meta['val']. Raises Unsupported naming the op when the group cannot be built.
+    they are its getitem nodes (the node itself is never an output; its unused results,
+    such as batch norm's empty statistics, are not computed). An input that no member reads
+    (the shape operand of full_like) is allowed and stays unread. Loads and stores index
+    each view by the strides of its meta['val']. Raises Unsupported naming the op and its
+    source line when the group cannot be built.
     """
     if not group:
         raise Unsupported(f"kernel {name}: empty group")
