@@ -206,12 +206,19 @@ class Allocation:
                 stream.wait_for(self, writes_only)
 
     def segment_of(self, offset: int) -> tuple[int, int]:
-        """The byte range a blob starting at `offset` must stay inside."""
+        """The byte range a blob starting at `offset` must stay inside.
+
+        In constants: the weight it starts in, or ends at (an empty view there); a blob in
+        the padding between weights gets only that padding, so it reaches no weight.
+        """
         if self.segments:
             starts = [s for s, _ in self.segments]
             i = bisect.bisect_right(starts, offset) - 1
-            if i >= 0 and self.segments[i][0] <= offset < self.segments[i][1]:
+            if i >= 0 and offset <= self.segments[i][1]:
                 return self.segments[i]
+            lo = self.segments[i][1] if i >= 0 else 0
+            hi = self.segments[i + 1][0] if i + 1 < len(self.segments) else self.nbytes
+            return (lo, hi)
         return (0, self.nbytes)
 
 

@@ -1008,7 +1008,33 @@ def test_constants_segments_bound_blobs_and_views(dev, consts):
     a, _ = consts
     assert a.segment_of(0) == (0, 16) and a.segment_of(15) == (0, 16)
     assert a.segment_of(64) == (64, 104) and a.segment_of(103) == (64, 104)
-    assert a.segment_of(20) == (0, 128)      # padding belongs to no constant
+    assert a.segment_of(16) == (0, 16) and a.segment_of(104) == (64, 104)   # their ends
+    assert a.segment_of(20) == (16, 64)      # padding belongs to no constant
+    assert a.segment_of(110) == (104, 128)
+
+
+def test_blob_in_the_padding_reaches_no_constant(dev, stream, owner, consts):
+    """Bug fixed: a blob starting in the padding after a weight could run into the next."""
+    a, offsets = consts
+    with pytest.raises(InvalidArgument, match="^data_ptr: blob .* its constant"):
+        shims.create_tensor_from_blob(a.ptr + 16, [13], None, 0, "float32", device=dev.name)
+    with pytest.raises(InvalidArgument, match="^data_ptr: blob .* its constant"):
+        shims.create_tensor_from_blob(a.ptr + 20, [12], None, 0, "float32", device=dev.name)
+    pad = shims.create_tensor_from_blob(a.ptr + 20, [11], None, 0, "float32", device=dev.name)
+    shims.delete_tensor_object(pad)
+
+
+def test_empty_view_at_a_constants_end_views_back_into_it(dev, stream, owner, consts):
+    a, _ = consts
+    w = shims.create_tensor_from_blob(a.ptr, [4], None, 0, "float32", device=dev.name)
+    end = shims.create_tensor_from_blob(a.ptr + 16, [0], None, 0, "float32", device=dev.name)
+    assert end.alloc is a and end.byte_offset == 16
+    back = shims.reinterpret_tensor(end, [2], [1], -2)
+    assert back.byte_offset == 8
+    with pytest.raises(InvalidArgument, match="^sizes/strides/storage_offset: .* outside"):
+        shims.reinterpret_tensor(end, [1], [1], 0)
+    for h in (w, end, back):
+        shims.delete_tensor_object(h)
 
 
 @pytest.mark.parametrize("sizes", [[-1], [4, 1.5], ["8"], [None]])

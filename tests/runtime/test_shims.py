@@ -208,6 +208,16 @@ BAD_VIEWS: list[tuple[str, Callable[[Handle], Any], str]] = [
     ("rank mismatch", lambda h: _view(h, [2, 2], [1], 0), "^strides: 1 strides for 2 sizes"),
     ("float offset", lambda h: _view(h, [2], [1], 0.5), "^storage_offset: expected an integer"),
     ("past the end", lambda h: _view(h, [5], [1], 60), OUTSIDE),
+    ("one element past the end", lambda h: _view(h, [1], [1], 64), OUTSIDE),
+    ("one element before the start", lambda h: _view(h, [1], [1], -1), OUTSIDE),
+    ("strides past int32, overlapping", lambda h: _view(h, [(1 << 31) - 1, 2],
+                                                       [(1 << 31) - 1] * 2, 0),
+     "^sizes: .* overflows 64 bits"),
+    ("broadcast of more than 2**63 bytes", lambda h: _view(h, [(1 << 31) - 1] * 2, [0, 0], 0),
+     "^sizes: .* overflows 64 bits"),
+    ("stride past int64", lambda h: _view(h, [1, 2], [1 << 63, 1], 0), r"^strides\[0\]: .*int64"),
+    ("stride below int64", lambda h: _view(h, [1, 2], [-(1 << 63) - 1, 1], 0),
+     r"^strides\[0\]: .*int64"),
     ("below the start", lambda h: _view(h, [2], [1], -1), OUTSIDE),
     ("strided past the end", lambda h: _view(h, [2, 5], [60, 1], 0), OUTSIDE),
     ("empty view past the end", lambda h: _view(h, [0], [1], 65), EMPTY_OUTSIDE),
@@ -1005,3 +1015,50 @@ def test_copy_across_devices_goes_through_the_host_after_the_waits(cpu, owner, s
     np.testing.assert_array_equal(dst.numpy(), iota([4, 4]))
     delete(dst, src)
     s.close()
+
+
+def test_int64_stride_limits_are_inclusive(dev, stream, owner):
+    """A size-1 dim's stride may be anything that fits int64, both ends included."""
+    base = shims.empty_strided([4], None, "float32")
+    for stride in (INT64_MAX, -INT64_MAX - 1, -INT64_MAX):
+        v = shims.reinterpret_tensor(base, [1, 2], [stride, 1], 0)
+        assert v.strides == (stride, 1)
+        delete(v)
+    delete(base)
+
+
+def test_the_largest_element_count_is_int64_max(dev, stream, owner):
+    """A broadcast byte view of exactly INT64_MAX elements is accepted; its extent is one."""
+    base = shims.empty_strided([4], None, "uint8")
+    sizes = [7 * 7 * 73 * 127 * 337, 92737, 649657]       # product: 2**63 - 1
+    assert int(np.prod(np.array(sizes, dtype=object))) == INT64_MAX
+    v = shims.reinterpret_tensor(base, sizes, [0, 0, 0], 1)
+    assert v.numel == INT64_MAX and v.byte_range() == (1, 2)
+    delete(v, base)
+
+
+def test_numpy_integers_are_accepted(dev, stream, owner):
+    h = shims.empty_strided([np.int64(2), np.int32(3)], [np.int64(3), np.uint8(1)], "float32")
+    assert h.sizes == (2, 3) and h.strides == (3, 1)
+    assert all(type(x) is int for x in h.sizes + h.strides)
+    v = shims.reinterpret_tensor(h, [np.int16(2)], [np.int64(1)], np.int64(4))
+    assert v.storage_offset == 4 and type(v.storage_offset) is int
+    delete(v, h)
+
+
+def test_views_of_a_null_tensor_stand_for_address_zero(dev, stream, owner):
+    h = shims.create_tensor_from_blob(0, [0, 3], None, 0, "float32", device=dev.name)
+    v = shims.reinterpret_tensor(h, [3, 0], [1, 1], 0)
+    assert shims.get_data_ptr(v) == 0 and shims.get_storage_offset(v) == 0
+    assert v.strides == (1, 1) and v.dtype is dtypes.float32 and v.device is dev
+    delete(v, h)
+
+
+def test_outside_message_names_the_view_and_its_bounds(dev, stream, owner):
+    base = shims.empty_strided([16], None, "float32")
+    v = shims.reinterpret_tensor(base, [8], [1], 4)
+    with pytest.raises(InvalidArgument) as e:
+        shims.reinterpret_tensor(v, [2, 3], [5, 1], 6)
+    assert str(e.value) == (f"sizes/strides/storage_offset: view bytes [40, 72) lie outside "
+                            f"[0, 64) of {base.alloc.describe()}")
+    delete(v, base)
