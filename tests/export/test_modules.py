@@ -105,16 +105,23 @@ def test_gpt2_model() -> None:
 
 
 @pytest.mark.models
-def test_bert_model() -> None:
-    """transformers BertModel, small config, eager attention (the written-out path)."""
+@pytest.mark.parametrize("attn", ["eager", "sdpa"])
+def test_bert_model(attn: str) -> None:
+    """transformers BertModel, small config, with a padding attention mask input; eager
+    attention (written out: bmm/softmax) and sdpa."""
     tr = _hf("transformers")
     cfg = tr.BertConfig(num_hidden_layers=2, hidden_size=64, num_attention_heads=4,
                         intermediate_size=128, vocab_size=100, max_position_embeddings=64,
-                        attn_implementation="eager")
+                        attn_implementation=attn)
     torch.manual_seed(0)
     model = tr.BertModel(cfg).eval()
-    check_module(model, lambda g, dt: (torch.randint(0, 100, (2, 16), generator=g),),
-                 torch.float32, runs=1)
+
+    def make(gen: torch.Generator, dt: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+        ids = torch.randint(0, 100, (2, 16), generator=gen)
+        mask = torch.ones(2, 16, dtype=torch.int64)
+        mask[1, int(torch.randint(4, 15, (), generator=gen)):] = 0
+        return ids, mask
+    check_module(model, make, torch.float32, runs=2)
 
 
 @pytest.mark.models
