@@ -1280,3 +1280,55 @@ def test_freeing_constants_under_pending_work_is_a_hazard(dev, stream, owner, mo
     stream.commit_and_wait()
     for h in (w, out):
         shims.delete_tensor_object(h)
+
+
+def test_a_block_not_pooled_goes_back_to_the_device(dev, stream, owner, monkeypatch):
+    m = Memory(dev, PoolOptions(cap_bytes=0))
+    freed = []
+    real = dev._free
+    monkeypatch.setattr(dev, "_free", lambda block: (freed.append(block), real(block)))
+    a = m.allocate(100, stream)
+    free(a)
+    assert freed == [a.block] and m.raw_bytes == 0
+
+
+def test_among_equal_fits_the_oldest_block_is_reused(mem, stream, owner):
+    """The block freed first is the one most likely done with its work: it goes first."""
+    xs = [mem.allocate(1000, stream) for _ in range(3)]
+    for x in xs:
+        free(x)
+    got = [mem.allocate(1000, stream) for _ in range(3)]
+    assert [g.ptr for g in got] == [x.ptr for x in xs]
+    for g in got:
+        free(g)
+
+
+def test_take_looks_past_the_requesting_streams_own_list(mem, dev, stream, owner):
+    """The requesting stream's pool has no fit: another stream's block is taken (after a
+    wait), not a new one."""
+    other = make_stream(dev, "async")
+    mine = mem.allocate(64, stream)
+    free(mine)                                  # this stream's list exists, too small
+    theirs = mem.allocate(4096, other)
+    free(theirs)
+    got = mem.allocate(4096, stream)
+    assert got.ptr == theirs.ptr
+    free(got)
+    other.close()
+
+
+def test_reuse_from_another_streams_list_does_not_wait_on_the_requester(mem, dev, stream,
+                                                                         owner):
+    """A block freed on T but last written on S is reused on S in S's order: no wait on S."""
+    t = make_stream(dev, "async")
+    s = make_stream(dev, "deferred")
+    a = mem.allocate(1024, t)
+    h = handle_on(a, 256)
+    kernel_fn(dev, iota_kernel([256], [1]))(s, h)        # pending on S
+    shims.delete_tensor_object(h)                         # pooled on T, its stream
+    waits = s.completed_waits
+    b = mem.allocate(1024, s)
+    assert b.ptr == a.ptr and s.completed_waits == waits
+    free(b)
+    s.close()
+    t.close()

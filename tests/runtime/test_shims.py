@@ -263,9 +263,11 @@ BAD_HANDLE_CALLS: list[tuple[str, Callable[[Handle, Handle], Any], str]] = [
      "^handle: must not be null"),
     ("delete twice", lambda ok, dead: shims.delete_tensor_object(dead),
      "^handle: unknown or already deleted"),
-    ("delete not a handle", lambda ok, dead: shims.delete_tensor_object("h"), "^handle: "),
+    ("delete not a handle", lambda ok, dead: shims.delete_tensor_object("h"),
+     "^handle: expected a tensor handle, got str$"),
     ("delete unpublished", lambda ok, dead: shims.delete_tensor_object(
-        Handle(ok.alloc, 0, (1,), (1,), ok.dtype, ok.device, ok.owner)), "^handle: "),
+        Handle(ok.alloc, 0, (1,), (1,), ok.dtype, ok.device, ok.owner)),
+     "^handle: unknown or already deleted"),
     ("reinterpret deleted", lambda ok, dead: shims.reinterpret_tensor(dead, [1], [1], 0),
      "^handle: "),
     ("copy_ null dst", lambda ok, dead: shims.copy_(None, ok), "^dst: "),
