@@ -167,14 +167,14 @@ def _():
 
 @probe("conv_im2col_forced")
 def _():
-    from aotrt.runtime.ops import _cuda
-    saved = dict(_cuda._dnn)
-    _cuda._dnn[id(dev)] = None
+    from aotrt.runtime.ops.cuda import conv as cuda_conv
+    saved = dict(cuda_conv._dnn)
+    cuda_conv._dnn[id(dev)] = None
     try:
         return conv_case(2, 16, 40, 32, 3, 1, 1)
     finally:
-        _cuda._dnn.clear()
-        _cuda._dnn.update(saved)
+        cuda_conv._dnn.clear()
+        cuda_conv._dnn.update(saved)
 
 
 def sdpa_case(b, h, l, e, causal=False, mask=False):

@@ -34,10 +34,10 @@ param names and wrong list lengths are refused with InvalidArgument.
 
 Devices: each op file keeps a table `{device name: make_work}` that `_common.launch`
 consults with the op's validated arguments; the cpu entry builds a closure for the stream's
-worker thread, the cuda entries live in `_cuda.py`, and a device without an entry raises
-Unsupported. Every implementation must give an output that overlaps an input the result
-computed from the input's old values: the exporter writes results in place over memory
-they read (tests/runtime/ops pins this down on every device).
+worker thread, the cuda entries live in `cuda/` (one file per op), and a device without an
+entry raises Unsupported. Every implementation must give an output that overlaps an input
+the result computed from the input's old values: the exporter writes results in place over
+memory they read (tests/runtime/ops pins this down on every device).
 """
 
 from __future__ import annotations

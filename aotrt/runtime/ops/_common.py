@@ -4,7 +4,7 @@ Every op validates all of its arguments before it records anything, so a refused
 leaves the stream, the handles and the memory exactly as they were. Each op then records
 ONE command whose accesses name every view it reads and writes; the work itself is picked
 by the stream's device name from the op's implementation table (cpu: a closure run on the
-stream's worker thread; cuda: aotrt.runtime.ops._cuda's make_* functions).
+stream's worker thread; cuda: the make_* functions of aotrt.runtime.ops.cuda.<op>).
 """
 
 from __future__ import annotations

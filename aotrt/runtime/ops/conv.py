@@ -17,7 +17,7 @@ from numpy.lib.stride_tricks import as_strided
 from aotrt.errors import InvalidArgument, Unsupported
 from aotrt.runtime.device import Stream
 from aotrt.runtime.ops import _common as c
-from aotrt.runtime.ops import _cuda
+from aotrt.runtime.ops.cuda import conv as cuda_conv
 from aotrt.runtime.tensor import Handle
 
 
@@ -219,4 +219,4 @@ def _cpu_conv(out: Handle, x: Handle, w: Handle, bias: Handle | None,
     return work
 
 
-_CONV: dict[str, Callable[..., Any]] = {"cpu": _cpu_conv, "cuda": _cuda.make_conv}
+_CONV: dict[str, Callable[..., Any]] = {"cpu": _cpu_conv, "cuda": cuda_conv.make_conv}

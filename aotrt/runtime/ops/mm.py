@@ -14,7 +14,7 @@ import numpy as np
 from aotrt.errors import InvalidArgument
 from aotrt.runtime.device import Stream
 from aotrt.runtime.ops import _common as c
-from aotrt.runtime.ops import _cuda
+from aotrt.runtime.ops.cuda import gemm as cuda_gemm
 from aotrt.runtime.tensor import Handle
 
 
@@ -133,5 +133,5 @@ def _cpu_linear(out: Handle, x: Handle, w: Handle, bias: Handle | None) -> Calla
     return work
 
 
-_MATMUL: dict[str, Callable[..., Any]] = {"cpu": _cpu_matmul, "cuda": _cuda.make_matmul}
-_LINEAR: dict[str, Callable[..., Any]] = {"cpu": _cpu_linear, "cuda": _cuda.make_linear}
+_MATMUL: dict[str, Callable[..., Any]] = {"cpu": _cpu_matmul, "cuda": cuda_gemm.make_matmul}
+_LINEAR: dict[str, Callable[..., Any]] = {"cpu": _cpu_linear, "cuda": cuda_gemm.make_linear}

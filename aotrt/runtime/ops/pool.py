@@ -18,7 +18,7 @@ from aotrt import dtypes
 from aotrt.errors import InvalidArgument
 from aotrt.runtime.device import Stream
 from aotrt.runtime.ops import _common as c
-from aotrt.runtime.ops import _cuda
+from aotrt.runtime.ops.cuda import pool as cuda_pool
 from aotrt.runtime.tensor import Handle
 
 
@@ -140,4 +140,4 @@ def _pool(xv: np.ndarray, o: np.ndarray, io: np.ndarray | None, p: PoolParams) -
         c.store(io[n0:n0 + step], flat[np.arange(ho)[:, None], np.arange(wo)[None, :], pos])
 
 
-_POOL: dict[str, Callable[..., Any]] = {"cpu": _cpu_pool, "cuda": _cuda.make_maxpool}
+_POOL: dict[str, Callable[..., Any]] = {"cpu": _cpu_pool, "cuda": cuda_pool.make_maxpool}

@@ -21,7 +21,7 @@ from aotrt import dtypes
 from aotrt.errors import InvalidArgument, Unsupported
 from aotrt.runtime.device import Stream
 from aotrt.runtime.ops import _common as c
-from aotrt.runtime.ops import _cuda
+from aotrt.runtime.ops.cuda import sdpa as cuda_sdpa
 from aotrt.runtime.tensor import Handle
 
 
@@ -196,4 +196,4 @@ def _attend(q: np.ndarray, k: np.ndarray, v: np.ndarray, m: np.ndarray | None, h
     return np.matmul(scores, c.load_f32(_rows(v, h0, h1)[:, :kend]))
 
 
-_SDPA: dict[str, Callable[..., Any]] = {"cpu": _cpu_sdpa, "cuda": _cuda.make_sdpa}
+_SDPA: dict[str, Callable[..., Any]] = {"cpu": _cpu_sdpa, "cuda": cuda_sdpa.make_sdpa}

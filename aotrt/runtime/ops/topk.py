@@ -17,7 +17,7 @@ from aotrt import dtypes
 from aotrt.errors import InvalidArgument
 from aotrt.runtime.device import Stream
 from aotrt.runtime.ops import _common as c
-from aotrt.runtime.ops import _cuda
+from aotrt.runtime.ops.cuda import topk as cuda_topk
 from aotrt.runtime.tensor import Handle
 
 DTYPES = c.FLOATS + c.INTS
@@ -90,4 +90,4 @@ def _cpu_topk(values_out: Handle, indices_out: Handle, x: Handle, k: int, dim: i
     return work
 
 
-_TOPK: dict[str, Callable[..., Any]] = {"cpu": _cpu_topk, "cuda": _cuda.make_topk}
+_TOPK: dict[str, Callable[..., Any]] = {"cpu": _cpu_topk, "cuda": cuda_topk.make_topk}

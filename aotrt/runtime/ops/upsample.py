@@ -18,7 +18,7 @@ from aotrt import dtypes
 from aotrt.errors import InvalidArgument
 from aotrt.runtime.device import Stream
 from aotrt.runtime.ops import _common as c
-from aotrt.runtime.ops import _cuda
+from aotrt.runtime.ops.cuda import upsample as cuda_upsample
 from aotrt.runtime.tensor import Handle
 
 
@@ -91,4 +91,4 @@ def _cpu_upsample(out: Handle, x: Handle, rows: np.ndarray,
 
 
 _UPSAMPLE: dict[str, Callable[..., Any]] = {"cpu": _cpu_upsample,
-                                            "cuda": _cuda.make_upsample}
+                                            "cuda": cuda_upsample.make_upsample}

@@ -1,0 +1,364 @@
+"""Convolution on cuda: cuDNN for half types, else im2col (or col2im) around cuBLASLt GEMMs."""
+
+from __future__ import annotations
+
+import logging
+import threading
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from aotrt.errors import Unsupported
+from aotrt.runtime.ops.cuda.common import (_CUDA_TYPE, Scratch, Work, _alignment, _blas_lock,
+                                           _copy_packed, _copy_unpacked, _i32, _kernel, _typed,
+                                           stream_workspace)
+from aotrt.runtime.ops.cuda.gemm import _operand, _plain_plan
+from aotrt.runtime.tensor import Handle, contiguous_strides
+
+if TYPE_CHECKING:
+    from aotrt.runtime.devices.cuda import CudaDevice, CudaStream
+
+log = logging.getLogger(__name__)
+
+# ---------------------------------------------------------------------------------------------
+# convolution: cuDNN (frontend graph, bias fused), else im2col + cuBLASLt
+
+_DNN_TYPES = {"float32": "FLOAT", "float16": "HALF", "bfloat16": "BFLOAT16"}
+
+
+class _Dnn:
+    """One cuDNN handle per device, with built graphs cached by shape."""
+
+    def __init__(self) -> None:
+        import cudnn
+
+        self.cudnn = cudnn
+        self.handle = cudnn.create_handle()
+        self.graphs: dict[tuple, Any] = {}
+        self.lock = threading.Lock()
+
+
+_dnn: dict[int, _Dnn | None] = {}
+
+
+def _get_dnn(dev: "CudaDevice") -> _Dnn | None:
+    """The device's cuDNN, or None where the frontend or library is missing."""
+    with _blas_lock:
+        if id(dev) not in _dnn:
+            try:
+                dev.ensure_current()
+                _dnn[id(dev)] = _Dnn()
+            except Exception as e:  # noqa: BLE001 - no cuDNN: the im2col path serves
+                log.info("cuDNN is not available (%r); convolutions use im2col + GEMM", e)
+                _dnn[id(dev)] = None
+        return _dnn[id(dev)]
+
+
+def _as4d(h: Handle) -> tuple[list[int], list[int]]:
+    """A 3-D (N, C, L) view as (N, C, 1, L); 4-D as is."""
+    if h.ndim == 3:
+        n, c, l_ = h.sizes
+        s0, s1, s2 = h.strides
+        return [n, c, 1, l_], [s0, s1, l_ * s2, s2]
+    return list(h.sizes), list(h.strides)
+
+
+def _geometry(p: Any, ndim: int) -> tuple[list[int], list[int], list[int]]:
+    if ndim == 3:
+        return [0] + list(p.padding), [1] + list(p.stride), [1] + list(p.dilation)
+    return list(p.padding), list(p.stride), list(p.dilation)
+
+
+def _dense4d(h: Handle) -> tuple[list[int], list[int], bool]:
+    """(sizes, strides, direct) of a 3-D/4-D conv operand as cuDNN gets it: the view itself
+    when it is packed (any dense order) and 16-byte aligned, else a packed row-major copy."""
+    sz, st = _as4d(h)
+    if h.packed and h.address % 16 == 0 and all(x > 0 for n, x in zip(sz, st) if n > 1):
+        # size-1 dims get the stride a packed tensor would have (cuDNN checks them)
+        fixed = list(st)
+        for i in range(len(sz) - 1, -1, -1):
+            if sz[i] == 1:
+                inner = [st[j] * sz[j] for j in range(len(sz)) if sz[j] > 1 and st[j] < 2 ** 62]
+                fixed[i] = max([1] + [v for v in inner])
+        return sz, fixed, True
+    return sz, list(contiguous_strides(tuple(sz))), False
+
+
+def _cudnn_conv(dnn: _Dnn, out: Handle, x: Handle, w: Handle, bias: Handle | None,
+                p: Any, xb: Handle, ob: Handle) -> Work:
+    cudnn = dnn.cudnn
+    dev = out.device
+    dt = getattr(cudnn.data_type, _DNN_TYPES[out.dtype.name])
+    xs, xst, x_direct = _dense4d(xb)
+    ws, wst, w_direct = _dense4d(w)
+    os_, ost, o_direct = _dense4d(ob)
+    b_direct = bias is None or (bias.strides[0] == 1 or bias.sizes[0] == 1) and \
+        bias.address % 16 == 0
+    pad, stride, dil = _geometry(p, xb.ndim)
+    key = (out.dtype.name, p.transposed, tuple(xs), tuple(xst), tuple(ws), tuple(wst),
+           tuple(os_), tuple(ost), tuple(pad), tuple(stride), tuple(dil), bias is not None)
+    with dnn.lock:
+        entry = dnn.graphs.get(key)
+        if entry is None:
+            g = cudnn.pygraph(io_data_type=dt, intermediate_data_type=cudnn.data_type.FLOAT,
+                              compute_data_type=cudnn.data_type.FLOAT, handle=dnn.handle)
+            X = g.tensor(name="x", dim=xs, stride=xst, data_type=dt)
+            W = g.tensor(name="w", dim=ws, stride=wst, data_type=dt)
+            if p.transposed:
+                # a transposed convolution is the data gradient of the forward one
+                Y = g.conv_dgrad(loss=X, filter=W, padding=pad, stride=stride, dilation=dil,
+                                 compute_data_type=cudnn.data_type.FLOAT, name="convt")
+                Y.set_dim(os_).set_stride(ost)
+            else:
+                Y = g.conv_fprop(image=X, weight=W, padding=pad, stride=stride, dilation=dil,
+                                 compute_data_type=cudnn.data_type.FLOAT, name="conv")
+            B = None
+            if bias is not None:
+                co = bias.sizes[0]
+                B = g.tensor(name="b", dim=[1, co, 1, 1], stride=[co, 1, 1, 1], data_type=dt)
+                Y = g.bias(input=Y, bias=B, name="bias")
+            Y.set_output(True).set_data_type(dt).set_dim(os_).set_stride(ost)
+            g.validate()
+            g.build_operation_graph()
+            g.create_execution_plans([cudnn.heur_mode.A, cudnn.heur_mode.FALLBACK])
+            g.check_support()
+            g.build_plans()
+            entry = dnn.graphs[key] = (g, X, W, B, Y, int(g.get_workspace_size()))
+    g, X, W, B, Y, wsize = entry
+    handle = dnn.handle
+    isz = out.dtype.itemsize
+    xv = Handle(xb.alloc, xb.byte_offset, tuple(_as4d(xb)[0]), tuple(_as4d(xb)[1]), xb.dtype,
+                xb.device, xb.owner)
+    wv = Handle(w.alloc, w.byte_offset, tuple(_as4d(w)[0]), tuple(_as4d(w)[1]), w.dtype,
+                w.device, w.owner)
+    ov = Handle(ob.alloc, ob.byte_offset, tuple(_as4d(ob)[0]), tuple(_as4d(ob)[1]), ob.dtype,
+                ob.device, ob.owner)
+
+    def work(s: "CudaStream") -> None:
+        scratch: list[Scratch] = []
+        try:
+            def packed(view: Handle, direct: bool, copy_in: bool) -> int:
+                if direct:
+                    return view.address
+                sc = Scratch(s, view.numel * isz)
+                scratch.append(sc)
+                if copy_in:
+                    _copy_packed(dev, s, sc.ptr, view)
+                return sc.ptr
+            pack = {X: packed(xv, x_direct, True), W: packed(wv, w_direct, True),
+                    Y: packed(ov, o_direct, False)}
+            if B is not None:
+                pack[B] = packed(bias, b_direct, True)
+            ws_ptr = stream_workspace(s, wsize) if wsize else 0
+            with dnn.lock:
+                cudnn.set_stream(handle, s.handle)
+                g.execute(pack, ws_ptr, handle=handle)
+            if not o_direct:
+                _copy_unpacked(dev, s, ov, pack[Y])
+        finally:
+            for sc in scratch:
+                sc.free()
+    return work
+
+
+def make_conv(out: Handle, x: Handle, w: Handle, bias: Handle | None, p: Any) -> Work:
+    """aten.convolution (1-D/2-D, strided, padded, dilated, grouped, transposed) on cuda.
+
+    Half types go through cuDNN; float32 through im2col + a float32 cuBLASLt GEMM, because
+    cuDNN may pick TF32 tensor-core engines for float32, which miss float32 accuracy.
+    """
+    dev = out.device
+    if out.dtype.name not in _CUDA_TYPE:
+        raise Unsupported(f"cuda convolution: dtype {out.dtype.name}")
+    xb, ob = x, out
+    if not p.batched:  # (C, *spatial) -> (1, C, *spatial)
+        xb = Handle(x.alloc, x.byte_offset, (1,) + tuple(x.sizes),
+                    (x.numel,) + tuple(x.strides), x.dtype, x.device, x.owner)
+        ob = Handle(out.alloc, out.byte_offset, (1,) + tuple(out.sizes),
+                    (out.numel,) + tuple(out.strides), out.dtype, out.device, out.owner)
+    if p.transposed:
+        return _gemm_col2im_conv(out, w, bias, p, xb, ob)
+    dnn = _get_dnn(dev)
+    if dnn is not None and out.dtype.name != "float32":
+        try:
+            return _cudnn_conv(dnn, out, x, w, bias, p, xb, ob)
+        except Exception as e:  # noqa: BLE001 - any refusal: the GEMM path still works
+            log.info("cuDNN refused a convolution (%s); using im2col + GEMM", e)
+    return _im2col_conv(out, w, bias, p, xb, ob)
+
+
+def _gemm_col2im_conv(out: Handle, w: Handle, bias: Handle | None, p: Any, xb: Handle,
+                      ob: Handle) -> Work:
+    """Transposed convolution: cols = W_g^T x_g per group (cuBLASLt), then a col2im gather
+    that sums the taps of each output element and adds the bias."""
+    dev = out.device
+    (n, cin, h, wd), xst = _as4d(xb)
+    (_, co, ho, wo), ost = _as4d(ob)
+    wsz, wst = _as4d(w)
+    kh, kw = wsz[2], wsz[3]
+    pad, stride, dil = _geometry(p, xb.ndim)
+    groups = p.groups
+    cg, og = cin // groups, co // groups
+    kk, hw = kh * kw, h * wd
+    isz = out.dtype.itemsize
+    w_direct = tuple(wst) == tuple(contiguous_strides(tuple(wsz)))
+    x_direct = xst[3] == 1 and (xst[2] == wd or h == 1)
+    xv = Handle(xb.alloc, xb.byte_offset, (n, cin, h, wd), tuple(xst), xb.dtype, xb.device,
+                xb.owner)
+    wv = Handle(w.alloc, w.byte_offset, tuple(wsz), tuple(wst), w.dtype, w.device, w.owner)
+    x_rows = Handle(None, 0, (n, cg, hw), (xst[0], xst[1], 1) if x_direct else
+                    (cin * hw, hw, 1), out.dtype, out.device, out.owner)
+    if _operand(x_rows, False) is None:
+        x_direct = False
+        x_rows = Handle(None, 0, (n, cg, hw), (cin * hw, hw, 1), out.dtype, out.device,
+                        out.owner)
+    w_t = Handle(None, 0, (n, og * kk, cg), (0, 1, og * kk), out.dtype, out.device, out.owner)
+    c_rows = Handle(None, 0, (n, og * kk, hw), (groups * og * kk * hw, hw, 1), out.dtype,
+                    out.device, out.owner)
+    x_cs = xst[1] if x_direct else hw
+    w_al = _alignment(wv.address if w_direct else 0, cg * og * kk * isz)
+    x_al = _alignment(xv.address if x_direct else 0, cg * x_cs * isz,
+                      (xst[0] if x_direct else cin * hw) * isz)
+    c_al = _alignment(og * kk * hw * isz, groups * og * kk * hw * isz)
+    plan, swap = _plain_plan(dev, c_rows, w_t, x_rows, (w_al, x_al, c_al))
+    kern = _kernel(dev, f"aot_col2im_{out.dtype.name}")
+    cfg = dev.launch_config(n * co * ho * wo)
+    x_cstride = xst[1] if x_direct else hw
+    tail = [bias.strides[0] if bias is not None else 0, n, co, groups, h, wd, ho, wo, *ost]
+    geo = [_i32(v) for v in (kh, kw, stride[0], stride[1], pad[0], pad[1], dil[0], dil[1])]
+
+    def work(s: "CudaStream") -> None:
+        from cuda.core import launch
+
+        scratch: list[Scratch] = []
+        try:
+            x_ptr, w_ptr = xv.address, wv.address
+            if not x_direct:
+                sc = Scratch(s, xv.numel * isz)
+                scratch.append(sc)
+                _copy_packed(dev, s, sc.ptr, xv)
+                x_ptr = sc.ptr
+            if not w_direct:
+                sc = Scratch(s, wv.numel * isz)
+                scratch.append(sc)
+                _copy_packed(dev, s, sc.ptr, wv)
+                w_ptr = sc.ptr
+            cols = Scratch(s, n * groups * og * kk * hw * isz)
+            scratch.append(cols)
+            for gi in range(groups):
+                wp = w_ptr + gi * cg * og * kk * isz
+                xp = x_ptr + gi * cg * x_cstride * isz
+                cp = cols.ptr + gi * og * kk * hw * isz
+                a_ptr, b_ptr = (xp, wp) if swap else (wp, xp)
+                plan.run(s, a_ptr, b_ptr, cp, cp, 0, 1.0, 0.0)
+            args = _typed([cols.ptr, ob.address, bias.address if bias is not None else 0,
+                           *tail])
+            launch(s.cs, cfg, kern, *args, *geo)
+        finally:
+            for sc in scratch:
+                sc.free()
+    return work
+
+
+def _im2col_conv(out: Handle, w: Handle, bias: Handle | None, p: Any, xb: Handle,
+                 ob: Handle) -> Work:
+    """Convolution as im2col (own kernel) + one batched cuBLASLt GEMM per group; a 1x1
+    stride-1 unpadded convolution of a plane-contiguous input needs no im2col at all."""
+    dev = out.device
+    (n, c, h, wd), xst = _as4d(xb)
+    (_, co, ho, wo), ost = _as4d(ob)
+    wsz, wst = _as4d(w)
+    kh, kw = wsz[2], wsz[3]
+    pad, stride, dil = _geometry(p, xb.ndim)
+    groups = p.groups
+    cg, og = c // groups, co // groups
+    kg = cg * kh * kw
+    hw = ho * wo
+    isz = out.dtype.itemsize
+    if isz not in (2, 4):
+        raise Unsupported(f"cuda convolution: dtype {out.dtype.name}")
+    w_direct = tuple(wst) == tuple(contiguous_strides(tuple(wsz)))
+    direct = (kh == kw == 1 and stride == [1, 1] and pad == [0, 0] and xst[3] == 1
+              and (xst[2] == wd or h == 1))
+    # the stride of the flattened spatial index, when (ho, wo) fold into one dim
+    if hw == 1 or ho == 1:
+        sp = ost[3] if wo > 1 else 1
+    elif wo == 1:
+        sp = ost[2]
+    else:
+        sp = ost[3] if ost[2] == wo * ost[3] else None
+    o_direct = sp is not None
+    if o_direct:
+        o_rows = Handle(None, 0, (n, og, hw), (ost[0], ost[1], sp), out.dtype, out.device,
+                        out.owner)
+        o_direct = _operand(o_rows, True) is not None
+    if not o_direct:
+        o_rows = Handle(None, 0, (n, og, hw), (co * hw, hw, 1), out.dtype, out.device,
+                        out.owner)
+    w_rows = Handle(None, 0, (n, og, kg), (0, kg, 1), w.dtype, w.device, w.owner)
+    if direct:
+        col_rows = Handle(None, 0, (n, kg, hw), (xst[0], xst[1], 1), xb.dtype, xb.device,
+                          xb.owner)
+        if _operand(col_rows, False) is None:
+            direct = False
+    if not direct:
+        col_rows = Handle(None, 0, (n, kg, hw), (c * kh * kw * hw, hw, 1), out.dtype,
+                          out.device, out.owner)
+    w_al = _alignment(w.address if w_direct else 0, og * kg * isz)
+    c_al = (_alignment(xb.address, cg * xst[1] * isz, xst[0] * isz) if direct else
+            _alignment(kg * hw * isz, c * kh * kw * hw * isz))
+    o_al = (_alignment(ob.address, og * ost[1] * isz, ost[0] * isz) if o_direct else
+            _alignment(og * hw * isz, co * hw * isz))
+    plan, swap = _plain_plan(dev, o_rows, w_rows, col_rows, (w_al, c_al, o_al))
+    im2col = None if direct else _kernel(dev, f"aot_im2col{isz}")
+    cfg = dev.launch_config(n * c * kh * kw * hw)
+    im_args = [xb.address, 0, n, c, h, wd, ho, wo, *xst]
+    im_tail = [_i32(v) for v in (kh, kw, stride[0], stride[1], pad[0], pad[1], dil[0], dil[1])]
+    ov = Handle(ob.alloc, ob.byte_offset, (n, co, ho, wo), tuple(ost), ob.dtype, ob.device,
+                ob.owner)
+    wv = Handle(w.alloc, w.byte_offset, tuple(wsz), tuple(wst), w.dtype, w.device, w.owner)
+    o_stride_c = ost[1] if o_direct else hw
+    col_stride_c = xst[1] if direct else hw
+
+    def work(s: "CudaStream") -> None:
+        from cuda.core import launch
+
+        scratch: list[Scratch] = []
+        try:
+            col_ptr = xb.address
+            if im2col is not None:
+                sc = Scratch(s, n * c * kh * kw * hw * isz)
+                scratch.append(sc)
+                args = _typed(list(im_args))
+                args[1] = np.int64(sc.ptr)
+                launch(s.cs, cfg, im2col, *args, *im_tail)
+                col_ptr = sc.ptr
+            w_ptr = wv.address
+            if not w_direct:
+                sc = Scratch(s, wv.numel * isz)
+                scratch.append(sc)
+                _copy_packed(dev, s, sc.ptr, wv)
+                w_ptr = sc.ptr
+            o_ptr = ov.address
+            if not o_direct:
+                sc = Scratch(s, ov.numel * isz)
+                scratch.append(sc)
+                o_ptr = sc.ptr
+            beta = 0.0
+            if bias is not None:
+                o_st = ost if o_direct else contiguous_strides((n, co, ho, wo))
+                dev._strided(o_ptr, bias.address, (n, co, ho, wo), o_st,
+                             (0, bias.strides[0], 0, 0), isz, None)(s)
+                beta = 1.0
+            for gi in range(groups):
+                wp = w_ptr + gi * og * kg * isz
+                cp = col_ptr + gi * (cg * col_stride_c if direct else kg * hw) * isz
+                op = o_ptr + gi * og * o_stride_c * isz
+                a_ptr, b_ptr = (cp, wp) if swap else (wp, cp)
+                plan.run(s, a_ptr, b_ptr, op, op, 0, 1.0, beta)
+            if not o_direct:
+                _copy_unpacked(dev, s, ov, o_ptr)
+        finally:
+            for sc in scratch:
+                sc.free()
+    return work
