@@ -226,7 +226,7 @@ BAD_VIEWS: list[tuple[str, Callable[[Handle], Any], str]] = [
     ("offset that wraps to the start", lambda h: _view(h, [1], [1], 1 << 62),
      "^storage_offset: .*64 bits"),
     ("offset that wraps, in bytes", lambda h: _view(_view(h, [8], [1], 0, "uint8"), [1], [1],
-                                                    INT64_MAX - 2), OUTSIDE),
+                                                    INT64_MAX), OUTSIDE),
     ("extent overflows 64 bits",
      lambda h: _view(h, [(1 << 31) - 1] * 5, [(1 << 31) - 1] * 5, 0),
      "^sizes: .* overflows 64 bits"),
