@@ -11,6 +11,8 @@ import threading
 
 import numpy as np
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from aotrt.errors import HazardError, InvalidArgument, OutOfMemory
 from aotrt.runtime import shims
@@ -1332,3 +1334,44 @@ def test_reuse_from_another_streams_list_does_not_wait_on_the_requester(mem, dev
     free(b)
     s.close()
     t.close()
+
+
+@settings(max_examples=50, deadline=None,
+          suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(ops=st.lists(st.tuples(st.booleans(), st.integers(0, 1), st.integers(0, 40_000)),
+                    max_size=40))
+def test_pool_accounting_holds_under_random_traffic(cpu, ops):
+    """Random allocations and frees on two streams: every block is either live (in one
+    allocation) or pooled, never both; the byte counts add up; the cap holds; live blocks
+    never overlap; clearing the pool gives every byte back."""
+    cap = 64 * KIB
+    m = Memory(cpu, PoolOptions(cap_bytes=cap))
+    streams = [make_stream(cpu, "async"), make_stream(cpu, "async")]
+    o = Owner("pool-traffic")
+    live: list[Allocation] = []
+    try:
+        for alloc, si, n in ops:
+            if alloc or not live:
+                live.append(m.allocate(n, streams[si], o))
+            else:
+                free(live.pop(n % len(live)))
+            entries = m.pool.entries()
+            pooled = {id(e.block) for e in entries}
+            used = [a.block for a in m.live()]
+            assert len({id(b) for b in used}) == len(used) and not pooled & {id(b) for b in used}
+            assert m.pool.pooled_bytes == sum(e.block.nbytes for e in entries) <= cap
+            assert m.raw_bytes == sum(b.nbytes for b in used) + m.pool.pooled_bytes
+            spans = sorted((b.ptr, b.ptr + b.nbytes) for b in used)
+            assert all(e1 <= s2 for (_, e1), (s2, _) in zip(spans, spans[1:]))
+            assert all(a.block.nbytes >= max(a.nbytes, 1) for a in m.live())
+        for a in live:
+            free(a)
+        live.clear()
+        m.pool.clear()
+        assert m.raw_bytes == 0 and m.live() == [] and m.pool.pooled_bytes == 0
+    finally:
+        for a in live:
+            free(a)
+        o.close()
+        for s in streams:
+            s.close()

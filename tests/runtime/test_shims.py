@@ -213,6 +213,14 @@ BAD_VIEWS: list[tuple[str, Callable[[Handle], Any], str]] = [
     ("strides past int32, overlapping", lambda h: _view(h, [(1 << 31) - 1, 2],
                                                        [(1 << 31) - 1] * 2, 0),
      "^sizes: .* overflows 64 bits"),
+    # The last element of a float16 view at byte 2**63 - 4: its end fits int64, so the view is
+    # only outside its memory; one element further, the end overflows.
+    ("end just inside int64", lambda h: _view(_view(h, [128], [1], 0, "float16"),
+                                              [(1 << 31) - 1, 5], [(1 << 31) - 1, 1610612735], 0),
+     OUTSIDE),
+    ("end just past int64", lambda h: _view(_view(h, [128], [1], 0, "float16"),
+                                            [(1 << 31) - 1, 4], [(1 << 31) - 1] * 2, 0),
+     "^sizes: .* overflows 64 bits"),
     ("broadcast of more than 2**63 bytes", lambda h: _view(h, [(1 << 31) - 1] * 2, [0, 0], 0),
      "^sizes: .* overflows 64 bits"),
     ("stride past int64", lambda h: _view(h, [1, 2], [1 << 63, 1], 0), r"^strides\[0\]: .*int64"),
