@@ -1071,6 +1071,12 @@ def test_constants_are_freed_with_their_owner(dev, stream, owner):
     assert a.freed and a not in dev.memory.live() and not o.allocations
     assert dev.memory.raw_bytes == raw - 64
     assert h.state == "retired"
+    m = Memory(dev, PoolOptions())          # alone, so the count is exact
+    o2 = Owner("delegate2")
+    m.allocate_constants([100, 28], stream, owner=o2)
+    assert m.raw_bytes == 192
+    o2.close()
+    assert m.raw_bytes == 0
 
 
 def test_constants_are_never_taken_from_the_pool(dev, stream, owner):
@@ -1375,3 +1381,12 @@ def test_pool_accounting_holds_under_random_traffic(cpu, ops):
         o.close()
         for s in streams:
             s.close()
+
+
+def test_padding_after_a_middle_constant_ends_at_the_next(dev, stream, owner):
+    a, offsets = dev.memory.allocate_constants([16, 8, 4], stream)
+    assert offsets == [0, 64, 128] and a.segment_of(80) == (72, 128)
+    pad = shims.create_tensor_from_blob(a.ptr + 76, [13], None, 0, "float32", device=dev.name)
+    with pytest.raises(InvalidArgument, match="^data_ptr: blob .* its constant"):
+        shims.create_tensor_from_blob(a.ptr + 76, [14], None, 0, "float32", device=dev.name)
+    shims.delete_tensor_object(pad)
