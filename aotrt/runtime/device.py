@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any, Callable, Iterator, Sequence
 
 from aotrt.errors import AotrtError, DeviceError, HazardError, InvalidArgument
 from aotrt.kernels import ir
+from aotrt.kernels.bounds import kernel_accesses
 from aotrt.runtime import hazards
 from aotrt.runtime.hazards import Access, HazardChecker
 
@@ -274,6 +275,7 @@ class KernelFunction(ABC):
         self.kernel = kernel
         self.name = kernel.name
         self._bound: list[Any] = [None] * len(kernel.args)
+        self._bounds = arg_bounds(kernel)
 
     def bind(self, slot: int, handle: "Handle") -> None:
         """Bind a view to argument `slot` (as its allocation plus byte offset)."""
@@ -318,13 +320,23 @@ class KernelFunction(ABC):
             if h.state != "live":
                 raise HazardError(f"kernel {self.name}: argument {i} is a {h.state} handle")
         accesses = []
-        for i, (a, h) in enumerate(zip(self.kernel.args, bound)):
-            if h.alloc is None:
-                continue
+        for i, (a, h, rng) in enumerate(zip(self.kernel.args, bound, self._bounds)):
+            if rng is None:
+                continue  # never touched (an empty iteration space)
+            if rng == "float" or h.alloc is None:
+                raise InvalidArgument(f"arg {i}: kernel {self.name} indexes it at "
+                                      f"{'a non-integer index' if h.alloc else 'no memory'}")
+            # The kernel's own index range, not the view's: it is what the code touches.
+            isz = h.dtype.itemsize
+            start, end = h.byte_offset + rng[0] * isz, h.byte_offset + (rng[1] + 1) * isz
+            if start < 0 or end > h.alloc.nbytes:
+                raise InvalidArgument(
+                    f"arg {i}: kernel {self.name} touches bytes [{start}, {end}) of "
+                    f"{h.alloc.describe()}, outside its [0, {h.alloc.nbytes})")
             if "r" in a.mode:
-                accesses.append(h.access(write=False))
+                accesses.append(Access(h.alloc, start, end, False))
             if "w" in a.mode:
-                accesses.append(h.access(write=True))
+                accesses.append(Access(h.alloc, start, end, True))
         if n == 0:
             return stream.recorded_seq
         return stream.record(accesses, self._work(bound, n), label or f"kernel {self.name}")
@@ -332,6 +344,22 @@ class KernelFunction(ABC):
     @abstractmethod
     def _work(self, bound: list["Handle"], n: int) -> Any:
         """The device work of one dispatch over `n` outer elements."""
+
+
+def arg_bounds(kernel: ir.Kernel) -> list[Any]:
+    """Per argument: the (lowest, highest) element index the kernel touches, None if it
+    touches nothing, or "float" when an index is not provably an integer."""
+    out: list[Any] = [None] * len(kernel.args)
+    for arg, rng, _ in kernel_accesses(kernel):
+        if rng is None:
+            continue
+        if rng == "float" or out[arg] == "float":
+            out[arg] = "float"
+        elif out[arg] is None:
+            out[arg] = rng
+        else:
+            out[arg] = (min(out[arg][0], rng[0]), max(out[arg][1], rng[1]))
+    return out
 
 
 class KernelLibrary(ABC):

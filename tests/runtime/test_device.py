@@ -579,3 +579,25 @@ def test_a_kernel_may_write_a_strided_view(dev, stream, owner):
 def test_stream_is_abstract():
     with pytest.raises(TypeError):
         Stream(get_device("cpu"), StreamOptions())      # type: ignore[abstract]
+
+
+def test_dispatch_refuses_a_kernel_that_would_touch_bytes_outside_the_allocation(dev, stream,
+                                                                                  owner):
+    # The kernel writes 12x16 elements; the bound tensor's allocation holds only 4.
+    small = shims.empty_strided([4], None, "float32", dev)
+    fn = kernel_fn(dev, iota_kernel([12, 16], [16, 1]))
+    before = stream.recorded_seq
+    with pytest.raises(InvalidArgument, match=r"arg 0: kernel .* touches bytes \[0, 768\)"):
+        fn(stream, small)
+    assert stream.recorded_seq == before
+    # A small view whose kernel range runs past the allocation's end is refused too.
+    big = shims.empty_strided([12 * 16 + 8], None, "float32", dev)
+    tail = shims.reinterpret_tensor(big, [4], [1], 16)
+    with pytest.raises(InvalidArgument, match="outside its"):
+        fn(stream, tail)
+    fits = shims.reinterpret_tensor(big, [12, 16], [16, 1], 8)
+    fn(stream, fits)
+    stream.commit_and_wait()
+    np.testing.assert_array_equal(fits.numpy(), iota([12, 16]))
+    for h in (small, big, tail, fits):
+        shims.delete_tensor_object(h)
