@@ -40,9 +40,9 @@ def alias_of(h: Handle, elem_offset: int, n: int) -> Handle:
 def test_alias_experiment_write_parent_then_read_alias(dev, stream, owner):
     """A kernel writes the parent; in the same command buffer a kernel reads its tail
     through a second allocation object over the same bytes: HazardError."""
-    parent = shims.empty_strided([12, 16], None, "float32")
+    parent = shims.empty_strided([12, 16], None, "float32", dev)
     tail = alias_of(parent, 96, 96)
-    out = shims.empty_strided([96], None, "float32")
+    out = shims.empty_strided([96], None, "float32", dev)
     kernel_fn(dev, iota_kernel([12, 16], [16, 1]))(stream, parent)
     with pytest.raises(HazardError, match="alias hazard.*reads.*another allocation object"):
         kernel_fn(dev, copy_kernel([96], [1], [1]))(stream, tail, out)
@@ -55,9 +55,9 @@ def test_alias_experiment_write_parent_then_read_alias(dev, stream, owner):
 def test_alias_experiment_write_alias_then_read_parent(dev, stream, owner):
     """The seeds' standalone experiment: write through an alias of the parent's tail, then
     read the parent, in one command buffer (stale 200/200 on Metal): HazardError."""
-    parent = shims.empty_strided([12, 16], None, "float32")
+    parent = shims.empty_strided([12, 16], None, "float32", dev)
     tail = alias_of(parent, 96, 96)
-    out = shims.empty_strided([12, 16], None, "float32")
+    out = shims.empty_strided([12, 16], None, "float32", dev)
     kernel_fn(dev, iota_kernel([96], [1]))(stream, tail)
     with pytest.raises(HazardError, match="kernel copy.*reads"):
         kernel_fn(dev, copy_kernel([12, 16], [16, 1], [16, 1]))(stream, parent, out)
@@ -67,7 +67,7 @@ def test_alias_experiment_write_alias_then_read_parent(dev, stream, owner):
 
 
 def test_alias_write_after_write_is_a_hazard(dev, stream, owner):
-    parent = shims.empty_strided([64], None, "float32")
+    parent = shims.empty_strided([64], None, "float32", dev)
     alias = alias_of(parent, 0, 64)
     kernel_fn(dev, iota_kernel([64], [1]))(stream, parent)
     with pytest.raises(HazardError, match="writes"):
@@ -79,9 +79,9 @@ def test_alias_write_after_write_is_a_hazard(dev, stream, owner):
 
 def test_alias_after_commit_and_continue_is_still_a_hazard(dev, stream, owner):
     """commit-and-continue keeps recording into the same command buffer."""
-    parent = shims.empty_strided([32], None, "float32")
+    parent = shims.empty_strided([32], None, "float32", dev)
     alias = alias_of(parent, 0, 32)
-    out = shims.empty_strided([32], None, "float32")
+    out = shims.empty_strided([32], None, "float32", dev)
     kernel_fn(dev, iota_kernel([32], [1]))(stream, parent)
     stream.commit_and_continue()
     with pytest.raises(HazardError):
@@ -93,9 +93,9 @@ def test_alias_after_commit_and_continue_is_still_a_hazard(dev, stream, owner):
 
 @pytest.mark.parametrize("verb", ["commit", "flush", "commit_and_wait"])
 def test_alias_in_the_next_command_buffer_is_ordered(dev, stream, owner, verb):
-    parent = shims.empty_strided([32], None, "float32")
+    parent = shims.empty_strided([32], None, "float32", dev)
     alias = alias_of(parent, 8, 24)
-    out = shims.empty_strided([24], None, "float32")
+    out = shims.empty_strided([24], None, "float32", dev)
     kernel_fn(dev, iota_kernel([32], [1]))(stream, parent)
     getattr(stream, verb)()
     kernel_fn(dev, copy_kernel([24], [1], [1]))(stream, alias, out)
@@ -105,7 +105,7 @@ def test_alias_in_the_next_command_buffer_is_ordered(dev, stream, owner, verb):
 
 
 def test_alias_over_other_bytes_is_no_hazard(dev, stream, owner):
-    parent = shims.empty_strided([32], None, "float32")
+    parent = shims.empty_strided([32], None, "float32", dev)
     head = shims.reinterpret_tensor(parent, [16], [1], 0)
     tail = alias_of(parent, 16, 16)
     kernel_fn(dev, iota_kernel([16], [1]))(stream, head)
@@ -117,7 +117,7 @@ def test_alias_over_other_bytes_is_no_hazard(dev, stream, owner):
 
 def test_offset_views_of_one_allocation_are_no_hazard(dev, stream, owner):
     """Our design: a view is (allocation, offset), so parent and views are one object."""
-    parent = shims.empty_strided([12, 16], None, "float32")
+    parent = shims.empty_strided([12, 16], None, "float32", dev)
     views = [shims.reinterpret_tensor(parent, [12, 8], [16, 1], 8),
              shims.reinterpret_tensor(parent, [6, 16], [16, 1], 96),
              shims.new_tensor_handle(parent)]
@@ -155,7 +155,7 @@ def parent_dtype():
 
 
 def test_hazard_message_names_the_command_and_both_allocations(dev, stream, owner):
-    parent = shims.empty_strided([16], None, "float32")
+    parent = shims.empty_strided([16], None, "float32", dev)
     alias = alias_of(parent, 0, 16)
     kernel_fn(dev, iota_kernel([16], [1]))(stream, parent, label="instr 3: aten.add at m.py:7")
     with pytest.raises(HazardError) as e:
@@ -169,7 +169,7 @@ def test_hazard_message_names_the_command_and_both_allocations(dev, stream, owne
 
 
 def test_checker_off_lets_aliases_through(dev, stream, owner):
-    parent = shims.empty_strided([16], None, "float32")
+    parent = shims.empty_strided([16], None, "float32", dev)
     alias = alias_of(parent, 0, 16)
     checker = HazardChecker(False)
     checker.on_command([parent.access(write=True)], "w")
@@ -187,7 +187,7 @@ def test_checker_off_lets_aliases_through(dev, stream, owner):
 
 def test_reads_through_an_alias_after_reads_are_fine(dev, stream, owner):
     """Only writes order work: two readers through different objects do not conflict."""
-    parent = shims.empty_strided([16], None, "float32")
+    parent = shims.empty_strided([16], None, "float32", dev)
     alias = alias_of(parent, 0, 16)
     on = HazardChecker(True)
     on.on_command([parent.access(write=False)], "r1")
@@ -202,7 +202,7 @@ def test_reads_through_an_alias_after_reads_are_fine(dev, stream, owner):
 
 
 def test_host_read_with_a_pending_write_is_a_hazard(dev, stream, owner):
-    h = shims.empty_strided([8], None, "float32")
+    h = shims.empty_strided([8], None, "float32", dev)
     kernel_fn(dev, iota_kernel([8], [1]))(stream, h)
     with pytest.raises(HazardError, match=r"host read of .*\(x\).*no wait"):
         check_host_access(h.alloc, False, "x")
@@ -215,8 +215,8 @@ def test_host_read_with_a_pending_write_is_a_hazard(dev, stream, owner):
 
 
 def test_host_write_waits_for_pending_reads_but_reads_do_not(dev, stream, owner):
-    src = shims.empty_strided([8], None, "float32")
-    dst = shims.empty_strided([8], None, "float32")
+    src = shims.empty_strided([8], None, "float32", dev)
+    dst = shims.empty_strided([8], None, "float32", dev)
     upload(src, iota([8]))
     kernel_fn(dev, copy_kernel([8], [1], [1]))(stream, src, dst)
     check_host_access(src.alloc, False, "read while a kernel reads it")
@@ -228,7 +228,7 @@ def test_host_write_waits_for_pending_reads_but_reads_do_not(dev, stream, owner)
 
 
 def test_check_free_raises_only_while_work_is_pending(dev, stream, owner):
-    h = shims.empty_strided([8], None, "float32")
+    h = shims.empty_strided([8], None, "float32", dev)
     check_free(h.alloc, "free")
     kernel_fn(dev, iota_kernel([8], [1]))(stream, h)
     with pytest.raises(HazardError, match="pool reuse of .* may still use it"):
@@ -244,7 +244,7 @@ def test_unchecked_streams_are_not_reported(dev, owner, stream):
     s = dev.create_stream(StreamOptions(deferred=True))
     s.hazards.enabled = False
     with dev.stream_guard(s):
-        h = shims.empty_strided([8], None, "float32")
+        h = shims.empty_strided([8], None, "float32", dev)
     kernel_fn(dev, iota_kernel([8], [1]))(s, h)
     check_host_access(h.alloc, True, "unchecked")
     check_free(h.alloc, "unchecked")
@@ -253,7 +253,7 @@ def test_unchecked_streams_are_not_reported(dev, owner, stream):
 
 
 def test_a_deleted_handle_in_a_kernel_is_a_hazard(dev, stream, owner):
-    h = shims.empty_strided([8], None, "float32")
+    h = shims.empty_strided([8], None, "float32", dev)
     shims.delete_tensor_object(h)
     with pytest.raises(HazardError, match="argument 0 is a deleted handle"):
         kernel_fn(dev, iota_kernel([8], [1]))(stream, h)
@@ -261,7 +261,7 @@ def test_a_deleted_handle_in_a_kernel_is_a_hazard(dev, stream, owner):
 
 
 def test_a_handle_deleted_between_bind_and_dispatch_is_a_hazard(dev, stream, owner):
-    h = shims.empty_strided([8], None, "float32")
+    h = shims.empty_strided([8], None, "float32", dev)
     fn = kernel_fn(dev, iota_kernel([8], [1]))
     fn.bind(0, h)
     shims.delete_tensor_object(h)
@@ -275,7 +275,7 @@ def test_a_retired_handle_in_a_kernel_is_a_hazard(dev, stream, owner):
 
     o = Owner("gone")
     with owner_scope(o):
-        h = shims.empty_strided([8], None, "float32")
+        h = shims.empty_strided([8], None, "float32", dev)
     o.close()
     with pytest.raises(HazardError, match="retired handle"):
         kernel_fn(dev, iota_kernel([8], [1]))(stream, h)
@@ -283,7 +283,7 @@ def test_a_retired_handle_in_a_kernel_is_a_hazard(dev, stream, owner):
 
 
 def test_recording_work_on_freed_memory_is_a_hazard(dev, stream, owner):
-    h = shims.empty_strided([8], None, "float32")
+    h = shims.empty_strided([8], None, "float32", dev)
     acc = h.access(write=True)
     shims.delete_tensor_object(h)
     with pytest.raises(HazardError, match="uses freed allocation"):

@@ -48,7 +48,7 @@ FAKE = 1 << 44      # an address no test memory has: regions there are bound, ne
 
 
 def test_empty_strided_allocates_a_row_major_tensor(dev, stream, owner):
-    h = shims.empty_strided([3, 4], None, "float32")
+    h = shims.empty_strided([3, 4], None, "float32", dev)
     assert (h.sizes, h.strides, h.dtype, h.device, h.byte_offset) == (
         (3, 4), (4, 1), dtypes.float32, dev, 0)
     assert h.alloc.nbytes == 48 and h.alloc.users == 1 and h in owner.handles
@@ -59,13 +59,13 @@ def test_empty_strided_allocates_a_row_major_tensor(dev, stream, owner):
 
 def test_empty_strided_accepts_any_dense_permutation(dev, stream, owner):
     """§3 #43: column-major (a dense permutation) is accepted."""
-    h = shims.empty_strided([3, 4, 5], [1, 15, 3], "float32")
+    h = shims.empty_strided([3, 4, 5], [1, 15, 3], "float32", dev)
     assert h.strides == (1, 15, 3) and h.alloc.nbytes == 240 and h.packed
     delete(h)
 
 
 def test_empty_strided_zero_dim_tensor(dev, stream, owner):
-    h = shims.empty_strided([], [], "int64")
+    h = shims.empty_strided([], [], "int64", dev)
     assert h.numel == 1 and h.ndim == 0 and h.alloc.nbytes == 8
     upload(h, np.array(-5, np.int64))
     assert h.numpy() == -5
@@ -74,7 +74,7 @@ def test_empty_strided_zero_dim_tensor(dev, stream, owner):
 
 def test_empty_strided_zero_element_tensor_takes_any_strides(dev, stream, owner):
     """§3 #44 / §7.3: zero-element tensors accept any strides (no dense one exists)."""
-    h = shims.empty_strided([2, 0, 3], [0, 77, 5], "float32")
+    h = shims.empty_strided([2, 0, 3], [0, 77, 5], "float32", dev)
     assert h.numel == 0 and h.alloc.nbytes == 0 and h.numpy().shape == (2, 0, 3)
     delete(h)
 
@@ -82,7 +82,7 @@ def test_empty_strided_zero_element_tensor_takes_any_strides(dev, stream, owner)
 @pytest.mark.parametrize("dtype", [dtypes.bfloat16, "bfloat16", np.float16, "torch.int8",
                                    "aotrt.bool", np.dtype("uint8"), "half", "long"])
 def test_empty_strided_accepts_dtype_objects_and_names(dev, stream, owner, dtype):
-    h = shims.empty_strided([2], None, dtype)
+    h = shims.empty_strided([2], None, dtype, dev)
     assert h.dtype is dtypes.as_dtype(dtype)
     delete(h)
 
@@ -98,7 +98,7 @@ def test_empty_strided_uses_the_current_stream_and_owner(dev, stream, owner):
     s2 = make_stream(dev, "async")
     o2 = Owner("o2")
     with dev.stream_guard(s2), owner_scope(o2):
-        h = shims.empty_strided([2], None, "float32")
+        h = shims.empty_strided([2], None, "float32", dev)
     assert h.alloc.stream is s2 and h.owner is o2 and h.alloc.owner is o2
     delete(h)
     o2.close()
@@ -107,7 +107,7 @@ def test_empty_strided_uses_the_current_stream_and_owner(dev, stream, owner):
 
 def test_size_one_dims_may_have_any_stride(dev, stream, owner):
     """§3 #74: a size-1 dim's stride may exceed int32 (given strides)."""
-    h = shims.empty_strided([1, 5], [1 << 40, 1], "float32")
+    h = shims.empty_strided([1, 5], [1 << 40, 1], "float32", dev)
     assert h.strides == (1 << 40, 1) and h.alloc.nbytes == 20
     delete(h)
 
@@ -247,7 +247,7 @@ BAD_VIEWS: list[tuple[str, Callable[[Handle], Any], str]] = [
 @pytest.mark.parametrize("case,call,match", BAD_VIEWS, ids=[c[0] for c in BAD_VIEWS])
 def test_reinterpret_tensor_refuses(dev, stream, owner, case, call, match):
     """§3 #46/#48/#53/#64: views outside their memory and impossible layouts are refused."""
-    base = shims.empty_strided([64], None, "float32")
+    base = shims.empty_strided([64], None, "float32", dev)
     before = snapshot(dev)
     with pytest.raises(InvalidArgument, match=match):
         call(base)
@@ -258,7 +258,7 @@ def test_reinterpret_tensor_refuses(dev, stream, owner, case, call, match):
 
 
 def _dead_handle(dev) -> Handle:
-    h = shims.empty_strided([2], None, "bool")
+    h = shims.empty_strided([2], None, "bool", dev)
     delete(h)
     return h
 
@@ -295,7 +295,7 @@ BAD_HANDLE_CALLS: list[tuple[str, Callable[[Handle, Handle], Any], str]] = [
 @pytest.mark.parametrize("case,call,match", BAD_HANDLE_CALLS,
                          ids=[c[0] for c in BAD_HANDLE_CALLS])
 def test_handle_shims_refuse(dev, stream, owner, case, call, match):
-    ok = shims.empty_strided([2], None, "bool")
+    ok = shims.empty_strided([2], None, "bool", dev)
     dead = _dead_handle(dev)
     before = snapshot(dev)
     with pytest.raises(InvalidArgument, match=match):
@@ -345,7 +345,7 @@ def test_blob_storage_offset_advances_the_pointer(cpu, stream, owner):
 def test_blob_inside_an_allocation_joins_it(dev, stream, owner):
     """§3 #30/#32: a blob at an offset into an allocation is (that allocation, offset); kernel
     writes through it land in the allocation; its views join it too."""
-    base = shims.empty_strided([8, 8], None, "float32")
+    base = shims.empty_strided([8, 8], None, "float32", dev)
     blob = shims.create_tensor_from_blob(base.alloc.ptr + 64, [2, 8], None, 0, "float32",
                                          device=dev.name)
     assert blob.alloc is base.alloc and blob.byte_offset == 64 and base.alloc.users == 2
@@ -361,7 +361,7 @@ def test_blob_inside_an_allocation_joins_it(dev, stream, owner):
 
 def test_blob_keeps_the_allocation_it_lies_in_alive(dev, stream, owner):
     """§3 #40."""
-    base = shims.empty_strided([8], None, "float32")
+    base = shims.empty_strided([8], None, "float32", dev)
     upload(base, iota([8]))
     blob = shims.create_tensor_from_blob(base.alloc.ptr + 16, [4], None, 0, "float32",
                                          device=dev.name)
@@ -416,7 +416,7 @@ def test_blob_address_can_be_wrapped_again_after_its_owner_closed(cpu, stream, o
 
 def test_blob_running_past_its_allocation_is_refused(dev, stream, owner):
     """§3 #36/#69: a blob starting inside an allocation but running past its end."""
-    base = shims.empty_strided([8], None, "float32")
+    base = shims.empty_strided([8], None, "float32", dev)
     before = snapshot(dev)
     with pytest.raises(InvalidArgument, match="runs past the end"):
         shims.create_tensor_from_blob(base.alloc.ptr + 8, [7], None, 0, "float32",
@@ -430,7 +430,7 @@ def test_blob_running_past_its_allocation_is_refused(dev, stream, owner):
 
 def test_empty_blob_at_an_allocations_end_joins_it(dev, stream, owner):
     """§3 #78: an empty view at an allocation's end registers nothing past it."""
-    base = shims.empty_strided([8], None, "float32")
+    base = shims.empty_strided([8], None, "float32", dev)
     live = dev.memory.live()
     e = shims.create_tensor_from_blob(base.alloc.end, [0], None, 0, "float32", device=dev.name)
     assert e.alloc is base.alloc and e.byte_offset == 32 and e.address == base.alloc.end
@@ -440,7 +440,7 @@ def test_empty_blob_at_an_allocations_end_joins_it(dev, stream, owner):
 
 def test_empty_blob_inside_an_allocation_joins_it(dev, stream, owner):
     """§3 #75: an empty blob inside an allocation joins it; later views share it."""
-    base = shims.empty_strided([8], None, "float32")
+    base = shims.empty_strided([8], None, "float32", dev)
     e = shims.create_tensor_from_blob(base.alloc.ptr + 8, [0, 3], None, 0, "float32",
                                       device=dev.name)
     assert e.alloc is base.alloc
@@ -466,7 +466,7 @@ def test_null_data_without_elements_is_a_tensor_without_memory(dev, stream, owne
     assert h.alloc is None and shims.get_data_ptr(h) == 0 and shims.get_storage_size(h) == 0
     v = shims.reinterpret_tensor(h, [0], [1], 0)
     c = shims.new_tensor_handle(h)
-    other = shims.empty_strided([3, 0], None, "float32")
+    other = shims.empty_strided([3, 0], None, "float32", dev)
     shims.copy_(other, h)
     shims.copy_(h, other)
     with pytest.raises(InvalidArgument, match="^handle: a tensor without memory only has empty"):
@@ -496,7 +496,7 @@ def test_size_one_dim_stride_past_int32_in_a_blob(cpu, stream, owner):
 
 def test_reinterpret_offset_composes_with_the_handles_own(dev, stream, owner):
     """A view of a view: storage offsets count from the allocation's start (Inductor)."""
-    base = shims.empty_strided([64], None, "float32")
+    base = shims.empty_strided([64], None, "float32", dev)
     v1 = shims.reinterpret_tensor(base, [32], [1], 16)
     v2 = shims.reinterpret_tensor(v1, [8], [1], 8)
     assert (v1.storage_offset, v2.storage_offset) == (16, 24)
@@ -507,7 +507,7 @@ def test_reinterpret_offset_composes_with_the_handles_own(dev, stream, owner):
 
 def test_reinterpret_negative_offset_back_to_the_start(dev, stream, owner):
     """§3 #47: a view of a view with a negative offset back to the start; counts balance."""
-    base = shims.empty_strided([16], None, "float32")
+    base = shims.empty_strided([16], None, "float32", dev)
     upload(base, iota([16]))
     v = shims.reinterpret_tensor(base, [8], [1], 8)
     back = shims.reinterpret_tensor(v, [16], [1], -8)
@@ -522,7 +522,7 @@ def test_reinterpret_negative_offset_back_to_the_start(dev, stream, owner):
 def test_non_packed_view_stays_in_the_parent(dev, stream, owner):
     """§4 NonPackedViewStaysInParentBuffer: the view points into the parent at its offset and
     carries its real strides (no copy, no materialization)."""
-    base = shims.empty_strided([4, 4], None, "float32")
+    base = shims.empty_strided([4, 4], None, "float32", dev)
     upload(base, iota([4, 4], base=0.0))
     right = shims.reinterpret_tensor(base, [4, 2], [4, 1], 2)
     assert right.alloc is base.alloc and right.strides == (4, 1) and not right.packed
@@ -534,21 +534,21 @@ def test_non_packed_view_stays_in_the_parent(dev, stream, owner):
 def test_view_with_overlapping_dims_reads_the_right_values(dev, stream, owner):
     """§3 #45: dims that overlap (broadcast, sliding windows) read the right elements, by
     the host and by a kernel."""
-    base = shims.empty_strided([8], None, "float32")
+    base = shims.empty_strided([8], None, "float32", dev)
     upload(base, iota([8]))
     win = shims.reinterpret_tensor(base, [3, 4], [2, 1], 0)   # overlapping windows
     bc = shims.reinterpret_tensor(base, [3, 4], [0, 1], 4)    # broadcast of the last 4
     ref = np.lib.stride_tricks.as_strided(iota([8]), (3, 4), (8, 4))
     np.testing.assert_array_equal(win.numpy(), ref)
     np.testing.assert_array_equal(bc.numpy(), np.broadcast_to(iota([8])[4:], (3, 4)))
-    out = shims.empty_strided([3, 4], None, "float32")
+    out = shims.empty_strided([3, 4], None, "float32", dev)
     kernel_fn(dev, copy_kernel([3, 4], [4, 1], [2, 1]))(stream, win, out)
     np.testing.assert_array_equal(out.numpy(), ref)
     delete(win, bc, out, base)
 
 
 def test_empty_views_may_sit_at_the_end(dev, stream, owner):
-    base = shims.empty_strided([8], None, "float32")
+    base = shims.empty_strided([8], None, "float32", dev)
     e = shims.reinterpret_tensor(base, [0, 4], [4, 1], 8)
     assert e.address == base.alloc.end and e.byte_offset == 32
     delete(e, base)
@@ -557,7 +557,7 @@ def test_empty_views_may_sit_at_the_end(dev, stream, owner):
 def test_views_of_an_empty_view_are_bounded_from_its_address(dev, stream, owner):
     """§1.2 #19: an empty view at offset 8 of an 8-element allocation: reinterpreting it as
     4 elements at offset 0 is refused; views back inside are fine."""
-    base = shims.empty_strided([8], None, "float32")
+    base = shims.empty_strided([8], None, "float32", dev)
     e = shims.reinterpret_tensor(base, [0], [1], 8)
     with pytest.raises(InvalidArgument, match="outside"):
         shims.reinterpret_tensor(e, [4], [1], 0)
@@ -570,7 +570,7 @@ def test_views_of_an_empty_view_are_bounded_from_its_address(dev, stream, owner)
 
 def test_reinterpret_as_another_dtype(dev, stream, owner):
     """Program contract: byte-typed roots are viewed as typed tensors at element offsets."""
-    raw = shims.empty_strided([64], None, "uint8")
+    raw = shims.empty_strided([64], None, "uint8", dev)
     f = shims.reinterpret_tensor(raw, [4], [1], 4, dtype="float32")
     assert f.dtype is dtypes.float32 and f.byte_offset == 16
     upload(f, iota([4]))
@@ -587,7 +587,7 @@ def test_reinterpret_of_a_null_memory_tensor(dev, stream, owner):
 
 
 def test_reinterpret_takes_one_count_per_view(dev, stream, owner):
-    base = shims.empty_strided([8], None, "float32")
+    base = shims.empty_strided([8], None, "float32", dev)
     views = [shims.reinterpret_tensor(base, [2], [1], i) for i in range(5)]
     assert base.alloc.users == 6
     delete(*views)
@@ -600,7 +600,7 @@ def test_reinterpret_takes_one_count_per_view(dev, stream, owner):
 
 def test_new_tensor_handle_is_the_same_view(dev, stream, owner):
     """§4 CopiedHandleIsAStridedViewToo: a copied handle keeps the strided layout."""
-    base = shims.empty_strided([4, 4], None, "float32")
+    base = shims.empty_strided([4, 4], None, "float32", dev)
     right = shims.reinterpret_tensor(base, [4, 2], [4, 1], 2)
     c = shims.new_tensor_handle(right)
     assert c is not right
@@ -613,7 +613,7 @@ def test_new_tensor_handle_is_the_same_view(dev, stream, owner):
 
 
 def test_new_tensor_handle_chains(dev, stream, owner):
-    base = shims.empty_strided([3], None, "int64")
+    base = shims.empty_strided([3], None, "int64", dev)
     upload(base, np.array([7, 8, 9], np.int64))
     chain = [base]
     for _ in range(10):
@@ -624,7 +624,7 @@ def test_new_tensor_handle_chains(dev, stream, owner):
 
 
 def test_new_tensor_handle_belongs_to_the_current_owner(dev, stream, owner):
-    base = shims.empty_strided([2], None, "float32")
+    base = shims.empty_strided([2], None, "float32", dev)
     o2 = Owner("o2")
     with owner_scope(o2):
         c = shims.new_tensor_handle(base)
@@ -639,7 +639,7 @@ def test_every_deletion_order_frees_exactly_at_the_last_handle(dev, stream, owne
     """§3 #4-#11, §7.2: base, view, copied view, reinterpret-at-0 of the view and a nested
     view each hold the allocation; any deletion order keeps the data readable through the
     survivors and frees the memory exactly with the last one."""
-    base = shims.empty_strided([16], None, "float32")
+    base = shims.empty_strided([16], None, "float32", dev)
     upload(base, iota([16]))
     view = shims.reinterpret_tensor(base, [8], [1], 8)
     copy = shims.new_tensor_handle(view)
@@ -662,10 +662,10 @@ def test_every_deletion_order_frees_exactly_at_the_last_handle(dev, stream, owne
 
 def test_copy_gathers_a_strided_view(dev, stream, owner):
     """§4 PackedCopyGathersTheViewsElements: {2,3,6,7,10,11,14,15}."""
-    base = shims.empty_strided([4, 4], None, "float32")
+    base = shims.empty_strided([4, 4], None, "float32", dev)
     upload(base, iota([4, 4], base=0.0))
     right = shims.reinterpret_tensor(base, [4, 2], [4, 1], 2)
-    packed = shims.empty_strided([4, 2], None, "float32")
+    packed = shims.empty_strided([4, 2], None, "float32", dev)
     shims.copy_(packed, right)
     np.testing.assert_array_equal(packed.numpy().ravel(), [2, 3, 6, 7, 10, 11, 14, 15])
     delete(right, packed, base)
@@ -673,9 +673,9 @@ def test_copy_gathers_a_strided_view(dev, stream, owner):
 
 def test_copy_into_an_allocation_is_queued(dev, stream, owner):
     """§4 CopyOfStridedViewIntoMetalMemoryDoesNotWait: the copy is stream work, no wait."""
-    src = shims.empty_strided([4, 4], None, "float32")
+    src = shims.empty_strided([4, 4], None, "float32", dev)
     upload(src, iota([4, 4]))
-    dst = shims.empty_strided([8, 4], None, "float32")
+    dst = shims.empty_strided([8, 4], None, "float32", dev)
     dst_view = shims.reinterpret_tensor(dst, [4, 4], [1, 4], 16)   # transposed, at an offset
     waits = stream.completed_waits
     shims.copy_(dst_view, src)
@@ -709,7 +709,7 @@ def test_copy_out_of_a_region_is_done_on_return(cpu, stream, owner):
 
 def test_copy_within_one_allocation_overlapping(dev, stream, owner):
     """§4 CopyOfStridedViewIntoItsOwnBufferIsCorrect: source and destination overlap."""
-    base = shims.empty_strided([16], None, "float32")
+    base = shims.empty_strided([16], None, "float32", dev)
     upload(base, iota([16]))
     src = shims.reinterpret_tensor(base, [12], [1], 0)
     dst = shims.reinterpret_tensor(base, [12], [1], 4)
@@ -722,9 +722,9 @@ def test_copy_within_one_allocation_overlapping(dev, stream, owner):
 
 def test_copy_across_ranks_when_both_are_row_major(dev, stream, owner):
     """§3 #65: different ranks copy bytewise when both are row-major dense."""
-    src = shims.empty_strided([2, 3, 4], None, "float32")
+    src = shims.empty_strided([2, 3, 4], None, "float32", dev)
     upload(src, iota([2, 3, 4]))
-    dst = shims.empty_strided([6, 4], None, "float32")
+    dst = shims.empty_strided([6, 4], None, "float32", dev)
     shims.copy_(dst, src)
     np.testing.assert_array_equal(dst.numpy(), iota([6, 4]))
     delete(src, dst)
@@ -732,8 +732,8 @@ def test_copy_across_ranks_when_both_are_row_major(dev, stream, owner):
 
 def test_copy_across_ranks_into_a_transposed_destination_is_refused(dev, stream, owner):
     """§3 #65 / §7.3: a layout copy_ cannot map."""
-    src = shims.empty_strided([2, 3, 4], None, "float32")
-    dst = shims.empty_strided([6, 4], [1, 6], "float32")
+    src = shims.empty_strided([2, 3, 4], None, "float32", dev)
+    dst = shims.empty_strided([6, 4], [1, 6], "float32", dev)
     with pytest.raises(InvalidArgument, match="src.*row-major"):
         shims.copy_(dst, src)
     delete(src, dst)
@@ -741,25 +741,25 @@ def test_copy_across_ranks_into_a_transposed_destination_is_refused(dev, stream,
 
 def test_copy_ignores_the_stride_of_a_size_one_dim(dev, stream, owner):
     """§3 #86."""
-    src = shims.empty_strided([3, 1, 4], [4, 99, 1], "float32")
+    src = shims.empty_strided([3, 1, 4], [4, 99, 1], "float32", dev)
     upload(src, iota([3, 1, 4]))
-    dst = shims.empty_strided([3, 4], None, "float32")
+    dst = shims.empty_strided([3, 4], None, "float32", dev)
     shims.copy_(dst, src)
     np.testing.assert_array_equal(dst.numpy(), iota([3, 4]))
     delete(src, dst)
 
 
 def test_copy_refuses_dtype_mismatch(dev, stream, owner):
-    a = shims.empty_strided([4], None, "float32")
-    b = shims.empty_strided([4], None, "int32")
+    a = shims.empty_strided([4], None, "float32", dev)
+    b = shims.empty_strided([4], None, "int32", dev)
     with pytest.raises(InvalidArgument, match="src: dtype int32 does not match dst float32"):
         shims.copy_(a, b)
     delete(a, b)
 
 
 def test_copy_refuses_numel_mismatch(dev, stream, owner):
-    a = shims.empty_strided([4], None, "float32")
-    b = shims.empty_strided([5], None, "float32")
+    a = shims.empty_strided([4], None, "float32", dev)
+    b = shims.empty_strided([5], None, "float32", dev)
     with pytest.raises(InvalidArgument, match="src: 5 elements"):
         shims.copy_(a, b)
     delete(a, b)
@@ -767,8 +767,8 @@ def test_copy_refuses_numel_mismatch(dev, stream, owner):
 
 def test_empty_copies_succeed(dev, stream, owner):
     """§3 #55."""
-    a = shims.empty_strided([0, 4], None, "float32")
-    b = shims.empty_strided([4, 0], None, "float32")
+    a = shims.empty_strided([0, 4], None, "float32", dev)
+    b = shims.empty_strided([4, 0], None, "float32", dev)
     seq = stream.recorded_seq
     shims.copy_(a, b)
     assert stream.recorded_seq == seq
@@ -776,8 +776,8 @@ def test_empty_copies_succeed(dev, stream, owner):
 
 
 def test_copy_is_ordered_after_queued_writes_to_its_source(dev, stream, owner):
-    src = shims.empty_strided([32], None, "float32")
-    dst = shims.empty_strided([32], None, "float32")
+    src = shims.empty_strided([32], None, "float32", dev)
+    dst = shims.empty_strided([32], None, "float32", dev)
     kernel_fn(dev, iota_kernel([32], [1]))(stream, src)
     shims.copy_(dst, src)
     np.testing.assert_array_equal(dst.numpy(), iota([32]))
@@ -787,8 +787,8 @@ def test_copy_is_ordered_after_queued_writes_to_its_source(dev, stream, owner):
 def test_copy_from_the_host_waits_for_pending_readers(dev, stream, owner):
     """§3 #18: writing an input from the host does not overwrite what a queued op has yet
     to read."""
-    inp = shims.empty_strided([16], None, "float32")
-    out = shims.empty_strided([16], None, "float32")
+    inp = shims.empty_strided([16], None, "float32", dev)
+    out = shims.empty_strided([16], None, "float32", dev)
     upload(inp, iota([16]))
     kernel_fn(dev, copy_kernel([16], [1], [1]))(stream, inp, out)
     upload(inp, iota([16], base=100.0))
@@ -802,7 +802,7 @@ def test_copy_from_the_host_waits_for_pending_readers(dev, stream, owner):
 
 @pytest.mark.parametrize("value", [True, False])
 def test_item_bool_reads_one_bool(dev, stream, owner, value):
-    h = shims.empty_strided([1, 1], None, "bool")
+    h = shims.empty_strided([1, 1], None, "bool", dev)
     upload(h, np.array([[value]]))
     assert shims.item_bool(h) is value
     delete(h)
@@ -811,7 +811,7 @@ def test_item_bool_reads_one_bool(dev, stream, owner, value):
 def test_item_bool_waits_for_the_kernel_that_wrote_it(dev, stream, owner):
     from aotrt.kernels import ir
 
-    h = shims.empty_strided([], [], "bool")
+    h = shims.empty_strided([], [], "bool", dev)
     k = ir.Kernel("set_true", (), (), (ir.Arg("bool", "w"),),
                   (ir.Store(0, ir.const(0, "int64"), ir.const(True, "bool")),))
     upload(h, np.array(False))
@@ -822,7 +822,7 @@ def test_item_bool_waits_for_the_kernel_that_wrote_it(dev, stream, owner):
 
 def test_getters_answer_from_the_handles_own_state(dev, stream, owner):
     """§7.3: real storage offset, real device, sizes/strides of this view."""
-    base = shims.empty_strided([6, 8], None, "float16")
+    base = shims.empty_strided([6, 8], None, "float16", dev)
     v = shims.reinterpret_tensor(base, [3, 4], [8, 2], 10)
     assert shims.get_sizes(v) == (3, 4)
     assert shims.get_strides(v) == (8, 2)
@@ -839,7 +839,7 @@ def test_getters_answer_from_the_handles_own_state(dev, stream, owner):
 
 
 def test_getters_of_a_zero_dim_tensor(dev, stream, owner):
-    h = shims.empty_strided([], None, "float32")
+    h = shims.empty_strided([], None, "float32", dev)
     assert shims.get_sizes(h) == () and shims.get_strides(h) == ()
     assert shims.get_dim(h) == 0 and shims.get_numel(h) == 1
     delete(h)
@@ -897,7 +897,7 @@ def test_random_view_chains_match_numpy(cpu, data):
 
 def _run_chain(dev, s, o, data) -> None:
     ref = rand([N], seed=data.draw(st.integers(0, 1000), label="seed"))
-    base = shims.empty_strided([N], None, "float32")
+    base = shims.empty_strided([N], None, "float32", dev)
     upload(base, ref)
     ref = ref.copy()
     alloc = base.alloc
@@ -930,7 +930,7 @@ def _run_chain(dev, s, o, data) -> None:
             live.pop(i)
         elif op == "write" and int(np.prod(sizes)) and not _self_overlapping(sizes, strides):
             vals = rand(sizes, seed=data.draw(st.integers(0, 1000)))
-            src = shims.empty_strided(list(sizes), None, "float32")
+            src = shims.empty_strided(list(sizes), None, "float32", dev)
             upload(src, vals)
             # A kernel bakes its strides in (a compile each): one write in four goes that way.
             if data.draw(st.integers(0, 3), label="by kernel") == 0:
@@ -961,7 +961,7 @@ def test_empty_blob_at_the_highest_address(cpu, stream, owner):
 
 
 def test_blob_past_the_end_message_names_the_blob_and_its_allocation(dev, stream, owner):
-    base = shims.empty_strided([8], None, "float32")
+    base = shims.empty_strided([8], None, "float32", dev)
     start = base.alloc.ptr + 8
     with pytest.raises(InvalidArgument) as e:
         shims.create_tensor_from_blob(start, [8], None, 0, "float32", device=dev.name)
@@ -987,14 +987,14 @@ def test_blob_whose_end_passes_int64_through_its_offset_is_refused(cpu, stream, 
 
 
 def test_empty_blob_at_the_end_of_a_one_byte_allocation_joins_it(dev, stream, owner):
-    one = shims.empty_strided([1], None, "uint8")
+    one = shims.empty_strided([1], None, "uint8", dev)
     e = shims.create_tensor_from_blob(one.alloc.end, [0], None, 0, "uint8", device=dev.name)
     assert e.alloc is one.alloc and e.byte_offset == 1
     delete(e, one)
 
 
 def test_empty_blob_past_a_zero_byte_allocation_does_not_join_it(dev, stream, owner):
-    z = shims.empty_strided([0], None, "uint8")
+    z = shims.empty_strided([0], None, "uint8", dev)
     e = shims.create_tensor_from_blob(z.alloc.ptr + 1, [0], None, 0, "uint8", device=dev.name)
     assert e.alloc is not z.alloc and e.alloc.ptr == z.alloc.ptr + 1
     delete(e, z)
@@ -1036,7 +1036,7 @@ def test_copy_across_devices_goes_through_the_host_after_the_waits(cpu, owner, s
 
 def test_int64_stride_limits_are_inclusive(dev, stream, owner):
     """A size-1 dim's stride may be anything that fits int64, both ends included."""
-    base = shims.empty_strided([4], None, "float32")
+    base = shims.empty_strided([4], None, "float32", dev)
     for stride in (INT64_MAX, -INT64_MAX - 1, -INT64_MAX):
         v = shims.reinterpret_tensor(base, [1, 2], [stride, 1], 0)
         assert v.strides == (stride, 1)
@@ -1046,7 +1046,7 @@ def test_int64_stride_limits_are_inclusive(dev, stream, owner):
 
 def test_the_largest_element_count_is_int64_max(dev, stream, owner):
     """A broadcast byte view of exactly INT64_MAX elements is accepted; its extent is one."""
-    base = shims.empty_strided([4], None, "uint8")
+    base = shims.empty_strided([4], None, "uint8", dev)
     sizes = [7 * 7 * 73 * 127 * 337, 92737, 649657]       # product: 2**63 - 1
     assert int(np.prod(np.array(sizes, dtype=object))) == INT64_MAX
     v = shims.reinterpret_tensor(base, sizes, [0, 0, 0], 1)
@@ -1055,7 +1055,7 @@ def test_the_largest_element_count_is_int64_max(dev, stream, owner):
 
 
 def test_numpy_integers_are_accepted(dev, stream, owner):
-    h = shims.empty_strided([np.int64(2), np.int32(3)], [np.int64(3), np.uint8(1)], "float32")
+    h = shims.empty_strided([np.int64(2), np.int32(3)], [np.int64(3), np.uint8(1)], "float32", dev)
     assert h.sizes == (2, 3) and h.strides == (3, 1)
     assert all(type(x) is int for x in h.sizes + h.strides)
     v = shims.reinterpret_tensor(h, [np.int16(2)], [np.int64(1)], np.int64(4))
@@ -1072,7 +1072,7 @@ def test_views_of_a_null_tensor_stand_for_address_zero(dev, stream, owner):
 
 
 def test_outside_message_names_the_view_and_its_bounds(dev, stream, owner):
-    base = shims.empty_strided([16], None, "float32")
+    base = shims.empty_strided([16], None, "float32", dev)
     v = shims.reinterpret_tensor(base, [8], [1], 4)
     with pytest.raises(InvalidArgument) as e:
         shims.reinterpret_tensor(v, [2, 3], [5, 1], 6)

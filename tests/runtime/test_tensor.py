@@ -76,7 +76,7 @@ def test_is_row_major(sizes, strides, row_major):
 
 
 def test_handle_properties(dev, stream, owner):
-    base = shims.empty_strided([4, 6], None, "float32")
+    base = shims.empty_strided([4, 6], None, "float32", dev)
     v = shims.reinterpret_tensor(base, [2, 3], [6, 2], 7)
     assert v.alloc is base.alloc and v.byte_offset == 28 and v.storage_offset == 7
     assert v.address == base.alloc.ptr + 28
@@ -89,7 +89,7 @@ def test_handle_properties(dev, stream, owner):
 
 
 def test_handle_access_covers_its_byte_range(dev, stream, owner):
-    base = shims.empty_strided([16], None, "float32")
+    base = shims.empty_strided([16], None, "float32", dev)
     v = shims.reinterpret_tensor(base, [4], [2], 3)
     acc = v.access(write=True)
     assert (acc.alloc, acc.start, acc.end, acc.write) == (base.alloc, 12, 12 + 7 * 4, True)
@@ -99,7 +99,7 @@ def test_handle_access_covers_its_byte_range(dev, stream, owner):
 
 
 def test_empty_handle_has_an_empty_byte_range_at_its_address(dev, stream, owner):
-    base = shims.empty_strided([8], None, "float32")
+    base = shims.empty_strided([8], None, "float32", dev)
     e = shims.reinterpret_tensor(base, [0], [1], 8)
     assert e.byte_range() == (32, 32) and e.address == base.alloc.end
     assert e.numpy().shape == (0,)
@@ -108,7 +108,7 @@ def test_empty_handle_has_an_empty_byte_range_at_its_address(dev, stream, owner)
 
 
 def test_handle_repr_names_state_layout_and_memory(dev, stream, owner):
-    h = shims.empty_strided([2, 3], None, "float16")
+    h = shims.empty_strided([2, 3], None, "float16", dev)
     text = repr(h)
     assert "live" in text and "float16[2, 3]" in text and "strides [3, 1]" in text
     shims.delete_tensor_object(h)
@@ -117,7 +117,7 @@ def test_handle_repr_names_state_layout_and_memory(dev, stream, owner):
 
 def test_handle_numpy_waits_for_pending_writes(dev, stream, owner):
     """§3 #17: a copy to the host sees the result of still-queued work."""
-    h = shims.empty_strided([5, 7], None, "float32")
+    h = shims.empty_strided([5, 7], None, "float32", dev)
     kernel_fn(dev, iota_kernel([5, 7], [7, 1]))(stream, h)
     stream.commit()
     waits = stream.completed_waits
@@ -128,8 +128,8 @@ def test_handle_numpy_waits_for_pending_writes(dev, stream, owner):
 
 def test_handle_numpy_without_pending_writes_does_not_wait(dev, stream, owner):
     """§3 #21: reading memory the queue does not write leaves unrelated work queued."""
-    h = shims.empty_strided([4], None, "float32")
-    other = shims.empty_strided([4], None, "float32")
+    h = shims.empty_strided([4], None, "float32", dev)
+    other = shims.empty_strided([4], None, "float32", dev)
     upload(h, iota([4]))
     kernel_fn(dev, iota_kernel([4], [1]))(stream, other)
     waits = stream.completed_waits
@@ -140,7 +140,7 @@ def test_handle_numpy_without_pending_writes_does_not_wait(dev, stream, owner):
 
 
 def test_handle_numpy_is_a_copy(dev, stream, owner):
-    h = shims.empty_strided([3], None, "float32")
+    h = shims.empty_strided([3], None, "float32", dev)
     upload(h, iota([3]))
     arr = h.numpy()
     arr[:] = 0
@@ -149,7 +149,7 @@ def test_handle_numpy_is_a_copy(dev, stream, owner):
 
 
 def test_handle_array_protocol_and_dtype(dev, stream, owner):
-    h = shims.empty_strided([3], None, "int32")
+    h = shims.empty_strided([3], None, "int32", dev)
     upload(h, np.array([1, 2, 3], np.int32))
     assert np.asarray(h).dtype == np.int32
     np.testing.assert_array_equal(np.asarray(h, dtype=np.float64), [1.0, 2.0, 3.0])
@@ -161,7 +161,7 @@ def test_handle_array_protocol_and_dtype(dev, stream, owner):
 def test_handle_roundtrips_every_dtype(dev, stream, owner, dtype):
     dt = as_dtype(dtype)
     data = (rand([3, 5], seed=3) * 50).astype(dt.np)
-    h = shims.empty_strided([3, 5], None, dtype)
+    h = shims.empty_strided([3, 5], None, dtype, dev)
     upload(h, data)
     got = h.numpy()
     assert got.dtype == dt.np
@@ -179,7 +179,7 @@ def test_handle_without_memory_reads_as_zeros(dev, stream, owner):
 def test_check_live_refuses_non_handles_and_dead_ones(dev, stream, owner):
     with pytest.raises(InvalidArgument, match="x: expected a tensor handle, got int"):
         check_live(3, "x")
-    h = shims.empty_strided([1], None, "float32")
+    h = shims.empty_strided([1], None, "float32", dev)
     shims.delete_tensor_object(h)
     with pytest.raises(InvalidArgument, match="y: handle is deleted"):
         check_live(h, "y")
@@ -189,7 +189,7 @@ def test_check_live_refuses_non_handles_and_dead_ones(dev, stream, owner):
 
 
 def test_publish_takes_one_count_and_joins_the_owner(dev, stream, owner):
-    base = shims.empty_strided([4], None, "float32")
+    base = shims.empty_strided([4], None, "float32", dev)
     h = Handle(base.alloc, 0, (4,), (1,), base.dtype, dev, owner)
     assert h.state == "new" and h not in owner.handles and base.alloc.users == 1
     h._publish()
@@ -200,7 +200,7 @@ def test_publish_takes_one_count_and_joins_the_owner(dev, stream, owner):
 
 
 def test_retire_gives_the_count_back_once(dev, stream, owner):
-    base = shims.empty_strided([4], None, "float32")
+    base = shims.empty_strided([4], None, "float32", dev)
     v = shims.new_tensor_handle(base)
     v._retire()
     v._retire()
@@ -226,14 +226,14 @@ def _ref_view(ref: np.ndarray, sizes, strides, offset) -> np.ndarray:
 def test_seed_views_read_in_the_same_command_buffer_as_the_parent_write(dev, stream, owner):
     """A kernel writes the whole parent; then, with no wait, kernels read the last-dim half
     and the first-dim half into other buffers: both see the parent's new data."""
-    parent = shims.empty_strided(list(PARENT), None, "float32")
+    parent = shims.empty_strided(list(PARENT), None, "float32", dev)
     upload(parent, np.zeros(PARENT, np.float32))
     last = shims.reinterpret_tensor(parent, *LAST_DIM_HALF)
     first = shims.reinterpret_tensor(parent, *FIRST_DIM_HALF)
     assert not last.packed and first.packed
     assert last.alloc is parent.alloc is first.alloc
-    out_last = shims.empty_strided([12, 8], None, "float32")
-    out_first = shims.empty_strided([6, 16], None, "float32")
+    out_last = shims.empty_strided([12, 8], None, "float32", dev)
+    out_first = shims.empty_strided([6, 16], None, "float32", dev)
     waits = stream.completed_waits
 
     kernel_fn(dev, iota_kernel(PARENT, [16, 1]))(stream, parent)
@@ -251,10 +251,10 @@ def test_seed_views_read_in_the_same_command_buffer_as_the_parent_write(dev, str
 def test_seed_views_written_then_the_parent_read_in_one_command_buffer(dev, stream, owner):
     """Reverse direction: kernels write through each view (the non-packed one included),
     then a kernel reads the parent: every write reached the parent."""
-    parent = shims.empty_strided(list(PARENT), None, "float32")
+    parent = shims.empty_strided(list(PARENT), None, "float32", dev)
     last = shims.reinterpret_tensor(parent, *LAST_DIM_HALF)
     first = shims.reinterpret_tensor(parent, *FIRST_DIM_HALF)
-    out = shims.empty_strided(list(PARENT), None, "float32")
+    out = shims.empty_strided(list(PARENT), None, "float32", dev)
     waits = stream.completed_waits
 
     kernel_fn(dev, iota_kernel(PARENT, [16, 1], base=1000.0))(stream, parent)
@@ -274,11 +274,11 @@ def test_seed_views_written_then_the_parent_read_in_one_command_buffer(dev, stre
 
 def test_seed_views_through_copy_in_one_command_buffer(dev, stream, owner):
     """The same two views through the stream's own copy (a library-style op): right data."""
-    parent = shims.empty_strided(list(PARENT), None, "float32")
+    parent = shims.empty_strided(list(PARENT), None, "float32", dev)
     last = shims.reinterpret_tensor(parent, *LAST_DIM_HALF)
     first = shims.reinterpret_tensor(parent, *FIRST_DIM_HALF)
-    out_last = shims.empty_strided([12, 8], None, "float32")
-    out_first = shims.empty_strided([6, 16], None, "float32")
+    out_last = shims.empty_strided([12, 8], None, "float32", dev)
+    out_first = shims.empty_strided([6, 16], None, "float32", dev)
     kernel_fn(dev, iota_kernel(PARENT, [16, 1]))(stream, parent)
     shims.copy_(out_last, last)
     shims.copy_(out_first, first)
@@ -291,11 +291,11 @@ def test_seed_views_through_copy_in_one_command_buffer(dev, stream, owner):
 
 def test_nested_view_is_flattened_into_one_offset(dev, stream, owner):
     """§1.2 #3: a view of a view lands in the parent at the combined (larger) offset."""
-    parent = shims.empty_strided(list(PARENT), None, "float32")
+    parent = shims.empty_strided(list(PARENT), None, "float32", dev)
     first = shims.reinterpret_tensor(parent, *FIRST_DIM_HALF)
     nested = shims.reinterpret_tensor(first, [3, 16], [16, 1], 16)
     assert nested.alloc is parent.alloc and nested.storage_offset == 112
-    out = shims.empty_strided([3, 16], None, "float32")
+    out = shims.empty_strided([3, 16], None, "float32", dev)
     kernel_fn(dev, iota_kernel(PARENT, [16, 1]))(stream, parent)
     kernel_fn(dev, copy_kernel([3, 16], [16, 1], [16, 1]))(stream, nested, out)
     np.testing.assert_array_equal(out.numpy(), iota(PARENT)[7:10])
@@ -307,17 +307,17 @@ def test_cat_filled_through_last_dim_views(dev, stream, owner):
     """§1.1: a cat result allocated once and filled through (non-packed) views of it; the
     last-dim cat the anchor had to skip."""
     a, b = rand([12, 8], seed=10), rand([12, 8], seed=11)
-    ha = shims.empty_strided([12, 8], None, "float32")
-    hb = shims.empty_strided([12, 8], None, "float32")
+    ha = shims.empty_strided([12, 8], None, "float32", dev)
+    hb = shims.empty_strided([12, 8], None, "float32", dev)
     upload(ha, a)
     upload(hb, b)
-    cat = shims.empty_strided([12, 16], None, "float32")
+    cat = shims.empty_strided([12, 16], None, "float32", dev)
     left = shims.reinterpret_tensor(cat, [12, 8], [16, 1], 0)
     right = shims.reinterpret_tensor(cat, [12, 8], [16, 1], 8)
     scale = affine_kernel([12, 8], [8, 1], [16, 1], 2.0, 0.5)
     kernel_fn(dev, scale)(stream, ha, left)
     kernel_fn(dev, scale)(stream, hb, right)
-    out = shims.empty_strided([12, 16], None, "float32")
+    out = shims.empty_strided([12, 16], None, "float32", dev)
     kernel_fn(dev, affine_kernel([12, 16], [16, 1], [16, 1], 1.0, 1.0))(stream, cat, out)
     ref = np.concatenate([a * 2.0 + 0.5, b * 2.0 + 0.5], axis=1) + 1.0
     np.testing.assert_allclose(out.numpy(), ref, rtol=1e-6)
