@@ -15,13 +15,15 @@ import math
 import os
 import tempfile
 from pathlib import Path
-from typing import Any, Iterable, Mapping, Sequence
+from typing import Any, Mapping, Sequence
 
 import numpy as np
 
 from aotrt import dtypes
 from aotrt.errors import AotrtError, InvalidArgument, ProgramError
 from aotrt.kernels import ir
+from aotrt.runtime.tensor import contiguous_strides, is_packed
+from aotrt.runtime.tensor import numel_of as numel
 from aotrt.kernels.bounds import kernel_accesses, walk as _walk
 
 log = logging.getLogger(__name__)
@@ -121,38 +123,12 @@ def _dims(sizes: Any, strides: Any, where: str) -> tuple[tuple[int, ...], tuple[
     return sz, st
 
 
-def numel(sizes: Iterable[int]) -> int:
-    """Product of sizes."""
-    return math.prod(sizes)
-
-
-def contiguous_strides(shape: Sequence[int]) -> tuple[int, ...]:
-    """Row-major strides (in elements) for `shape`."""
-    out, acc = [], 1
-    for n in reversed(shape):
-        out.append(acc)
-        acc *= max(n, 1)
-    return tuple(reversed(out))
-
-
 def extent(sizes: Sequence[int], strides: Sequence[int], itemsize: int) -> tuple[int, int]:
     """[lo, hi) bytes relative to element 0 that a view with non-negative strides touches."""
     if numel(sizes) == 0:
         return 0, 0
     hi = sum((n - 1) * s for n, s in zip(sizes, strides) if n > 1)
     return 0, (hi + 1) * itemsize
-
-
-def _packed(sizes: Sequence[int], strides: Sequence[int]) -> bool:
-    n = numel(sizes)
-    if n == 0:
-        return True
-    expect = 1
-    for s, d in sorted((s, d) for d, s in zip(sizes, strides) if d > 1):
-        if s != expect:
-            return False
-        expect *= d
-    return expect == n
 
 
 # ---------------------------------------------------------------------------------------------
@@ -415,7 +391,7 @@ class _Validator:
             names.add(name)
             dt = _dtype(s["dtype"], f"{w}.dtype")
             sz, st = _dims(s["shape"], s["strides"], w)
-            if not _packed(sz, st):
+            if not is_packed(sz, st):
                 raise _fail(f"{w}.strides", f"{list(st)} for shape {list(sz)} leave holes or "
                                             f"overlap")
             if numel(sz) * dt.itemsize >= BYTES_LIMIT:

@@ -47,6 +47,7 @@ from aotrt.errors import AotrtError, InvalidArgument, Unsupported
 from aotrt.export import fuse
 from aotrt.kernels import ir
 from aotrt.program import Program, ProgramBuilder
+from aotrt.runtime.tensor import is_packed
 
 log = logging.getLogger(__name__)
 
@@ -203,19 +204,6 @@ def is_injective(sizes: Sequence[int], strides: Sequence[int]) -> bool:
             return False
         reach += (n - 1) * s
     return True
-
-
-def is_dense(sizes: Sequence[int], strides: Sequence[int]) -> bool:
-    """True when the layout fills [0, numel) exactly, in any dim order."""
-    n = math.prod(sizes)
-    if n == 0:
-        return True
-    expect = 1
-    for s, d in sorted((s, d) for d, s in zip(sizes, strides) if d > 1):
-        if s != expect:
-            return False
-        expect *= d
-    return expect == n
 
 
 def view_strides(old_sizes: Sequence[int], old_strides: Sequence[int],
@@ -942,7 +930,7 @@ class Lowering:
             if s == 0 and n > 1:
                 base = base.narrow(d, 0, 1)
         bsizes, bstrides = tuple(base.shape), tuple(base.stride())
-        if is_dense(bsizes, bstrides) and base.numel() > 0:
+        if is_packed(bsizes, bstrides) and base.numel() > 0:
             order = sorted(range(len(bsizes)), key=lambda d: (-bstrides[d], d))
             arr = to_numpy(base.permute(order).contiguous())
             # In the stored array dim order[k] has row-major stride; map back per dim.
