@@ -436,7 +436,8 @@ def markdown(doc: dict) -> str:
         f"torch {e['torch']} with {e['torch_num_threads']} threads; numpy {blas['numpy']} "
         f"with {blas.get('name')} {blas.get('version')}, "
         f"{blas.get('threads', '?')} threads "
-        f"({'threaded' if blas['threaded'] else 'not threaded'}). Load average at start {fmt_load(doc['loadavg_start'])}, at end "
+        f"({'threaded' if blas['threaded'] else 'not threaded'}). "
+        f"Load average at start {fmt_load(doc['loadavg_start'])}, at end "
         f"{fmt_load(doc['loadavg_end'])}. Whole run {doc['wall_s']:.0f} s.",
         "",
         f"Median ms of one finished forward, up to {doc['iters']} runs (at most "

@@ -160,7 +160,8 @@ def load(arg: int, strides: Sequence[int], dtype: str, dims: Sequence[int] | Non
     return Load(arg, strided_index(strides, dims), dtype)
 
 
-def store(arg: int, strides: Sequence[int], value: Expr, dims: Sequence[int] | None = None) -> Store:
+def store(arg: int, strides: Sequence[int], value: Expr,
+          dims: Sequence[int] | None = None) -> Store:
     """Store `value` into argument `arg` through `strides`."""
     return Store(arg, strided_index(strides, dims), value)
 

@@ -171,7 +171,8 @@ class Allocation:
 
     def describe(self) -> str:
         """Short text naming this allocation in errors."""
-        return f"{self.kind}@{self.ptr:#x}+{self.nbytes} ({self.memory.device.name}, {self.owner.name})"
+        where = f"{self.memory.device.name}, {self.owner.name}"
+        return f"{self.kind}@{self.ptr:#x}+{self.nbytes} ({where})"
 
     @property
     def end(self) -> int:

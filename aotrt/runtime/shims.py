@@ -14,7 +14,7 @@ from aotrt.runtime.device import Device
 from aotrt.runtime.device import get_device as _get_device
 from aotrt.runtime.memory import Allocation, current_owner
 from aotrt.runtime.tensor import (INT64_MAX, Handle, check_live, contiguous_strides, is_packed,
-                                  is_row_major, numel_of, span)
+                                  numel_of, span)
 
 INT32_LIMIT = 1 << 31
 

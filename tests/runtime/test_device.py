@@ -10,7 +10,6 @@ import numpy as np
 import pytest
 
 from aotrt.errors import DeviceError, HazardError, InvalidArgument
-from aotrt.kernels import ir
 from aotrt.runtime import shims
 from aotrt.runtime.device import (Device, Stream, StreamOptions, SyncKind, cuda_available,
                                   default_device, get_device, parse_device)
