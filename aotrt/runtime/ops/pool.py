@@ -125,14 +125,23 @@ def _pool(xv: np.ndarray, o: np.ndarray, io: np.ndarray | None, p: PoolParams) -
     for n0 in range(0, n, step):
         xp = np.pad(xv[n0:n0 + step], ((0, 0), (0, 0), (ph, rh), (pw, rw)),
                     constant_values=-np.inf)
+        if io is None:
+            # A running maximum over the taps reads each window in place; materializing the
+            # windows (below, needed for indices) copies kh*kw times the output.
+            top = None
+            for i in range(kh):
+                for j in range(kw):
+                    tap = xp[:, :, i * dh:i * dh + (ho - 1) * sh + 1:sh,
+                             j * dw:j * dw + (wo - 1) * sw + 1:sw]
+                    top = tap.copy() if top is None else np.maximum(top, tap, out=top)
+            c.store(o[n0:n0 + step], top)
+            continue
         s_n, s_c, s_h, s_w = xp.strides
         win = as_strided(xp, (xp.shape[0], ch, ho, wo, kh, kw),
                          (s_n, s_c, s_h * sh, s_w * sw, s_h * dh, s_w * dw),
                          writeable=False).reshape(xp.shape[0], ch, ho, wo, kh * kw)
         top = win.max(axis=-1)  # NaN propagates; padding (-inf) never exceeds a value
         c.store(o[n0:n0 + step], top)
-        if io is None:
-            continue
         first = np.argmax((win == top[..., None]) & vwin, axis=-1)
         nan = np.isnan(win)
         last_nan = kh * kw - 1 - np.argmax(nan[..., ::-1], axis=-1)
