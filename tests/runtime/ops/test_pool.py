@@ -45,6 +45,16 @@ def test_max_pool2d_matches_torch(kit, stream, dtype, case):
     _run(kit, stream, kit.randn((2, 3, 11, 10), dtype), *CASES[case])
 
 
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("case", range(len(CASES)))
+def test_max_pool2d_values_only_matches_torch(kit, stream, dtype, case):
+    # Without indices the op takes another path (a running maximum over the taps).
+    x = kit.randn((2, 3, 11, 10), dtype)
+    x[0, 0, 0, :] = -np.inf
+    x[1, 2, 4, 4] = np.nan
+    _run(kit, stream, x, *CASES[case], with_indices=False)
+
+
 @pytest.mark.parametrize("layout", LAYOUTS)
 def test_max_pool2d_views_in_place(kit, stream, layout):
     _run(kit, stream, kit.randn((2, 3, 9, 8), "float32"), *CASES[0], layout=layout,
