@@ -6,7 +6,7 @@ every kernel dispatch checks the same ranges against the allocation it binds.
 
 from __future__ import annotations
 
-from typing import Any, Iterable
+from typing import Any
 
 from aotrt.kernels import ir
 
@@ -118,24 +118,7 @@ def _tdiv(x: int, y: int) -> int:
     return -((-x) // y) if x < 0 else x // y
 
 
-def walk(roots: Iterable[Any]) -> Iterable[Any]:
-    """Every IR node reachable from `roots`, each once."""
-    seen: set[int] = set()
-    stack = list(roots)
-    while stack:
-        e = stack.pop()
-        if id(e) in seen:
-            continue
-        seen.add(id(e))
-        yield e
-        if isinstance(e, ir.Store):
-            stack.extend((e.index, e.value))
-        elif isinstance(e, ir.Load):
-            stack.append(e.index)
-        elif isinstance(e, ir.Op):
-            stack.extend(e.args)
-        elif isinstance(e, ir.Reduce):
-            stack.append(e.body)
+walk = ir.walk
 
 
 def kernel_accesses(kernel: ir.Kernel) -> list[tuple[int, Any, bool]]:

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass, fields
-from typing import Any, Sequence, Union
+from typing import Any, Iterator, Sequence, Union
 
 from aotrt.errors import InvalidArgument, ProgramError
 
@@ -175,15 +175,30 @@ def cast(x: Expr, dtype: str) -> Expr:
 # validation and (de)serialization
 
 
-def _walk(e: Expr, seen: set[int] | None = None):
-    yield e
+def children(e: Any) -> tuple[Any, ...]:
+    """The direct operands of an IR node (a Store's index and value included)."""
+    if isinstance(e, Store):
+        return (e.index, e.value)
     if isinstance(e, Load):
-        yield from _walk(e.index)
-    elif isinstance(e, Op):
-        for a in e.args:
-            yield from _walk(a)
-    elif isinstance(e, Reduce):
-        yield from _walk(e.body)
+        return (e.index,)
+    if isinstance(e, Op):
+        return e.args
+    if isinstance(e, Reduce):
+        return (e.body,)
+    return ()
+
+
+def walk(roots: Sequence[Any]) -> Iterator[Any]:
+    """Every IR node reachable from `roots`, each once (shared subexpressions too)."""
+    seen: set[int] = set()
+    stack = list(roots)
+    while stack:
+        e = stack.pop()
+        if id(e) in seen:
+            continue
+        seen.add(id(e))
+        yield e
+        stack.extend(children(e))
 
 
 def validate(k: Kernel) -> None:
@@ -200,9 +215,8 @@ def validate(k: Kernel) -> None:
     for st in k.stores:
         if not 0 <= st.arg < len(k.args) or "w" not in k.args[st.arg].mode:
             raise InvalidArgument(f"kernel {k.name}: store to non-output argument {st.arg}")
-        for root in (st.index, st.value):
-            for e in _walk(root):
-                _check_node(k, e, ndim)
+        for e in walk((st.index, st.value)):
+            _check_node(k, e, ndim)
 
 
 def _check_node(k: Kernel, e: Expr, ndim: int) -> None:

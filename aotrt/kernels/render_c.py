@@ -303,11 +303,8 @@ STORAGE_TYPE_C = {
 
 
 def _children(e: ir.Expr) -> tuple[ir.Expr, ...]:
-    if isinstance(e, ir.Load):
-        return (e.index,)
-    if isinstance(e, ir.Op):
-        return e.args
-    return ()
+    # A Reduce's body runs in its own loop: callers here never look inside it.
+    return () if isinstance(e, ir.Reduce) else ir.children(e)
 
 
 def _direct_reduces(roots: list[ir.Expr]) -> list[ir.Reduce]:
