@@ -476,15 +476,7 @@ class Delegate:
             base.alloc.settle()
             self.device.write(typed, a.array)
             return
-        src = a.handle
-        if a.foreign is not None:
-            imp = a.foreign
-            src = shims.create_tensor_from_blob(imp.ptr, imp.shape, imp.strides, 0, imp.dtype,
-                                                self.device)
-            temps.append(src)
-        if src.alloc is not None:
-            _settle_other_streams(src.alloc, self._stream, writes_only=True)
-        self._stream.copy(typed, src)
+        self._stream.copy(typed, self._caller_handle(a, temps, writes_only=True))
 
     def _unstage(self, o: _Arg, result: Handle, temps: list[Handle],
                  copy_back: list[tuple[np.ndarray, Handle]]) -> None:
@@ -492,15 +484,19 @@ class Delegate:
         if o.array is not None:
             copy_back.append((o.array, result))
             return
-        dst = o.handle
-        if o.foreign is not None:
-            imp = o.foreign
-            dst = shims.create_tensor_from_blob(imp.ptr, imp.shape, imp.strides, 0, imp.dtype,
-                                                self.device)
-            temps.append(dst)
-        if dst.alloc is not None:
-            _settle_other_streams(dst.alloc, self._stream, writes_only=False)
-        self._stream.copy(dst, result)
+        self._stream.copy(self._caller_handle(o, temps, writes_only=False), result)
+
+    def _caller_handle(self, a: _Arg, temps: list[Handle], writes_only: bool) -> Handle:
+        """A handle on a caller's device tensor, ordered after other streams' work on it."""
+        h = a.handle
+        if a.foreign is not None:
+            imp = a.foreign
+            h = shims.create_tensor_from_blob(imp.ptr, imp.shape, imp.strides, 0, imp.dtype,
+                                              self.device)
+            temps.append(h)
+        if h.alloc is not None:
+            _settle_other_streams(h.alloc, self._stream, writes_only=writes_only)
+        return h
 
     def _views(self, root: tuple[str, int], base: Handle, handles: list[Handle | None],
                temps: list[Handle]) -> None:
