@@ -42,85 +42,136 @@ memory they read (tests/runtime/ops pins this down on every device).
 
 from __future__ import annotations
 
-from typing import Any, Callable, Sequence
+from dataclasses import dataclass
+from typing import Any, Callable, Mapping, Sequence
 
-from aotrt.errors import InvalidArgument
-from aotrt.runtime.ops.conv import convolution
-from aotrt.runtime.ops.mm import addmm, bmm, linear, mm
-from aotrt.runtime.ops.pool import max_pool2d
-from aotrt.runtime.ops.sdpa import sdpa
-from aotrt.runtime.ops.topk import topk
-from aotrt.runtime.ops.upsample import upsample_nearest2d
+from aotrt.errors import InvalidArgument, Unsupported
+from aotrt.runtime.ops._common import OpCost, TensorMeta, view_of
+from aotrt.runtime.ops.conv import check_convolution, convolution
+from aotrt.runtime.ops.mm import addmm, bmm, check_addmm, check_bmm, check_linear, check_mm, \
+    linear, mm
+from aotrt.runtime.ops.pool import check_max_pool2d, max_pool2d
+from aotrt.runtime.ops.sdpa import check_sdpa, sdpa
+from aotrt.runtime.ops.topk import check_topk, topk
+from aotrt.runtime.ops.upsample import check_upsample_nearest2d, upsample_nearest2d
 
 OpFn = Callable[..., int]
+# (fn, outs, ins, params) -> the op's positional and keyword arguments after the stream.
+_Bind = Callable[[list, list, dict], tuple[list, dict]]
 
 
-def _adapter(name: str, fn: OpFn, n_outs: Sequence[int], n_ins: int,
-             optional_ins: Sequence[int], params: Sequence[str],
-             required: Sequence[str] = ()) -> OpFn:
-    """Wrap `fn(stream, *outs, *ins, **params)` into the uniform instruction convention."""
-    allowed = frozenset(params) | frozenset(required)
+@dataclass(frozen=True)
+class _Spec:
+    """One library op: its argument counts, param names, run and metadata-check functions."""
+
+    name: str
+    run: OpFn
+    validate: Callable[..., tuple[Any, OpCost]]
+    bind: _Bind
+    n_outs: tuple[int, ...]
+    n_ins: int
+    optional_ins: tuple[int, ...] = ()
+    params: tuple[str, ...] = ()
+    required: tuple[str, ...] = ()
+
+
+def _check_call(spec: _Spec, outs: Any, ins: Any, kw: Mapping[str, Any]) -> None:
+    """Counts of outs and ins, absent inputs and param names, for both paths."""
+    name = spec.name
+    if not isinstance(outs, (list, tuple)) or len(outs) not in spec.n_outs:
+        want = " or ".join(str(n) for n in spec.n_outs)
+        raise InvalidArgument(f"{name}: outs: expected a list of {want} handles, got "
+                              f"{outs!r}")
+    if not isinstance(ins, (list, tuple)) or len(ins) != spec.n_ins:
+        raise InvalidArgument(f"{name}: ins: expected a list of {spec.n_ins} inputs, got "
+                              f"{ins!r}")
+    for i, h in enumerate(ins):
+        if h is None and i not in spec.optional_ins:
+            raise InvalidArgument(f"{name}: ins[{i}]: this input is required")
+    for i, h in enumerate(outs):
+        if h is None:
+            raise InvalidArgument(f"{name}: outs[{i}]: an output handle is required")
+    if not isinstance(kw, Mapping) or not all(isinstance(k, str) for k in kw):
+        raise InvalidArgument(f"{name}: params: expected a mapping of names, got {kw!r}")
+    allowed = frozenset(spec.params) | frozenset(spec.required)
+    unknown = sorted(set(kw) - allowed)
+    if unknown:
+        raise InvalidArgument(f"{name}: params: unknown {unknown}; known {sorted(allowed)}")
+    missing = [p for p in spec.required if p not in kw]
+    if missing:
+        raise InvalidArgument(f"{name}: params: {missing} required")
+
+
+def _adapter(spec: _Spec) -> OpFn:
+    """Wrap `spec.run(stream, ...)` into the uniform instruction convention."""
 
     def call(stream: Any, outs: Sequence[Any], ins: Sequence[Any], **kw: Any) -> int:
-        if not isinstance(outs, (list, tuple)) or len(outs) not in n_outs:
-            want = " or ".join(str(n) for n in n_outs)
-            raise InvalidArgument(f"{name}: outs: expected a list of {want} handles, got "
-                                  f"{outs!r}")
-        if not isinstance(ins, (list, tuple)) or len(ins) != n_ins:
-            raise InvalidArgument(f"{name}: ins: expected a list of {n_ins} inputs, got "
-                                  f"{ins!r}")
-        for i, h in enumerate(ins):
-            if h is None and i not in optional_ins:
-                raise InvalidArgument(f"{name}: ins[{i}]: this input is required")
-        for i, h in enumerate(outs):
-            if h is None:
-                raise InvalidArgument(f"{name}: outs[{i}]: an output handle is required")
-        unknown = sorted(set(kw) - allowed)
-        if unknown:
-            raise InvalidArgument(f"{name}: params: unknown {unknown}; known "
-                                  f"{sorted(allowed)}")
-        missing = [p for p in required if p not in kw]
-        if missing:
-            raise InvalidArgument(f"{name}: params: {missing} required")
-        return _CALLS[name](fn, stream, list(outs), list(ins), kw)
+        _check_call(spec, outs, ins, kw)
+        args, kwargs = spec.bind(list(outs), list(ins), dict(kw))
+        return spec.run(stream, *args, **kwargs)
 
-    call.__name__ = name
-    call.__doc__ = f"Uniform-convention adapter of aotrt.runtime.ops {name}."
+    call.__name__ = spec.name
+    call.__doc__ = f"Uniform-convention adapter of aotrt.runtime.ops {spec.name}."
     return call
 
 
-def _pool_call(fn: OpFn, stream: Any, outs: list, ins: list, kw: dict) -> int:
-    return fn(stream, outs[0], ins[0], indices_out=outs[1] if len(outs) > 1 else None, **kw)
+def _plain(o: list, i: list, kw: dict) -> tuple[list, dict]:
+    return [o[0], *i], kw
 
 
-_CALLS: dict[str, Callable[[OpFn, Any, list, list, dict], int]] = {
-    "mm": lambda fn, s, o, i, kw: fn(s, o[0], *i, **kw),
-    "bmm": lambda fn, s, o, i, kw: fn(s, o[0], *i, **kw),
-    "addmm": lambda fn, s, o, i, kw: fn(s, o[0], *i, **kw),
-    "linear": lambda fn, s, o, i, kw: fn(s, o[0], *i, **kw),
-    "convolution": lambda fn, s, o, i, kw: fn(s, o[0], *i, **kw),
-    "sdpa": lambda fn, s, o, i, kw: fn(s, o[0], i[0], i[1], i[2], attn_mask=i[3], **kw),
-    "topk": lambda fn, s, o, i, kw: fn(s, o[0], o[1], i[0], **kw),
-    "max_pool2d": _pool_call,
-    "upsample_nearest2d": lambda fn, s, o, i, kw: fn(s, o[0], i[0], **kw),
-}
+def _bind_sdpa(o: list, i: list, kw: dict) -> tuple[list, dict]:
+    return [o[0], i[0], i[1], i[2]], dict(kw, attn_mask=i[3])
 
-OPS: dict[str, OpFn] = {
-    "mm": _adapter("mm", mm, (1,), 2, (), ()),
-    "bmm": _adapter("bmm", bmm, (1,), 2, (), ()),
-    "addmm": _adapter("addmm", addmm, (1,), 3, (), ("beta", "alpha")),
-    "linear": _adapter("linear", linear, (1,), 3, (2,), ()),
-    "convolution": _adapter("convolution", convolution, (1,), 3, (2,),
-                            ("stride", "padding", "dilation", "transposed", "output_padding",
-                             "groups")),
-    "sdpa": _adapter("sdpa", sdpa, (1,), 4, (3,),
-                     ("dropout_p", "is_causal", "scale", "enable_gqa")),
-    "topk": _adapter("topk", topk, (2,), 1, (), ("dim", "largest", "sorted"), ("k",)),
-    "max_pool2d": _adapter("max_pool2d", max_pool2d, (1, 2), 1, (),
-                           ("stride", "padding", "dilation", "ceil_mode"), ("kernel_size",)),
-    "upsample_nearest2d": _adapter("upsample_nearest2d", upsample_nearest2d, (1,), 1, (),
-                                   ("output_size", "scale_factors")),
-}
 
-__all__ = ["OPS", "mm", "bmm", "addmm", "linear", "convolution", "sdpa", "topk",
-           "max_pool2d", "upsample_nearest2d"]
+def _bind_topk(o: list, i: list, kw: dict) -> tuple[list, dict]:
+    return [o[0], o[1], i[0]], kw
+
+
+def _bind_pool(o: list, i: list, kw: dict) -> tuple[list, dict]:
+    return [o[0], i[0]], dict(kw, indices_out=o[1] if len(o) > 1 else None)
+
+
+_SPECS: dict[str, _Spec] = {s.name: s for s in (
+    _Spec("mm", mm, check_mm, _plain, (1,), 2),
+    _Spec("bmm", bmm, check_bmm, _plain, (1,), 2),
+    _Spec("addmm", addmm, check_addmm, _plain, (1,), 3, params=("beta", "alpha")),
+    _Spec("linear", linear, check_linear, _plain, (1,), 3, (2,)),
+    _Spec("convolution", convolution, check_convolution, _plain, (1,), 3, (2,),
+          ("stride", "padding", "dilation", "transposed", "output_padding", "groups")),
+    _Spec("sdpa", sdpa, check_sdpa, _bind_sdpa, (1,), 4, (3,),
+          ("dropout_p", "is_causal", "scale", "enable_gqa")),
+    _Spec("topk", topk, check_topk, _bind_topk, (2,), 1, (), ("dim", "largest", "sorted"),
+          ("k",)),
+    _Spec("max_pool2d", max_pool2d, check_max_pool2d, _bind_pool, (1, 2), 1, (),
+          ("stride", "padding", "dilation", "ceil_mode"), ("kernel_size",)),
+    _Spec("upsample_nearest2d", upsample_nearest2d, check_upsample_nearest2d, _plain, (1,), 1,
+          (), ("output_size", "scale_factors")),
+)}
+
+OPS: dict[str, OpFn] = {name: _adapter(spec) for name, spec in _SPECS.items()}
+
+
+def check(fn: str, outs: Sequence[TensorMeta], ins: Sequence[TensorMeta | None],
+          params: Mapping[str, Any]) -> OpCost:
+    """Validate a library op call from metadata alone, as the op does at call time.
+
+    Unknown `fn`: Unsupported. Bad counts, params, dtypes or shapes: InvalidArgument naming
+    the field (Unsupported for a dtype or feature the ops do not implement). Returns the
+    cost of one call on the cpu implementation.
+    """
+    spec = _SPECS.get(fn) if isinstance(fn, str) else None
+    if spec is None:
+        raise Unsupported(f"library op {fn!r} is not in this runtime (known: {sorted(_SPECS)})")
+    _check_call(spec, outs, ins, params)
+    o = [view_of(fn, m, f"outs[{i}]") for i, m in enumerate(outs)]
+    i_ = [None if m is None else view_of(fn, m, f"ins[{j}]") for j, m in enumerate(ins)]
+    args, kwargs = spec.bind(o, i_, dict(params))
+    _, cost = spec.validate(*args, **kwargs)
+    # Nothing runs for outputs without elements (launch records nothing).
+    if all(v.numel == 0 for v in o):
+        return OpCost(0, 0)
+    return cost
+
+
+__all__ = ["OPS", "OpCost", "TensorMeta", "check", "mm", "bmm", "addmm", "linear",
+           "convolution", "sdpa", "topk", "max_pool2d", "upsample_nearest2d"]

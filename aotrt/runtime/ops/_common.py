@@ -9,7 +9,9 @@ stream's worker thread; cuda: the make_* functions of aotrt.runtime.ops.cuda.<op
 
 from __future__ import annotations
 
+import math
 import numbers
+from dataclasses import dataclass
 from typing import Any, Callable, Mapping, Sequence
 
 import numpy as np
@@ -27,6 +29,107 @@ F32 = np.dtype(np.float32)
 
 # Scratch per step of a chunked cpu op; bounds temporaries without many python iterations.
 CHUNK_BYTES = 32 << 20
+
+# Geometry params (kernel sizes, strides, padding, dilation) must fit int32: the cuda kernels
+# and cuDNN take them as int, and larger values only describe windows no tensor can hold.
+MAX_GEOMETRY = (1 << 31) - 1
+
+# Work units charged per python-level loop iteration of a cpu implementation (a numpy call
+# on a small block costs about a microsecond, a thousand elementary steps).
+PY_STEP = 1000
+
+# More dims than numpy supports (64) cannot be viewed on the cpu device.
+MAX_DIMS = 64
+
+
+@dataclass(frozen=True)
+class TensorMeta:
+    """A tensor as a program file describes it: dtype name, sizes and strides (elements)."""
+
+    dtype: str
+    sizes: tuple[int, ...]
+    strides: tuple[int, ...]
+
+
+@dataclass(frozen=True)
+class OpCost:
+    """Cost of one call on the cpu implementation: elementary steps and scratch bytes."""
+
+    work: int
+    scratch_bytes: int
+
+
+class View:
+    """Metadata with the attributes the op validators read (a Handle has the same ones)."""
+
+    __slots__ = ("dtype", "sizes", "strides")
+
+    def __init__(self, dtype: DType, sizes: tuple[int, ...], strides: tuple[int, ...]) -> None:
+        self.dtype = dtype
+        self.sizes = sizes
+        self.strides = strides
+
+    @property
+    def ndim(self) -> int:
+        """Number of dims."""
+        return len(self.sizes)
+
+    @property
+    def numel(self) -> int:
+        """Number of elements."""
+        return math.prod(self.sizes)
+
+    def __repr__(self) -> str:
+        return f"View({self.dtype.name}, {list(self.sizes)}, {list(self.strides)})"
+
+
+_DTYPE_BY_NAME = {d.name: d for d in dtypes.ALL}
+
+
+def _meta_ints(op: str, value: Any, name: str) -> tuple[int, ...]:
+    if not isinstance(value, (list, tuple)):
+        raise InvalidArgument(f"{op}: {name}: expected a list of ints, got {value!r}")
+    if len(value) > MAX_DIMS:
+        raise InvalidArgument(f"{op}: {name}: {len(value)} dims, at most {MAX_DIMS} supported")
+    for i, v in enumerate(value):
+        if isinstance(v, bool) or not isinstance(v, numbers.Integral):
+            raise InvalidArgument(f"{op}: {name}[{i}]: expected an integer, got {v!r}")
+    return tuple(int(v) for v in value)
+
+
+def view_of(op: str, meta: Any, name: str) -> View:
+    """The validator's View of a TensorMeta, refusing a malformed one (InvalidArgument)."""
+    if not isinstance(meta, TensorMeta):
+        raise InvalidArgument(f"{op}: {name}: expected a TensorMeta, got {meta!r}")
+    if not isinstance(meta.dtype, str):
+        raise InvalidArgument(f"{op}: {name}: dtype: expected a name, got {meta.dtype!r}")
+    dt = _DTYPE_BY_NAME.get(meta.dtype)
+    if dt is None:
+        raise InvalidArgument(f"{op}: {name}: dtype: unknown dtype {meta.dtype!r}")
+    sizes = _meta_ints(op, meta.sizes, f"{name}: sizes")
+    strides = _meta_ints(op, meta.strides, f"{name}: strides")
+    if len(strides) != len(sizes):
+        raise InvalidArgument(f"{op}: {name}: {len(sizes)} sizes but {len(strides)} strides")
+    if any(n < 0 for n in sizes):
+        raise InvalidArgument(f"{op}: {name}: sizes must be >= 0, got {list(sizes)}")
+    return View(dt, sizes, strides)
+
+
+def check_output(op: str, h: Any, name: str) -> None:
+    """Refuse an output with a zero stride over several elements (torch's internal-overlap
+    rule): its elements alias one another, so what the op writes there is ambiguous."""
+    if h.numel > 1 and any(n > 1 and s == 0 for n, s in zip(h.sizes, h.strides)):
+        raise InvalidArgument(f"{op}: {name}: output sizes {list(h.sizes)} strides "
+                              f"{list(h.strides)} have a zero stride (elements alias)")
+
+
+def check_handles(op: str, stream: Any, named: Sequence[tuple[Any, str]]) -> Stream:
+    """The open stream and every named handle live on its device (None entries skipped)."""
+    stream = check_stream(op, stream)
+    for h, name in named:
+        if h is not None:
+            check_tensor(op, stream, h, name)
+    return stream
 
 
 def check_stream(op: str, stream: Any) -> Stream:
@@ -99,15 +202,18 @@ def as_float(op: str, value: Any, name: str) -> float:
     """A real scalar parameter (bool refused)."""
     if isinstance(value, bool) or not isinstance(value, numbers.Real):
         raise InvalidArgument(f"{op}: {name}: expected a number, got {value!r}")
-    return float(value)
+    try:
+        return float(value)
+    except OverflowError:
+        raise InvalidArgument(f"{op}: {name}: {value!r} does not fit a float") from None
 
 
 def as_ints(op: str, value: Any, name: str, n: int, default: int | None = None,
-            minimum: int | None = None) -> tuple[int, ...]:
+            minimum: int | None = None, maximum: int = MAX_GEOMETRY) -> tuple[int, ...]:
     """`n` ints from an int, a 1-element list (repeated) or an n-element list.
 
     An empty list (or None) takes `default` when there is one, as aten's convolution and
-    pooling do for stride and friends.
+    pooling do for stride and friends. Values above `maximum` are refused.
     """
     if value is None or (isinstance(value, (list, tuple)) and len(value) == 0):
         if default is None:
@@ -125,6 +231,9 @@ def as_ints(op: str, value: Any, name: str, n: int, default: int | None = None,
         for v in vals:
             if v < minimum:
                 raise InvalidArgument(f"{op}: {name}: values must be >= {minimum}, got {vals}")
+    for v in vals:
+        if v > maximum:
+            raise InvalidArgument(f"{op}: {name}: values must be <= {maximum}, got {vals}")
     return tuple(vals)
 
 

@@ -35,9 +35,17 @@ class ConvParams:
     out_shape: tuple[int, ...]
 
 
-def conv_params(op: str, x: Handle, w: Handle, bias: Handle | None, stride: Any, padding: Any,
-                dilation: Any, transposed: Any, output_padding: Any, groups: Any) -> ConvParams:
-    """Check shapes and parameters like aten.convolution; return the geometry."""
+def check_convolution(out: Any, x: Any, w: Any, bias: Any = None, stride: Any = (1,),
+                      padding: Any = (0,), dilation: Any = (1,), transposed: Any = False,
+                      output_padding: Any = (0,), groups: Any = 1
+                      ) -> tuple[ConvParams, c.OpCost]:
+    """Validate convolution's metadata and params like aten.convolution; return the
+    geometry and the cost."""
+    op = "convolution"
+    c.check_output(op, out, "out")
+    c.check_dtype(op, out, "out")
+    for h, name in ((x, "x"), (w, "w")) + (((bias, "bias"),) if bias is not None else ()):
+        c.check_same_dtype(op, out, "out", h, name)
     if w.ndim == 5:
         raise Unsupported(f"{op}: w: 3-D convolution is not supported (w is {list(w.sizes)})")
     c.check_rank(op, w, "w", (3, 4))
@@ -99,8 +107,63 @@ def conv_params(op: str, x: Handle, w: Handle, bias: Handle | None, stride: Any,
         if bias.sizes[0] != cout:
             raise InvalidArgument(f"{op}: bias: expected {cout} elements, got {list(bias.sizes)}")
     out_shape = ((n,) if batched else ()) + (cout,) + out_sp
-    return ConvParams(stride, padding, dilation, output_padding, transposed, groups, batched,
-                      out_shape)
+    c.check_shape(op, out, "out", out_shape)
+    p = ConvParams(stride, padding, dilation, output_padding, transposed, groups, batched,
+                   out_shape)
+    return p, conv_cost(out, x, w, bias, p)
+
+
+def _lifted(x: Any, w: Any, p: ConvParams) -> tuple[tuple[int, ...], ...]:
+    """(n, cin, h, w), (w0, w1, kh, kw), stride, padding, dilation, output_padding and
+    (ho, wo) of the 2-D batched convolution the cpu code runs."""
+    xs = tuple(x.sizes) if p.batched else (1,) + tuple(x.sizes)
+    ws = tuple(w.sizes)
+    outs = p.out_shape if p.batched else (1,) + p.out_shape
+    if len(ws) == 3:
+        return (xs[:2] + (1,) + xs[2:], ws[:2] + (1,) + ws[2:], (1,) + p.stride,
+                (0,) + p.padding, (1,) + p.dilation, (0,) + p.output_padding, (1, outs[2]))
+    return (xs, ws, p.stride, p.padding, p.dilation, p.output_padding, outs[2:])
+
+
+def conv_cost(out: Any, x: Any, w: Any, bias: Any, p: ConvParams) -> c.OpCost:
+    """Cost of the cpu convolution: its multiply-adds, element visits and loop steps; its
+    scratch: float32 (and detached) input copies, the padded input, the im2col buffer or
+    col2im accumulator of one chunk of samples, the chunk's result and its rounded copy."""
+    (n, cin, h, wd), (w0, w1, kh, kw), (sh, sw), (ph, pw), (dh, dw), _, (ho, wo) = \
+        _lifted(x, w, p)
+    item = out.dtype.itemsize
+    nb = bias.numel if bias is not None else 0
+    work = x.numel + w.numel + nb + out.numel
+    scratch = (4 + item) * (x.numel + w.numel + nb)
+    cout = out.numel // max(n * ho * wo, 1)
+    if not p.transposed:
+        cg = w1
+        step = c.rows_per_chunk(cin * kh * kw * ho * wo * 4, n)
+        chunks = -(-n // step)
+        work += n * cout * ho * wo * cg * kh * kw
+        if ph or pw:
+            scratch += 4 * n * cin * (h + 2 * ph) * (wd + 2 * pw)
+        res = step * cout * ho * wo
+        if cg == 1:
+            scratch += 2 * 4 * res
+            work += c.PY_STEP * chunks * kh * kw
+        else:
+            scratch += 4 * step * cin * kh * kw * ho * wo + 4 * res
+            work += c.PY_STEP * chunks
+        scratch += item * res
+        return c.OpCost(work, scratch)
+    og = w1
+    full_h = max((h - 1) * sh + dh * (kh - 1) + 1, ph + ho)
+    full_w = max((wd - 1) * sw + dw * (kw - 1) + 1, pw + wo)
+    step = c.rows_per_chunk((og * p.groups * kh * kw * h * wd + cin * full_h * full_w) * 4, n)
+    chunks = -(-n // step)
+    taps = n * p.groups * og * kh * kw * h * wd
+    work += taps * (cin // p.groups) + taps + n * cout * full_h * full_w
+    work += c.PY_STEP * chunks * (1 + kh * kw)
+    scratch += 4 * w.numel
+    scratch += 4 * step * (p.groups * og * kh * kw * h * wd + p.groups * og * full_h * full_w)
+    scratch += (4 + item) * step * cout * ho * wo
+    return c.OpCost(work, scratch)
 
 
 def convolution(stream: Stream, out: Handle, x: Handle, w: Handle, bias: Handle | None,
@@ -109,15 +172,9 @@ def convolution(stream: Stream, out: Handle, x: Handle, w: Handle, bias: Handle 
                 output_padding: Sequence[int] = (0,), groups: int = 1) -> int:
     """out = conv(x, w) + bias, aten.convolution semantics (1-D and 2-D)."""
     op = "convolution"
-    c.check_stream(op, stream)
-    c.check_tensor(op, stream, out, "out")
-    c.check_dtype(op, out, "out")
-    for h, name in ((x, "x"), (w, "w")) + (((bias, "bias"),) if bias is not None else ()):
-        c.check_tensor(op, stream, h, name)
-        c.check_same_dtype(op, out, "out", h, name)
-    p = conv_params(op, x, w, bias, stride, padding, dilation, transposed, output_padding,
-                    groups)
-    c.check_shape(op, out, "out", p.out_shape)
+    c.check_handles(op, stream, [(out, "out"), (x, "x"), (w, "w"), (bias, "bias")])
+    p, _ = check_convolution(out, x, w, bias, stride, padding, dilation, transposed,
+                             output_padding, groups)
     return c.launch(op, stream, [out], [x, w, bias], _CONV, out, x, w, bias, p)
 
 
@@ -133,13 +190,16 @@ def _as_2d(xv: np.ndarray, wv: np.ndarray, p: ConvParams) -> tuple[np.ndarray, n
 
 
 def _forward(xv: np.ndarray, wv: np.ndarray, stride: tuple, padding: tuple, dilation: tuple,
-             groups: int, store: Callable[[int, int, np.ndarray], None]) -> None:
+             groups: int, out_hw: tuple, store: Callable[[int, int, np.ndarray], None]) -> None:
     n, cin, h, wd = xv.shape
     cout, cg, kh, kw = wv.shape
     og = cout // groups
     (sh, sw), (ph, pw), (dh, dw) = stride, padding, dilation
-    ho = (h + 2 * ph - dh * (kh - 1) - 1) // sh + 1
-    wo = (wd + 2 * pw - dw * (kw - 1) - 1) // sw + 1
+    ho, wo = out_hw
+    # A stride over a single output, or a dilation of a single tap, moves nothing; 1 keeps
+    # the byte strides below within int64 whatever the file said.
+    sh, sw = (sh if ho > 1 else 1), (sw if wo > 1 else 1)
+    dh, dw = (dh if kh > 1 else 1), (dw if kw > 1 else 1)
     if ph or pw:
         xv = np.pad(xv, ((0, 0), (0, 0), (ph, ph), (pw, pw)))
     wmat = wv.reshape(1, groups, og, cg * kh * kw)
@@ -215,7 +275,7 @@ def _cpu_conv(out: Handle, x: Handle, w: Handle, bias: Handle | None,
         if p.transposed:
             _transposed(xv, wv, stride, padding, dilation, output_padding, p.groups, store)
         else:
-            _forward(xv, wv, stride, padding, dilation, p.groups, store)
+            _forward(xv, wv, stride, padding, dilation, p.groups, o4.shape[2:], store)
     return work
 
 

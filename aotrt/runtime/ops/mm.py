@@ -18,31 +18,45 @@ from aotrt.runtime.ops.cuda import gemm as cuda_gemm
 from aotrt.runtime.tensor import Handle
 
 
-def _operands(op: str, stream: Stream, out: Any, named: list[tuple[Any, str]]) -> None:
-    c.check_stream(op, stream)
-    c.check_tensor(op, stream, out, "out")
+def _dtypes(op: str, out: Any, named: list[tuple[Any, str]]) -> None:
+    c.check_output(op, out, "out")
     c.check_dtype(op, out, "out")
     for h, name in named:
-        c.check_tensor(op, stream, h, name)
         c.check_same_dtype(op, out, "out", h, name)
 
 
-def mm(stream: Stream, out: Handle, a: Handle, b: Handle) -> int:
-    """out[M,N] = a[M,K] @ b[K,N]."""
+def _gemm_cost(out: Any, ins: list[Any], steps: int, scratch_ins: int) -> c.OpCost:
+    """A GEMM's cost on cpu: `steps` multiply-adds plus a visit of every element; scratch
+    is the float32 copies of the inputs (matmul copies strided operands), the float32
+    result and its rounded copy."""
+    visits = out.numel + sum(h.numel for h in ins)
+    scratch = 4 * scratch_ins + 4 * out.numel + out.dtype.itemsize * out.numel
+    return c.OpCost(steps + visits, scratch)
+
+
+def check_mm(out: Any, a: Any, b: Any) -> tuple[None, c.OpCost]:
+    """Validate mm's metadata (dtype, sizes, strides); return its cost."""
     op = "mm"
-    _operands(op, stream, out, [(a, "a"), (b, "b")])
+    _dtypes(op, out, [(a, "a"), (b, "b")])
     c.check_rank(op, a, "a", (2,))
     c.check_rank(op, b, "b", (2,))
     if a.sizes[1] != b.sizes[0]:
         raise InvalidArgument(f"mm: b: K mismatch, a is {list(a.sizes)} and b {list(b.sizes)}")
     c.check_shape(op, out, "out", (a.sizes[0], b.sizes[1]))
-    return c.launch(op, stream, [out], [a, b], _MATMUL, out, a, b, None, 1.0, 1.0)
+    return None, _gemm_cost(out, [a, b], out.numel * a.sizes[1], a.numel + b.numel)
 
 
-def bmm(stream: Stream, out: Handle, a: Handle, b: Handle) -> int:
-    """out[B,M,N] = a[B,M,K] @ b[B,K,N] (any strides)."""
+def mm(stream: Stream, out: Handle, a: Handle, b: Handle) -> int:
+    """out[M,N] = a[M,K] @ b[K,N]."""
+    c.check_handles("mm", stream, [(out, "out"), (a, "a"), (b, "b")])
+    check_mm(out, a, b)
+    return c.launch("mm", stream, [out], [a, b], _MATMUL, out, a, b, None, 1.0, 1.0)
+
+
+def check_bmm(out: Any, a: Any, b: Any) -> tuple[None, c.OpCost]:
+    """Validate bmm's metadata; return its cost."""
     op = "bmm"
-    _operands(op, stream, out, [(a, "a"), (b, "b")])
+    _dtypes(op, out, [(a, "a"), (b, "b")])
     c.check_rank(op, a, "a", (3,))
     c.check_rank(op, b, "b", (3,))
     if a.sizes[0] != b.sizes[0]:
@@ -51,17 +65,21 @@ def bmm(stream: Stream, out: Handle, a: Handle, b: Handle) -> int:
     if a.sizes[2] != b.sizes[1]:
         raise InvalidArgument(f"bmm: b: K mismatch, a is {list(a.sizes)} and b {list(b.sizes)}")
     c.check_shape(op, out, "out", (a.sizes[0], a.sizes[1], b.sizes[2]))
-    return c.launch(op, stream, [out], [a, b], _MATMUL, out, a, b, None, 1.0, 1.0)
+    return None, _gemm_cost(out, [a, b], out.numel * a.sizes[2], a.numel + b.numel)
 
 
-def addmm(stream: Stream, out: Handle, bias: Handle, a: Handle, b: Handle,
-          beta: float = 1, alpha: float = 1) -> int:
-    """out[M,N] = beta * bias + alpha * (a[M,K] @ b[K,N]); bias broadcasts from 0/1/2-D.
+def bmm(stream: Stream, out: Handle, a: Handle, b: Handle) -> int:
+    """out[B,M,N] = a[B,M,K] @ b[B,K,N] (any strides)."""
+    c.check_handles("bmm", stream, [(out, "out"), (a, "a"), (b, "b")])
+    check_bmm(out, a, b)
+    return c.launch("bmm", stream, [out], [a, b], _MATMUL, out, a, b, None, 1.0, 1.0)
 
-    As in torch, beta == 0 ignores bias's values (NaN in bias does not propagate).
-    """
+
+def check_addmm(out: Any, bias: Any, a: Any, b: Any, beta: Any = 1,
+                alpha: Any = 1) -> tuple[tuple[float, float], c.OpCost]:
+    """Validate addmm's metadata and params; return (beta, alpha) and its cost."""
     op = "addmm"
-    _operands(op, stream, out, [(bias, "bias"), (a, "a"), (b, "b")])
+    _dtypes(op, out, [(bias, "bias"), (a, "a"), (b, "b")])
     c.check_rank(op, a, "a", (2,))
     c.check_rank(op, b, "b", (2,))
     c.check_rank(op, bias, "bias", (0, 1, 2))
@@ -75,14 +93,28 @@ def addmm(stream: Stream, out: Handle, bias: Handle, a: Handle, b: Handle,
     c.check_shape(op, out, "out", shape)
     beta = c.as_float(op, beta, "beta")
     alpha = c.as_float(op, alpha, "alpha")
-    return c.launch(op, stream, [out], [bias, a, b], _MATMUL, out, a, b, bias, beta, alpha)
+    # bias: a float32 copy and its product with beta.
+    cost = _gemm_cost(out, [bias, a, b], out.numel * a.sizes[1],
+                      a.numel + b.numel + 2 * bias.numel)
+    return (beta, alpha), cost
 
 
-def linear(stream: Stream, out: Handle, x: Handle, w: Handle, bias: Handle | None = None) -> int:
-    """out[..., N] = x[..., K] @ w[N, K].T (+ bias[N]), x of any rank >= 1."""
+def addmm(stream: Stream, out: Handle, bias: Handle, a: Handle, b: Handle,
+          beta: float = 1, alpha: float = 1) -> int:
+    """out[M,N] = beta * bias + alpha * (a[M,K] @ b[K,N]); bias broadcasts from 0/1/2-D.
+
+    As in torch, beta == 0 ignores bias's values (NaN in bias does not propagate).
+    """
+    c.check_handles("addmm", stream, [(out, "out"), (bias, "bias"), (a, "a"), (b, "b")])
+    (beta, alpha), _ = check_addmm(out, bias, a, b, beta, alpha)
+    return c.launch("addmm", stream, [out], [bias, a, b], _MATMUL, out, a, b, bias, beta,
+                    alpha)
+
+
+def check_linear(out: Any, x: Any, w: Any, bias: Any = None) -> tuple[None, c.OpCost]:
+    """Validate linear's metadata; return its cost."""
     op = "linear"
-    named = [(x, "x"), (w, "w")] + ([(bias, "bias")] if bias is not None else [])
-    _operands(op, stream, out, named)
+    _dtypes(op, out, [(x, "x"), (w, "w")] + ([(bias, "bias")] if bias is not None else []))
     if x.ndim < 1:
         raise InvalidArgument("linear: x: expected a tensor of rank >= 1, got a 0-D tensor")
     c.check_rank(op, w, "w", (2,))
@@ -95,7 +127,17 @@ def linear(stream: Stream, out: Handle, x: Handle, w: Handle, bias: Handle | Non
         if bias.ndim == 1 and bias.sizes[0] not in (n, 1):
             raise InvalidArgument(f"linear: bias: expected {n} elements, got {list(bias.sizes)}")
     c.check_shape(op, out, "out", tuple(x.sizes[:-1]) + (n,))
-    return c.launch(op, stream, [out], [x, w, bias], _LINEAR, out, x, w, bias)
+    ins = [x, w] + ([bias] if bias is not None else [])
+    # x and w: float32 copies, then the reshape of x and matmul's copy of w.T.
+    return None, _gemm_cost(out, ins, out.numel * k,
+                            2 * x.numel + 2 * w.numel + (bias.numel if bias is not None else 0))
+
+
+def linear(stream: Stream, out: Handle, x: Handle, w: Handle, bias: Handle | None = None) -> int:
+    """out[..., N] = x[..., K] @ w[N, K].T (+ bias[N]), x of any rank >= 1."""
+    c.check_handles("linear", stream, [(out, "out"), (x, "x"), (w, "w"), (bias, "bias")])
+    check_linear(out, x, w, bias)
+    return c.launch("linear", stream, [out], [x, w, bias], _LINEAR, out, x, w, bias)
 
 
 # -- cpu ----------------------------------------------------------------------------------------

@@ -43,18 +43,16 @@ def _out_size(n: int, k: int, s: int, p: int, d: int, ceil_mode: bool) -> int:
     return out
 
 
-def max_pool2d(stream: Stream, out: Handle, x: Handle, kernel_size: Any, stride: Any = (),
-               padding: Any = 0, dilation: Any = 1, ceil_mode: bool = False,
-               indices_out: Handle | None = None) -> int:
-    """out (and indices_out) = max_pool2d_with_indices(x, ...) for (N,)C,H,W input."""
+def check_max_pool2d(out: Any, x: Any, kernel_size: Any, stride: Any = (), padding: Any = 0,
+                     dilation: Any = 1, ceil_mode: Any = False,
+                     indices_out: Any = None) -> tuple[PoolParams, c.OpCost]:
+    """Validate max_pool2d's metadata and params; return the geometry and the cost."""
     op = "max_pool2d"
-    c.check_stream(op, stream)
-    c.check_tensor(op, stream, x, "x")
     c.check_dtype(op, x, "x")
-    c.check_tensor(op, stream, out, "out")
+    c.check_output(op, out, "out")
     c.check_same_dtype(op, x, "x", out, "out")
     if indices_out is not None:
-        c.check_tensor(op, stream, indices_out, "indices_out")
+        c.check_output(op, indices_out, "indices_out")
         if indices_out.dtype is not dtypes.int64:
             raise InvalidArgument(f"max_pool2d: indices_out: dtype must be int64, got "
                                   f"{indices_out.dtype.name}")
@@ -85,6 +83,54 @@ def max_pool2d(stream: Stream, out: Handle, x: Handle, kernel_size: Any, stride:
     if indices_out is not None:
         c.check_shape(op, indices_out, "indices_out", shape)
     p = PoolParams(kernel, stride, padding, dilation, out_hw)
+    return p, pool_cost(x, out, indices_out is not None, p)
+
+
+def _geometry(h: int, w: int, p: PoolParams) -> tuple[tuple[int, int], ...]:
+    """The cpu code's geometry: strides and dilations that move nothing set to 1, and the
+    right/bottom padding that ceil_mode windows need."""
+    (kh, kw), (sh, sw), (ph, pw), (dh, dw), (ho, wo) = (p.kernel, p.stride, p.padding,
+                                                        p.dilation, p.out_hw)
+    sh, sw = (sh if ho > 1 else 1), (sw if wo > 1 else 1)
+    dh, dw = (dh if kh > 1 else 1), (dw if kw > 1 else 1)
+    # ceil_mode windows may run past the right padding; pad far enough for all of them.
+    rh = max(ph, (ho - 1) * sh + dh * (kh - 1) + 1 - h - ph)
+    rw = max(pw, (wo - 1) * sw + dw * (kw - 1) + 1 - w - pw)
+    return (kh, kw), (sh, sw), (ph, pw), (dh, dw), (ho, wo), (rh, rw)
+
+
+def pool_cost(x: Any, out: Any, indices: bool, p: PoolParams) -> c.OpCost:
+    """Cost of the cpu max_pool2d: window taps (several passes with indices), loop steps,
+    and scratch: float32 and detached input copies, the padded chunk, the window copies
+    and index maps of the indices path."""
+    n, ch, h, w = (1,) + tuple(x.sizes) if x.ndim == 3 else tuple(x.sizes)
+    (kh, kw), _, (ph, pw), _, (ho, wo), (rh, rw) = _geometry(h, w, p)
+    item = x.dtype.itemsize
+    step = c.rows_per_chunk(ch * ho * wo * kh * kw * 4 * 3, n)
+    chunks = -(-n // step)
+    padded = (h + ph + rh) * (w + pw + rw)
+    work = x.numel + out.numel * (2 if indices else 1)
+    scratch = (4 + item) * x.numel + 4 * step * ch * padded
+    taps = n * ch * ho * wo * kh * kw
+    if not indices:
+        work += taps + c.PY_STEP * chunks * kh * kw
+        scratch += (4 + item) * step * ch * ho * wo
+        return c.OpCost(work, scratch)
+    plane = ho * wo * kh * kw
+    work += 6 * taps + 4 * plane + padded + c.PY_STEP * chunks
+    scratch += padded + plane * (1 + 3 * 8)
+    scratch += step * ch * (7 * kh * kw * ho * wo + (4 + item + 4 * 8) * ho * wo)
+    return c.OpCost(work, scratch)
+
+
+def max_pool2d(stream: Stream, out: Handle, x: Handle, kernel_size: Any, stride: Any = (),
+               padding: Any = 0, dilation: Any = 1, ceil_mode: bool = False,
+               indices_out: Handle | None = None) -> int:
+    """out (and indices_out) = max_pool2d_with_indices(x, ...) for (N,)C,H,W input."""
+    op = "max_pool2d"
+    c.check_handles(op, stream, [(x, "x"), (out, "out"), (indices_out, "indices_out")])
+    p, _ = check_max_pool2d(out, x, kernel_size, stride, padding, dilation, ceil_mode,
+                            indices_out)
     return c.launch(op, stream, [out, indices_out], [x], _POOL, out, indices_out, x, p)
 
 
@@ -108,24 +154,12 @@ def _cpu_pool(out: Handle, indices_out: Handle | None, x: Handle,
 
 def _pool(xv: np.ndarray, o: np.ndarray, io: np.ndarray | None, p: PoolParams) -> None:
     n, ch, h, w = xv.shape
-    (kh, kw), (sh, sw), (ph, pw), (dh, dw), (ho, wo) = (p.kernel, p.stride, p.padding,
-                                                        p.dilation, p.out_hw)
-    # ceil_mode windows may run past the right padding; pad far enough for all of them.
-    rh = max(ph, (ho - 1) * sh + dh * (kh - 1) + 1 - h - ph)
-    rw = max(pw, (wo - 1) * sw + dw * (kw - 1) + 1 - w - pw)
-    valid = np.pad(np.ones((h, w), dtype=bool), ((ph, rh), (pw, rw)))
-    vs = valid.strides
-    vwin = as_strided(valid, (ho, wo, kh, kw), (vs[0] * sh, vs[1] * sw, vs[0] * dh, vs[1] * dw),
-                      writeable=False).reshape(ho, wo, kh * kw)
-    # Flat input index of each window tap: (oh*sh - ph + i*dh) * W + (ow*sw - pw + j*dw).
-    tap_h = (np.arange(ho) * sh - ph)[:, None] + (np.arange(kh) * dh)[None, :]
-    tap_w = (np.arange(wo) * sw - pw)[:, None] + (np.arange(kw) * dw)[None, :]
-    flat = (tap_h[:, None, :, None] * w + tap_w[None, :, None, :]).reshape(ho, wo, kh * kw)
+    (kh, kw), (sh, sw), (ph, pw), (dh, dw), (ho, wo), (rh, rw) = _geometry(h, w, p)
     step = c.rows_per_chunk(ch * ho * wo * kh * kw * 4 * 3, n)
-    for n0 in range(0, n, step):
-        xp = np.pad(xv[n0:n0 + step], ((0, 0), (0, 0), (ph, rh), (pw, rw)),
-                    constant_values=-np.inf)
-        if io is None:
+    if io is None:
+        for n0 in range(0, n, step):
+            xp = np.pad(xv[n0:n0 + step], ((0, 0), (0, 0), (ph, rh), (pw, rw)),
+                        constant_values=-np.inf)
             # A running maximum over the taps reads each window in place; materializing the
             # windows (below, needed for indices) copies kh*kw times the output.
             top = None
@@ -135,7 +169,18 @@ def _pool(xv: np.ndarray, o: np.ndarray, io: np.ndarray | None, p: PoolParams) -
                              j * dw:j * dw + (wo - 1) * sw + 1:sw]
                     top = tap.copy() if top is None else np.maximum(top, tap, out=top)
             c.store(o[n0:n0 + step], top)
-            continue
+        return
+    valid = np.pad(np.ones((h, w), dtype=bool), ((ph, rh), (pw, rw)))
+    vs = valid.strides
+    vwin = as_strided(valid, (ho, wo, kh, kw), (vs[0] * sh, vs[1] * sw, vs[0] * dh, vs[1] * dw),
+                      writeable=False).reshape(ho, wo, kh * kw)
+    # Flat input index of each window tap: (oh*sh - ph + i*dh) * W + (ow*sw - pw + j*dw).
+    tap_h = (np.arange(ho) * sh - ph)[:, None] + (np.arange(kh) * dh)[None, :]
+    tap_w = (np.arange(wo) * sw - pw)[:, None] + (np.arange(kw) * dw)[None, :]
+    flat = (tap_h[:, None, :, None] * w + tap_w[None, :, None, :]).reshape(ho, wo, kh * kw)
+    for n0 in range(0, n, step):
+        xp = np.pad(xv[n0:n0 + step], ((0, 0), (0, 0), (ph, rh), (pw, rw)),
+                    constant_values=-np.inf)
         s_n, s_c, s_h, s_w = xp.strides
         win = as_strided(xp, (xp.shape[0], ch, ho, wo, kh, kw),
                          (s_n, s_c, s_h * sh, s_w * sw, s_h * dh, s_w * dw),

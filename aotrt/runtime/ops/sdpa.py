@@ -25,16 +25,15 @@ from aotrt.runtime.ops.cuda import sdpa as cuda_sdpa
 from aotrt.runtime.tensor import Handle
 
 
-def sdpa(stream: Stream, out: Handle, q: Handle, k: Handle, v: Handle,
-         attn_mask: Handle | None = None, dropout_p: float = 0.0, is_causal: bool = False,
-         scale: float | None = None, enable_gqa: bool = False) -> int:
-    """out = softmax(q @ k^T * scale + mask) @ v."""
+def check_sdpa(out: Any, q: Any, k: Any, v: Any, attn_mask: Any = None, dropout_p: Any = 0.0,
+               is_causal: Any = False, scale: Any = None, enable_gqa: Any = False
+               ) -> tuple[tuple[bool, float, int], c.OpCost]:
+    """Validate sdpa's metadata and params; return (is_causal, scale, gqa groups) and the
+    cost."""
     op = "sdpa"
-    c.check_stream(op, stream)
-    c.check_tensor(op, stream, out, "out")
+    c.check_output(op, out, "out")
     c.check_dtype(op, out, "out")
     for h, name in ((q, "q"), (k, "k"), (v, "v")):
-        c.check_tensor(op, stream, h, name)
         c.check_same_dtype(op, out, "out", h, name)
     dropout_p = c.as_float(op, dropout_p, "dropout_p")
     if dropout_p != 0.0:
@@ -76,7 +75,6 @@ def sdpa(stream: Stream, out: Handle, q: Handle, k: Handle, v: Handle,
         if is_causal:
             raise InvalidArgument("sdpa: attn_mask: an explicit mask cannot be combined with "
                                   "is_causal=True")
-        c.check_tensor(op, stream, attn_mask, "attn_mask")
         if attn_mask.dtype not in (dtypes.bool_, dtypes.float32, q.dtype):
             raise InvalidArgument(f"sdpa: attn_mask: dtype {attn_mask.dtype.name} must be bool, "
                                   f"float32 or q's {q.dtype.name}")
@@ -86,6 +84,53 @@ def sdpa(stream: Stream, out: Handle, q: Handle, k: Handle, v: Handle,
                                   f"broadcast to {list(full)}")
     c.check_shape(op, out, "out", batch + (lq, v.sizes[-1]))
     scale = 1.0 / math.sqrt(e) if scale is None else scale
+    return (is_causal, scale, groups), sdpa_cost(out, q, k, v, attn_mask, is_causal, groups)
+
+
+def _blocks(lq: int, s: int, inner: int, is_causal: bool) -> tuple[int, int]:
+    """(query rows, heads) per block of the cpu loop."""
+    # Causal rows l0:l1 see only keys [0, l1): blocks of rows skip the rest of the keys.
+    lstep = min(lq, _CAUSAL_BLOCK) if is_causal else lq
+    hstep = c.rows_per_chunk(lstep * s * 4, inner)
+    if hstep == 1:
+        lstep = min(lstep, c.rows_per_chunk(s * 4, lq))
+    return max(lstep, 1), hstep
+
+
+def sdpa_cost(out: Any, q: Any, k: Any, v: Any, mask: Any, is_causal: bool,
+              groups: int) -> c.OpCost:
+    """Cost of the cpu sdpa: two GEMMs and the softmax over every (query, key) pair, a loop
+    step per block; scratch: detached input copies and one block's float32 operands, score
+    matrix (with its mask copies) and result."""
+    ins = [h for h in (q, k, v, mask) if h is not None]
+    work = out.numel + sum(h.numel for h in ins)
+    scratch = sum(h.numel * h.dtype.itemsize for h in ins)
+    lq, s, e, ev = q.sizes[-2], k.sizes[-2], q.sizes[-1], v.sizes[-1]
+    if s == 0 or out.numel == 0:
+        return c.OpCost(work, scratch)
+    bt = (1,) + tuple(out.sizes[:-2])
+    if groups > 1:
+        bt = bt[:-1] + (bt[-1] // groups, groups)
+    inner, outer = bt[-1], math.prod(bt[:-1])
+    lstep, hstep = _blocks(lq, s, inner, is_causal)
+    steps = outer * -(-inner // hstep) * -(-lq // lstep)
+    heads = math.prod(bt)
+    work += heads * lq * s * (e + ev + 4) + c.PY_STEP * steps
+    item = out.dtype.itemsize
+    scratch += 4 * hstep * (lstep * e + s * (e + ev) + 3 * lstep * s) + lstep * s
+    scratch += (4 + item) * hstep * lstep * ev
+    return c.OpCost(work, scratch)
+
+
+def sdpa(stream: Stream, out: Handle, q: Handle, k: Handle, v: Handle,
+         attn_mask: Handle | None = None, dropout_p: float = 0.0, is_causal: bool = False,
+         scale: float | None = None, enable_gqa: bool = False) -> int:
+    """out = softmax(q @ k^T * scale + mask) @ v."""
+    op = "sdpa"
+    c.check_handles(op, stream, [(out, "out"), (q, "q"), (k, "k"), (v, "v"),
+                                 (attn_mask, "attn_mask")])
+    (is_causal, scale, groups), _ = check_sdpa(out, q, k, v, attn_mask, dropout_p, is_causal,
+                                               scale, enable_gqa)
     return c.launch(op, stream, [out], [q, k, v, attn_mask], _SDPA, out, q, k, v, attn_mask,
                     is_causal, scale, groups)
 
@@ -144,11 +189,7 @@ def _cpu_sdpa(out: Handle, q: Handle, k: Handle, v: Handle, mask: Handle | None,
         mx = None if ma is None else _expand(ma, batch)
         lq, s = qx.shape[-2], kx.shape[-2]
         inner = batch[-1]
-        # Causal rows l0:l1 see only keys [0, l1): blocks of rows skip the rest of the keys.
-        lstep = min(lq, _CAUSAL_BLOCK) if is_causal else lq
-        hstep = c.rows_per_chunk(lstep * s * 4, inner)
-        if hstep == 1:
-            lstep = min(lstep, c.rows_per_chunk(s * 4, lq))
+        lstep, hstep = _blocks(lq, s, inner, is_causal)
         for idx in np.ndindex(batch[:-1]):
             for h0 in range(0, inner, hstep):
                 for l0 in range(0, lq, lstep):

@@ -23,16 +23,15 @@ from aotrt.runtime.tensor import Handle
 DTYPES = c.FLOATS + c.INTS
 
 
-def topk(stream: Stream, values_out: Handle, indices_out: Handle, x: Handle, k: int,
-         dim: int = -1, largest: bool = True, sorted: bool = True) -> int:
-    """values_out, indices_out = torch.topk(x, k, dim, largest, sorted)."""
+def check_topk(values_out: Any, indices_out: Any, x: Any, k: Any, dim: Any = -1,
+               largest: Any = True, sorted: Any = True
+               ) -> tuple[tuple[int, int, bool], c.OpCost]:
+    """Validate topk's metadata and params; return (k, dim, largest) and the cost."""
     op = "topk"
-    c.check_stream(op, stream)
-    c.check_tensor(op, stream, x, "x")
     c.check_dtype(op, x, "x", DTYPES)
-    c.check_tensor(op, stream, values_out, "values_out")
+    c.check_output(op, values_out, "values_out")
     c.check_same_dtype(op, x, "x", values_out, "values_out")
-    c.check_tensor(op, stream, indices_out, "indices_out")
+    c.check_output(op, indices_out, "indices_out")
     if indices_out.dtype is not dtypes.int64:
         raise InvalidArgument(f"topk: indices_out: dtype must be int64, got "
                               f"{indices_out.dtype.name}")
@@ -52,6 +51,27 @@ def topk(stream: Stream, values_out: Handle, indices_out: Handle, x: Handle, k: 
     shape = tuple(x.sizes[:dim]) + (k,) + tuple(x.sizes[dim + 1:]) if x.ndim else ()
     c.check_shape(op, values_out, "values_out", shape)
     c.check_shape(op, indices_out, "indices_out", shape)
+    return (k, dim, largest), topk_cost(x, k, size)
+
+
+def topk_cost(x: Any, k: int, n: int) -> c.OpCost:
+    """Cost of the cpu topk: a stable sort of every row (n log n); scratch: the float32
+    copy (bfloat16), the sorted copy and the argsort result of every row, and the k
+    selected indices and values of every row."""
+    rows = x.numel // max(n, 1)
+    logn = max(n, 1).bit_length()
+    work = rows * n * logn + 3 * rows * k + x.numel
+    scratch = rows * n * (4 + x.dtype.itemsize + 8) + rows * k * (8 + 8 + x.dtype.itemsize)
+    return c.OpCost(work, scratch)
+
+
+def topk(stream: Stream, values_out: Handle, indices_out: Handle, x: Handle, k: int,
+         dim: int = -1, largest: bool = True, sorted: bool = True) -> int:
+    """values_out, indices_out = torch.topk(x, k, dim, largest, sorted)."""
+    op = "topk"
+    c.check_handles(op, stream, [(x, "x"), (values_out, "values_out"),
+                                 (indices_out, "indices_out")])
+    (k, dim, largest), _ = check_topk(values_out, indices_out, x, k, dim, largest, sorted)
     return c.launch(op, stream, [values_out, indices_out], [x], _TOPK, values_out, indices_out,
                     x, k, dim, largest)
 

@@ -29,9 +29,10 @@ def _factors(op: str, value: Any) -> tuple[float, float] | None:
         raise InvalidArgument(f"{op}: scale_factors: expected 2 numbers, got {value!r}")
     vals = tuple(c.as_float(op, v, f"scale_factors[{i}]") for i, v in enumerate(value))
     for v in vals:
-        if not (math.isfinite(v) and v > 0):
-            raise InvalidArgument(f"{op}: scale_factors: must be positive and finite, got "
-                                  f"{list(vals)}")
+        # The source index scale is 1 / factor in float32; it must be a finite number too.
+        if not (math.isfinite(v) and v > 0 and math.isfinite(np.float32(1.0 / v))):
+            raise InvalidArgument(f"{op}: scale_factors: must be positive and finite (their "
+                                  f"inverses too, in float32), got {list(vals)}")
     return vals  # type: ignore[return-value]
 
 
@@ -44,19 +45,20 @@ def source_indices(n_in: int, n_out: int, factor: float | None) -> np.ndarray:
         scale = np.float32(1.0 / factor)
     else:
         scale = np.float32(n_in) / np.float32(n_out)
-    src = np.floor(dst.astype(np.float32) * scale).astype(np.int64)
-    return np.minimum(src, n_in - 1)
+    src = np.floor(dst.astype(np.float32) * scale)
+    # Clamp before the cast (a float32 product may exceed int64), in float64 so that
+    # n_in - 1 is exact; torch clamps the same value after its cast.
+    return np.minimum(src.astype(np.float64), n_in - 1).astype(np.int64)
 
 
-def upsample_nearest2d(stream: Stream, out: Handle, x: Handle,
-                       output_size: Sequence[int] | None = None,
-                       scale_factors: Sequence[float] | None = None) -> int:
-    """out = upsample_nearest2d(x, output_size, scale_factors) for a 4-D input."""
+def check_upsample_nearest2d(out: Any, x: Any, output_size: Any = None,
+                             scale_factors: Any = None
+                             ) -> tuple[tuple[tuple[int, int], tuple], c.OpCost]:
+    """Validate upsample_nearest2d's metadata and params; return (output size, factors)
+    and the cost."""
     op = "upsample_nearest2d"
-    c.check_stream(op, stream)
-    c.check_tensor(op, stream, x, "x")
     c.check_dtype(op, x, "x", dtypes.ALL)
-    c.check_tensor(op, stream, out, "out")
+    c.check_output(op, out, "out")
     c.check_same_dtype(op, x, "x", out, "out")
     c.check_rank(op, x, "x", (4,))
     factors = _factors(op, scale_factors)
@@ -64,7 +66,11 @@ def upsample_nearest2d(stream: Stream, out: Handle, x: Handle,
     if output_size is None:
         if factors is None:
             raise InvalidArgument(f"{op}: output_size: give output_size or scale_factors")
-        size = (math.floor(h * factors[0]), math.floor(w * factors[1]))
+        fsize = (h * factors[0], w * factors[1])
+        if not all(math.isfinite(f) for f in fsize):
+            raise InvalidArgument(f"{op}: scale_factors: {list(factors)} give an infinite "
+                                  f"output size for input {list(x.sizes[2:])}")
+        size = (math.floor(fsize[0]), math.floor(fsize[1]))
     else:
         if not isinstance(output_size, (list, tuple)) or len(output_size) != 2:
             raise InvalidArgument(f"{op}: output_size: expected 2 ints, got {output_size!r}")
@@ -73,7 +79,23 @@ def upsample_nearest2d(stream: Stream, out: Handle, x: Handle,
         raise InvalidArgument(f"{op}: x: input {list(x.sizes[2:])} and output {list(size)} "
                               f"sizes must be greater than 0")
     c.check_shape(op, out, "out", tuple(x.sizes[:2]) + tuple(size))
-    fh, fw = factors if factors is not None else (None, None)
+    fac = factors if factors is not None else (None, None)
+    # Index maps (8 bytes per output row and column) and the gathered copy of the output.
+    cost = c.OpCost(2 * out.numel + size[0] + size[1],
+                    8 * (size[0] + size[1]) * 2 + out.numel * out.dtype.itemsize)
+    return (size, fac), cost  # type: ignore[return-value]
+
+
+def upsample_nearest2d(stream: Stream, out: Handle, x: Handle,
+                       output_size: Sequence[int] | None = None,
+                       scale_factors: Sequence[float] | None = None) -> int:
+    """out = upsample_nearest2d(x, output_size, scale_factors) for a 4-D input."""
+    op = "upsample_nearest2d"
+    c.check_handles(op, stream, [(x, "x"), (out, "out")])
+    (size, (fh, fw)), _ = check_upsample_nearest2d(out, x, output_size, scale_factors)
+    if out.numel == 0:
+        return stream.recorded_seq  # nothing to write: no index maps either
+    h, w = x.sizes[2:]
     rows, cols = source_indices(h, size[0], fh), source_indices(w, size[1], fw)
     return c.launch(op, stream, [out], [x], _UPSAMPLE, out, x, rows, cols)
 
