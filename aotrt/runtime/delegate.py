@@ -26,7 +26,8 @@ from aotrt.dtypes import DType
 from aotrt.errors import AotrtError, InvalidArgument, Unsupported
 from aotrt.program import Program, extent
 from aotrt.runtime import dlpack, shims
-from aotrt.runtime.device import Device, Stream, StreamOptions, default_device, get_device
+from aotrt.runtime.device import (Device, KernelLibrary, Stream, StreamOptions, default_device,
+                                  get_device)
 from aotrt.runtime.hazards import Access
 from aotrt.runtime.memory import PROCESS_OWNER, Allocation, Owner, owner_scope
 from aotrt.runtime.public import Tensor
@@ -169,6 +170,7 @@ class Delegate:
     def _make_steps(self) -> None:
         prog = self.program
         lib = self.device.kernel_library(prog.kernels) if prog.kernels else None
+        self._res.library = lib     # closed by the teardown, after the stream drains
         ops = None
         for i, ins in enumerate(prog.instructions):
             op = ins["op"]
@@ -404,6 +406,7 @@ class Delegate:
             with owner_scope(self._owner), dev.stream_guard(stream):
                 if self._graph is None:
                     self._graph = self._capture()
+                    self._res.graph = self._graph.graph
                 g = self._graph
                 for k, a in enumerate(args):
                     if a.spec.nbytes:
@@ -588,17 +591,21 @@ class _Graph:
 
 
 class _Resources:
-    """A delegate's owner and stream, apart from the delegate so a finalizer can hold them."""
+    """A delegate's owner, stream, kernel library and CUDA graph, apart from the delegate so
+    a finalizer can hold them."""
 
-    __slots__ = ("owner", "stream")
+    __slots__ = ("owner", "stream", "library", "graph")
 
     def __init__(self, owner: Owner) -> None:
         self.owner = owner
         self.stream: Stream | None = None
+        self.library: KernelLibrary | None = None
+        self.graph: Any = None
 
 
 def _teardown(res: _Resources) -> None:
-    """Wait, free everything the owner holds, then close the stream (runs once)."""
+    """Wait, free everything the owner holds, close the stream, then release the graph and
+    the kernel library, whose code no queued work can run any more (runs once)."""
     owner, stream = res.owner, res.stream
     err: BaseException | None = None
     if isinstance(stream, Stream) and not stream.closed:
@@ -613,6 +620,16 @@ def _teardown(res: _Resources) -> None:
     if isinstance(stream, Stream):
         try:
             stream.close()
+        except BaseException as e:  # noqa: BLE001
+            err = err or e
+    # A graph's kernel nodes point into the library's module: the graph goes first.
+    graph, res.graph = res.graph, None
+    library, res.library = res.library, None
+    for release in (getattr(graph, "close", None), getattr(library, "close", None)):
+        if release is None:
+            continue
+        try:
+            release()
         except BaseException as e:  # noqa: BLE001
             err = err or e
     if err is not None:

@@ -309,6 +309,8 @@ class KernelFunction(ABC):
         """Queue the kernel over `grid` outer elements (default: all) on `stream`."""
         if stream.device is not self.library.device:
             raise InvalidArgument(f"stream: {stream!r} is not on {self.library.device.name}")
+        if self.library.closed:
+            raise InvalidArgument(f"kernel {self.name}: its library is closed")
         n = self.kernel.numel if grid is None else grid
         if not isinstance(n, int) or not 0 <= n <= self.kernel.numel:
             raise InvalidArgument(f"grid: {grid!r} outside [0, {self.kernel.numel}]")
@@ -371,14 +373,38 @@ class KernelLibrary(ABC):
             raise InvalidArgument("kernels: duplicate kernel names")
         self.device = device
         self.kernels = {k.name: k for k in kernels}
+        self.closed = False
         self.source = device.renderer.render(kernels)
         self._compile()
 
+    def symbol(self, name: str) -> str:
+        """The symbol of kernel `name` in the compiled code (aotrt's own, never the name)."""
+        from aotrt.kernels import render_c
+
+        make = getattr(render_c, "symbol", None)    # contract C1 (render_c.symbol)
+        if make is None:
+            return name
+        return make(list(self.kernels).index(name))
+
     def kernel(self, name: str) -> KernelFunction:
         """A new KernelFunction for kernel `name`."""
+        if self.closed:
+            raise InvalidArgument(f"name: the library of kernel {name!r} is closed")
         if name not in self.kernels:
             raise InvalidArgument(f"name: no kernel {name!r} in this library")
         return self._function(self.kernels[name])
+
+    def close(self) -> None:
+        """Release the compiled code once the streams that ran it are drained; safe twice.
+
+        A KernelFunction of a closed library refuses to dispatch.
+        """
+        if not self.closed:
+            self.closed = True
+            self._close()
+
+    def _close(self) -> None:
+        """Release the device's handle on the compiled code."""
 
     @abstractmethod
     def _compile(self) -> None:

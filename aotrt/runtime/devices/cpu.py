@@ -4,21 +4,24 @@ C kernels compiled by the system compiler (cached on disk), numpy for library op
 
 from __future__ import annotations
 
+import _ctypes
 import ctypes
 import hashlib
 import logging
 import os
 import queue
+import re
 import shutil
 import subprocess
 import tempfile
 import threading
+import weakref
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
 import numpy as np
 
-from aotrt.errors import CompileError, DeviceError, OutOfMemory
+from aotrt.errors import AotrtError, CompileError, DeviceError, InvalidArgument, OutOfMemory
 from aotrt.kernels import ir
 from aotrt.kernels.render_c import CRenderer
 from aotrt.runtime import hazards
@@ -28,7 +31,10 @@ from aotrt.runtime.tensor import Handle
 
 log = logging.getLogger(__name__)
 
-CFLAGS = ("-O3", "-shared", "-fPIC", "-fno-math-errno", "-fno-trapping-math")
+# -fwrapv and -fno-strict-aliasing: the bounds proof assumes wrapping int64 arithmetic, and
+# the optimizer must not delete a clamp after an overflow it may assume away.
+CFLAGS = ("-O3", "-shared", "-fPIC", "-fno-math-errno", "-fno-trapping-math", "-fwrapv",
+          "-fno-strict-aliasing")
 
 
 def cache_dir() -> Path:
@@ -96,11 +102,17 @@ class CpuStream(Stream):
         self._queue.join()
         if self._error is not None:
             err, self._error = self._error, None
+            if isinstance(err, AotrtError):
+                raise err       # a kernel's own error (contract C2), as it was raised
             raise DeviceError(f"cpu stream {self.id}: queued work failed: {err!r}") from err
 
     def _close(self) -> None:
         self._queue.put(None)
         self._worker.join(timeout=10)
+        if self._worker.is_alive():
+            # Only work that outlived the close's own wait can keep it: the daemon thread is
+            # left to finish it, and the libraries it runs stay mapped (LoadedLibrary.close).
+            log.warning("cpu stream %d: worker still busy after close; left running", self.id)
 
     def _copy_work(self, dst: Handle, src: Handle) -> Any:
         def work() -> None:
@@ -120,48 +132,244 @@ class CpuKernelFunction(KernelFunction):
 
     def __init__(self, library: "CpuKernelLibrary", kernel: ir.Kernel) -> None:
         super().__init__(library, kernel)
-        fn = getattr(library.dll, kernel.name)
-        fn.restype = None
-        fn.argtypes = [ctypes.POINTER(ctypes.c_void_p), ctypes.c_int64, ctypes.c_int64]
-        self._fn = fn
+        self._symbol = library.symbol(kernel.name)
+        library.loaded.function(self._symbol)     # look it up now: a missing one fails here
 
     def _work(self, bound: list[Handle], n: int) -> Any:
         ptrs = (ctypes.c_void_p * max(len(bound), 1))(*[h.address for h in bound])
-        fn = self._fn
+        # The work holds the loaded library, never a ctypes function: a call after close
+        # is refused instead of jumping into unmapped code.
+        loaded, symbol, label = self.library.loaded, self._symbol, self.name
 
         def work() -> None:
-            fn(ptrs, 0, n)
+            loaded.call(symbol, label, ptrs, n)
         return work
+
+
+#: seconds `close` waits for a kernel that is still running before it leaves the library
+#: mapped (a running kernel's code must never be unmapped)
+CLOSE_TIMEOUT = 60.0
+
+
+class LoadedLibrary:
+    """One dlopen handle of a compiled library, its function objects and its error flag.
+
+    Calls count themselves in and out, so `close` unmaps the code only when no kernel of
+    it runs; after `close` every call is refused.
+    """
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self._dll: ctypes.CDLL | None = ctypes.CDLL(str(path))
+        self._fns: dict[str, Any] = {}
+        try:
+            self._flag: ctypes.c_int32 | None = ctypes.c_int32.in_dll(self._dll, "aotrt_error")
+        except ValueError:
+            self._flag = None     # a renderer without the error flag (contract C2)
+        self._cv = threading.Condition()
+        self._busy = 0
+        self.closed = False
+
+    def function(self, symbol: str) -> Any:
+        """The ctypes function `symbol` (looked up by item, never as an attribute)."""
+        with self._cv:
+            if self._dll is None:
+                raise InvalidArgument(f"library {self.path.name} is closed")
+            fn = self._fns.get(symbol)
+            if fn is None:
+                try:
+                    fn = self._dll[symbol]
+                except AttributeError:
+                    raise CompileError(f"{self.path.name} has no symbol {symbol!r}") from None
+                fn.restype = None
+                fn.argtypes = [ctypes.POINTER(ctypes.c_void_p), ctypes.c_int64, ctypes.c_int64]
+                self._fns[symbol] = fn
+            return fn
+
+    def call(self, symbol: str, label: str, ptrs: Any, n: int) -> None:
+        """Run kernel `symbol` over [0, n); raise InvalidArgument if it set the error flag."""
+        with self._cv:
+            if self.closed:
+                raise InvalidArgument(f"kernel {label}: its library is closed")
+            fn = self._fns[symbol]
+            flag = self._flag
+            self._busy += 1
+        try:
+            fn(ptrs, 0, n)
+            code = flag.value if flag is not None else 0
+            if code:
+                flag.value = 0
+        finally:
+            with self._cv:
+                self._busy -= 1
+                self._cv.notify_all()
+        if code:
+            raise InvalidArgument(f"kernel {label}: {_kernel_error(code)}")
+
+    def close(self, timeout: float | None = None) -> bool:
+        """dlclose the handle once no call runs; False (and still mapped) after `timeout`."""
+        timeout = CLOSE_TIMEOUT if timeout is None else timeout
+        with self._cv:
+            if self._dll is None:
+                return True
+            self.closed = True
+            if not self._cv.wait_for(lambda: self._busy == 0, timeout=timeout):
+                log.warning("%s: a kernel still runs after %.0f s; the library stays mapped",
+                            self.path.name, timeout)
+                return False
+            handle = self._dll._handle
+            # Drop every ctypes object of the library before its code goes away.
+            self._fns.clear()
+            self._flag = None
+            self._dll = None
+        _ctypes.dlclose(handle)
+        return True
+
+
+def _kernel_error(code: int) -> str:
+    from aotrt.kernels import render_c
+
+    errors: dict[int, str] = getattr(render_c, "KERNEL_ERRORS", {})
+    return errors.get(code, f"error code {code}")
 
 
 class CpuKernelLibrary(KernelLibrary):
     """C source compiled to a shared library once per (compiler, flags, source)."""
 
     def _compile(self) -> None:
-        cc = shutil.which(os.environ.get("CC", "cc")) or shutil.which("gcc")
-        if cc is None:
-            raise CompileError("no C compiler found (set CC)")
-        version = _compiler_version(cc)
-        key = hashlib.sha256("\0".join([version, *CFLAGS, self.source]).encode()).hexdigest()
-        out = cache_dir() / f"{key[:32]}.so"
-        if not out.exists():
-            out.parent.mkdir(parents=True, exist_ok=True)
-            with tempfile.TemporaryDirectory(dir=out.parent) as tmp:
-                src = Path(tmp) / "k.c"
-                src.write_text(self.source)
-                so = Path(tmp) / "k.so"
-                proc = subprocess.run([cc, *CFLAGS, str(src), "-o", str(so), "-lm"],
-                                      capture_output=True, text=True)
-                if proc.returncode != 0:
-                    raise CompileError(f"{cc} failed on {len(self.kernels)} kernel(s)",
-                                       proc.stderr + proc.stdout)
-                os.replace(so, out)  # atomic: concurrent builders never see half a file
-            log.debug("compiled %d kernels into %s", len(self.kernels), out)
-        self.path = out
-        self.dll = ctypes.CDLL(str(out))
+        self.path = self.device.cache.build_so(self.source, self.exported(), len(self.kernels))
+        try:
+            self.loaded = LoadedLibrary(self.path)
+        except OSError as e:
+            # A verified entry that still does not load: rebuild it once, then give up.
+            log.warning("kernel cache: %s does not load (%s); rebuilding", self.path, e)
+            self.path = self.device.cache.build_so(self.source, self.exported(),
+                                                   len(self.kernels), force=True)
+            try:
+                self.loaded = LoadedLibrary(self.path)
+            except OSError as e2:
+                raise CompileError(f"cannot load the kernel library {self.path}: {e2}") from None
+        self._closer = weakref.finalize(self, self.loaded.close)
+
+    def exported(self) -> list[str]:
+        """The names the library exports: each kernel's symbol and the error flag."""
+        return [*(self.symbol(n) for n in self.kernels), "aotrt_error"]
 
     def _function(self, kernel: ir.Kernel) -> KernelFunction:
         return CpuKernelFunction(self, kernel)
+
+    def _close(self) -> None:
+        self._closer()
+
+
+def compile_flags() -> tuple[str, ...]:
+    """CFLAGS, plus AddressSanitizer/UBSan flags when AOTRT_CC_SANITIZE is set (tests)."""
+    san = os.environ.get("AOTRT_CC_SANITIZE", "").strip()
+    if not san:
+        return CFLAGS
+    if not re.fullmatch(r"[a-z]+(,[a-z]+)*", san):
+        raise InvalidArgument(f"AOTRT_CC_SANITIZE: expected names like 'address,undefined', "
+                              f"got {san!r}")
+    return (*CFLAGS, f"-fsanitize={san}", "-fno-sanitize-recover=all",
+            "-fno-omit-frame-pointer", "-g")
+
+
+class KernelCache:
+    """Compiled kernels on disk, one entry per key, each verified by a sha256 sidecar.
+
+    An entry is written atomically (the file, then its sidecar, each through os.replace),
+    and a missing, truncated or mismatching one is rebuilt. A set AOTRT_CACHE_DIR that is
+    unusable is an error naming it; an unusable default directory falls back to a private
+    temporary one, with a warning.
+    """
+
+    def __init__(self) -> None:
+        self._fallback: Path | None = None
+        self._lock = threading.Lock()
+
+    def root(self) -> Path:
+        """The directory entries are read from and written to."""
+        return self._fallback if self._fallback is not None else cache_dir()
+
+    def read(self, name: str) -> bytes | None:
+        """The bytes of entry `name` when they match its sidecar, else None."""
+        path = self.root() / name
+        try:
+            data = path.read_bytes()
+            want = (path.parent / (name + ".sha256")).read_text().strip()
+        except (OSError, UnicodeDecodeError):
+            return None
+        if hashlib.sha256(data).hexdigest() != want:
+            log.warning("kernel cache: %s does not match its checksum; rebuilding", path)
+            return None
+        return data
+
+    def writable_root(self) -> Path:
+        """The cache directory, created and checked for writing (see the class)."""
+        with self._lock:
+            root = self.root()
+            try:
+                root.mkdir(parents=True, exist_ok=True)
+                fd, probe = tempfile.mkstemp(dir=root, prefix=".probe-")
+                os.close(fd)
+                os.unlink(probe)
+                return root
+            except OSError as e:
+                reason = f"{type(e).__name__}: {e.strerror or e}"
+                if os.environ.get("AOTRT_CACHE_DIR") and self._fallback is None:
+                    raise CompileError(
+                        f"kernel cache directory {str(root)!r} (AOTRT_CACHE_DIR) is unusable: "
+                        f"{reason}; set AOTRT_CACHE_DIR to a writable directory") from None
+                if self._fallback is not None:
+                    raise CompileError(f"kernel cache directory {str(root)!r} is unusable: "
+                                       f"{reason}") from None
+            self._fallback = Path(tempfile.mkdtemp(prefix="aotrt-cache-"))
+            log.warning("kernel cache directory %s is unusable (%s); using %s for this "
+                        "process (set AOTRT_CACHE_DIR)", root, reason, self._fallback)
+            return self._fallback
+
+    def write(self, path: Path, tmp: Path) -> None:
+        """Publish the finished file `tmp` (in the cache directory) as entry `path`."""
+        digest = hashlib.sha256(tmp.read_bytes()).hexdigest()
+        side = tmp.with_name(tmp.name + ".sha256")
+        side.write_text(digest + "\n")
+        # The file first, then its sidecar: a reader never trusts a file whose sidecar is
+        # older, because the digests then differ and it rebuilds.
+        os.replace(tmp, path)
+        os.replace(side, path.with_name(path.name + ".sha256"))
+
+    def build_so(self, source: str, exported: Sequence[str], count: int,
+                 force: bool = False) -> Path:
+        """The verified shared library of C `source` exporting only `exported`."""
+        cc = shutil.which(os.environ.get("CC", "cc")) or shutil.which("gcc")
+        if cc is None:
+            raise CompileError("no C compiler found (set CC)")
+        flags = compile_flags()
+        script = "{ global: " + " ".join(f"{s};" for s in exported) + " local: *; };\n"
+        key = hashlib.sha256("\0".join([_compiler_version(cc), *flags, script, source])
+                             .encode()).hexdigest()
+        name = f"{key[:32]}.so"
+        if not force and self.read(name) is not None:
+            return self.root() / name
+        root = self.writable_root()
+        try:
+            with tempfile.TemporaryDirectory(dir=root) as tmp:
+                src = Path(tmp) / "k.c"
+                src.write_text(source)
+                (Path(tmp) / "k.map").write_text(script)
+                so = Path(tmp) / "k.so"
+                proc = subprocess.run([cc, *flags, f"-Wl,--version-script={tmp}/k.map",
+                                       str(src), "-o", str(so), "-lm"],
+                                      capture_output=True, text=True)
+                if proc.returncode != 0:
+                    raise CompileError(f"{cc} failed on {count} kernel(s)",
+                                       proc.stderr + proc.stdout)
+                self.write(root / name, so)
+        except OSError as e:
+            raise CompileError(f"kernel cache directory {str(root)!r}: cannot write "
+                               f"{name}: {e}") from None
+        log.debug("compiled %d kernels into %s", count, root / name)
+        return root / name
 
 
 _versions: dict[str, str] = {}
@@ -179,6 +387,10 @@ class CpuDevice(Device):
 
     name = "cpu"
     renderer = CRenderer()
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.cache = KernelCache()
 
     def _create_stream(self, options: StreamOptions) -> Stream:
         return CpuStream(self, options)

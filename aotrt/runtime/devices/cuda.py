@@ -29,13 +29,14 @@ from typing import Any, Callable, Sequence
 import numpy as np
 
 from aotrt.dtypes import DType, as_dtype
-from aotrt.errors import AotrtError, CompileError, DeviceError, OutOfMemory, Unsupported
+from aotrt.errors import (AotrtError, CompileError, DeviceError, InvalidArgument, OutOfMemory,
+                          Unsupported)
 from aotrt.kernels import ir
 from aotrt.kernels.render_cuda import BLOCK, CudaRenderer
 from aotrt.runtime import hazards
 from aotrt.runtime.device import (Block, Device, KernelFunction, KernelLibrary, Stream,
                                   StreamOptions)
-from aotrt.runtime.devices.cpu import cache_dir
+from aotrt.runtime.devices.cpu import KernelCache
 from aotrt.runtime.tensor import Handle, is_packed
 
 log = logging.getLogger(__name__)
@@ -365,20 +366,30 @@ class CudaKernelLibrary(KernelLibrary):
 
     def _compile(self) -> None:
         dev: CudaDevice = self.device
-        self.module = dev.compile_cubin(self.source, f"{len(self.kernels)} kernel(s)")
+        # The library's own module, not the device's cache of modules: it is unloaded when
+        # the library closes (cuda.core unloads a module with its last reference).
+        self.module = dev.compile_cubin(self.source, f"{len(self.kernels)} kernel(s)",
+                                        keep=False)
         self._cuda_kernels: dict[str, Any] = {}
 
     def cuda_kernel(self, name: str) -> Any:
-        """The loaded cuda.core Kernel named `name`."""
+        """The loaded cuda.core Kernel of kernel `name` (looked up by its symbol)."""
+        if self.module is None:
+            raise InvalidArgument(f"kernel {name}: its library is closed")
         if name not in self._cuda_kernels:
             try:
-                self._cuda_kernels[name] = self.module.get_kernel(name)
+                self._cuda_kernels[name] = self.module.get_kernel(self.symbol(name))
             except Exception as e:  # noqa: BLE001
                 raise _wrap(e, f"load kernel {name}") from e
         return self._cuda_kernels[name]
 
     def _function(self, kernel: ir.Kernel) -> KernelFunction:
         return CudaKernelFunction(self, kernel)
+
+    def _close(self) -> None:
+        # Work still queued holds its own Kernel (and so the module): nothing dangles.
+        self._cuda_kernels = {}
+        self.module = None
 
 
 # ---------------------------------------------------------------------------------------------
@@ -409,7 +420,9 @@ class CudaDevice(Device):
         self.arch = f"sm_{major}{minor}"
         self.max_blocks = self.sm_count * 16
         self._configs: dict[int, Any] = {}
+        # Modules of fixed sources only (helpers, library ops): bounded, kept for the device.
         self._modules: dict[str, Any] = {}
+        self.cache = KernelCache()
         self._helpers: Any = None
         self._helper_lock = threading.Lock()
         super().__init__()
@@ -514,28 +527,38 @@ class CudaDevice(Device):
         """NVRTC options of every compile (part of the cache key)."""
         return (f"-arch={self.arch}", "-std=c++17")
 
-    def compile_cubin(self, source: str, what: str) -> Any:
-        """Compile CUDA C to a loaded module, through the on-disk cubin cache."""
+    def compile_cubin(self, source: str, what: str, keep: bool = True) -> Any:
+        """Compile CUDA C to a loaded module, through the verified on-disk cubin cache.
+
+        `keep` holds the module for the device's lifetime (helpers, library ops, whose
+        sources are fixed); a kernel library passes False and owns its module.
+        """
         self.ensure_current()
         version = ".".join(str(v) for v in _check(_nvrtc.nvrtcVersion(), "nvrtc version"))
         key = hashlib.sha256("\0".join(
             ["nvrtc " + version, *self.compile_options(), source]).encode()).hexdigest()
         if key in self._modules:
             return self._modules[key]
-        out = cache_dir() / f"{key[:32]}.cubin"
-        if not out.exists():
+        name = f"{key[:32]}.cubin"
+        code = self.cache.read(name)
+        if code is None:
             code = compile_source(source, self.arch, what)
-            out.parent.mkdir(parents=True, exist_ok=True)
-            fd, tmp = tempfile.mkstemp(dir=out.parent, suffix=".tmp")
-            with os.fdopen(fd, "wb") as f:
-                f.write(code)
-            os.replace(tmp, out)  # atomic: concurrent builders never see half a file
-            log.debug("compiled %s into %s", what, out)
+            root = self.cache.writable_root()
+            try:
+                fd, tmp = tempfile.mkstemp(dir=root, suffix=".tmp")
+                with os.fdopen(fd, "wb") as f:
+                    f.write(code)
+                self.cache.write(root / name, Path(tmp))
+            except OSError as e:
+                raise CompileError(f"kernel cache directory {str(root)!r}: cannot write "
+                                   f"{name}: {e}") from None
+            log.debug("compiled %s into %s", what, root / name)
         try:
-            module = ObjectCode.from_cubin(Path(out).read_bytes())
+            module = ObjectCode.from_cubin(code)
         except Exception as e:  # noqa: BLE001
-            raise _wrap(e, f"load {out}") from e
-        self._modules[key] = module
+            raise _wrap(e, f"load {name}") from e
+        if keep:
+            self._modules[key] = module
         return module
 
     def _helper_kernels(self) -> Any:

@@ -142,7 +142,8 @@ def test_library_is_compiled_once_into_the_cache(cpu, monkeypatch, tmp_path):
     k = iota_kernel([5], [1], base=42.0)
     lib = cpu.kernel_library([k])
     assert lib.path.parent == tmp_path and lib.path.exists()
-    assert list(tmp_path.iterdir()) == [lib.path]      # no temporary left behind
+    # the library and its checksum sidecar; no temporary left behind
+    assert sorted(tmp_path.iterdir()) == [lib.path, lib.path.with_suffix(".so.sha256")]
 
     def no_compiler(*args, **kwargs):
         raise AssertionError("compiled again")
