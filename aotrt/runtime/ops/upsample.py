@@ -22,6 +22,9 @@ from aotrt.runtime.ops.cuda import upsample as cuda_upsample
 from aotrt.runtime.tensor import Handle
 
 
+_F32_MAX = float(np.finfo(np.float32).max)
+
+
 def _factors(op: str, value: Any) -> tuple[float, float] | None:
     if value is None:
         return None
@@ -30,7 +33,7 @@ def _factors(op: str, value: Any) -> tuple[float, float] | None:
     vals = tuple(c.as_float(op, v, f"scale_factors[{i}]") for i, v in enumerate(value))
     for v in vals:
         # The source index scale is 1 / factor in float32; it must be a finite number too.
-        if not (math.isfinite(v) and v > 0 and math.isfinite(np.float32(1.0 / v))):
+        if not (math.isfinite(v) and v > 0 and 1.0 / v <= _F32_MAX):
             raise InvalidArgument(f"{op}: scale_factors: must be positive and finite (their "
                                   f"inverses too, in float32), got {list(vals)}")
     return vals  # type: ignore[return-value]
@@ -76,8 +79,10 @@ def check_upsample_nearest2d(out: Any, x: Any, output_size: Any = None,
             raise InvalidArgument(f"{op}: output_size: expected 2 ints, got {output_size!r}")
         size = tuple(c.as_int(op, v, f"output_size[{i}]") for i, v in enumerate(output_size))
     if min(h, w) < 1 or min(size) < 1:
-        raise InvalidArgument(f"{op}: x: input {list(x.sizes[2:])} and output {list(size)} "
-                              f"sizes must be greater than 0")
+        field = "x" if min(h, w) < 1 else "output_size" if output_size is not None else \
+            "scale_factors"
+        raise InvalidArgument(f"{op}: {field}: input {list(x.sizes[2:])} and output "
+                              f"{list(size)} sizes must be greater than 0")
     c.check_shape(op, out, "out", tuple(x.sizes[:2]) + tuple(size))
     fac = factors if factors is not None else (None, None)
     # Index maps (8 bytes per output row and column) and the gathered copy of the output.
