@@ -570,3 +570,120 @@ def test_tensor_from_another_delegates_stream_is_waited_for(
     assert rel_err(t2, x.astype(np.float64) + 3) < 1e-6
     a.close()
     b.close()
+
+
+# -- leaks: libraries, threads, fds, mappings (issue 7, item 6) ------------------------------
+
+
+def _const_program(c: float, module: str = "Leak") -> Program:
+    """o = x + c over 8 elements: one kernel, so each c is a distinct compiled library."""
+    b = ProgramBuilder(module)
+    x = b.input("x", "float32", [8])
+    o = b.output("o", "float32", [8])
+    val = ir.Op("add", (ir.load(0, (1,), "float32"), ir.const(float(c), "float32")), "float32")
+    b.kernel(ir.Kernel("k_leak", (8,), (), (ir.Arg("float32", "r"), ir.Arg("float32", "w")),
+                       (ir.store(1, (1,), val),)), [x, o])
+    return b.build()
+
+
+def _cache_mappings() -> int:
+    """Lines of /proc/self/maps that map a file of the kernel cache."""
+    root = str(aotrt.runtime.devices.cpu.cache_dir())
+    with open("/proc/self/maps") as f:
+        return sum(1 for line in f if root in line)
+
+
+def _rss_kib() -> int:
+    with open("/proc/self/status") as f:
+        return next(int(line.split()[1]) for line in f if line.startswith("VmRSS:"))
+
+
+def _fds() -> int:
+    import os
+
+    return len(os.listdir("/proc/self/fd"))
+
+
+def test_distinct_programs_load_and_close_leave_no_library_mapped() -> None:
+    """300 load/close cycles of distinct programs: the cache's mappings and RSS stay flat."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    import aotrt.runtime.devices.cpu  # noqa: F401 - cache_dir
+
+    dev = aotrt.runtime.device.get_device("cpu")
+    x = rand([8], seed=70)
+    with aotrt.load(_const_program(-1.0)) as m:    # warm: allocator, numpy, the compiler
+        m.run(x)
+        assert _cache_mappings() > 0               # the probe sees a loaded library
+    gc.collect()
+    maps0, rss0 = _cache_mappings(), _rss_kib()
+    progs = [_const_program(i + 0.5) for i in range(300)]
+
+    def build(prog: Program) -> None:
+        dev.kernel_library(prog.kernels).close()
+
+    # Compile in parallel first (the compiles, not the cycles, are what costs time here).
+    with ThreadPoolExecutor(4) as pool:
+        list(pool.map(build, progs))
+    for i, prog in enumerate(progs):
+        with aotrt.load(prog) as m:
+            (r,) = m.run(x)
+            if i % 50 == 0:
+                assert rel_err(r, x.astype(np.float64) + i + 0.5) < 1e-6
+    gc.collect()
+    assert _cache_mappings() == maps0
+    assert _rss_kib() - rss0 < 2048, "RSS grew by more than 2 MiB over 300 programs"
+
+
+def test_many_cycles_of_one_program_leave_nothing_behind() -> None:
+    """2,000 load/run/close cycles: no allocation, thread, mapping or fd is left behind."""
+    dev = aotrt.runtime.device.get_device("cpu")
+    prog, x = _const_program(2.5), rand([8], seed=71)
+    with aotrt.load(prog) as m:
+        m.run(x)
+    gc.collect()
+    live0, threads0, maps0 = len(dev.memory.live()), _live_threads(), _cache_mappings()
+    fds0, rss0 = _fds(), _rss_kib()
+    for _ in range(2000):
+        m = aotrt.load(prog)
+        (r,) = m.run(x)
+        m.close()
+        del r
+    gc.collect()
+    assert len(dev.memory.live()) == live0
+    assert _live_threads() == threads0
+    assert _cache_mappings() == maps0
+    assert _fds() == fds0
+    assert _rss_kib() - rss0 < 4096
+
+
+def test_two_delegates_of_one_program_share_nothing_they_close() -> None:
+    """Closing one delegate keeps the other's library loaded and running."""
+    prog, x = _const_program(3.25, "Shared"), rand([8], seed=72)
+    a, b = aotrt.load(prog), aotrt.load(prog)
+    a.close()
+    for _ in range(3):
+        (r,) = b.run(x)
+        assert rel_err(r, x.astype(np.float64) + 3.25) < 1e-6
+    b.close()
+
+
+def test_closed_delegates_library_refuses_its_kernels() -> None:
+    m = aotrt.load(_const_program(4.5, "Refuse"))
+    fn = m._steps[0].target
+    lib = fn.library
+    m.close()
+    assert lib.closed
+    with pytest.raises(InvalidArgument, match="closed"):
+        lib.kernel("k_leak")
+    with pytest.raises(InvalidArgument, match="closed"):
+        fn.dispatch(aotrt.runtime.device.get_device("cpu").default_stream())
+
+
+def test_unreferenced_delegate_releases_its_library() -> None:
+    m = aotrt.load(_const_program(5.75, "Gc"))
+    m.run(rand([8], seed=73))
+    lib = m._steps[0].target.library
+    del m
+    gc.collect()
+    assert lib.closed and lib.loaded.closed
