@@ -118,7 +118,7 @@ def pool_cost(x: Any, out: Any, indices: bool, p: PoolParams) -> c.OpCost:
         return c.OpCost(work, scratch)
     plane = ho * wo * kh * kw
     work += 6 * taps + 4 * plane + padded + c.PY_STEP * chunks
-    scratch += padded + plane * (1 + 3 * 8)
+    scratch += padded + plane * (1 + 4 * 8)
     scratch += step * ch * (7 * kh * kw * ho * wo + (4 + item + 4 * 8) * ho * wo)
     return c.OpCost(work, scratch)
 
@@ -178,6 +178,11 @@ def _pool(xv: np.ndarray, o: np.ndarray, io: np.ndarray | None, p: PoolParams) -
     tap_h = (np.arange(ho) * sh - ph)[:, None] + (np.arange(kh) * dh)[None, :]
     tap_w = (np.arange(wo) * sw - pw)[:, None] + (np.arange(kw) * dw)[None, :]
     flat = (tap_h[:, None, :, None] * w + tap_w[None, :, None, :]).reshape(ho, wo, kh * kw)
+    # A window of padding only (dilation can skip the input): torch's index is its first
+    # tap moved past the leading padding, even where that lies beyond the plane.
+    h0, w0 = tap_h[:, 0], tap_w[:, 0]
+    empty = ~vwin.any(axis=-1)
+    moved = (h0 + _skip(h0, dh))[:, None] * w + (w0 + _skip(w0, dw))[None, :]
     for n0 in range(0, n, step):
         xp = np.pad(xv[n0:n0 + step], ((0, 0), (0, 0), (ph, rh), (pw, rw)),
                     constant_values=-np.inf)
@@ -191,7 +196,14 @@ def _pool(xv: np.ndarray, o: np.ndarray, io: np.ndarray | None, p: PoolParams) -
         nan = np.isnan(win)
         last_nan = kh * kw - 1 - np.argmax(nan[..., ::-1], axis=-1)
         pos = np.where(nan.any(axis=-1), last_nan, first)
-        c.store(io[n0:n0 + step], flat[np.arange(ho)[:, None], np.arange(wo)[None, :], pos])
+        idx = flat[np.arange(ho)[:, None], np.arange(wo)[None, :], pos]
+        c.store(io[n0:n0 + step], np.where(empty, moved, idx))
+
+
+def _skip(start: np.ndarray, d: int) -> np.ndarray:
+    """How far a window starting at `start` (< 0 in the padding) moves to its first tap at
+    or after 0, in steps of the dilation `d`."""
+    return ((-start).clip(0) + d - 1) // d * d
 
 
 _POOL: dict[str, Callable[..., Any]] = {"cpu": _cpu_pool, "cuda": cuda_pool.make_maxpool}
