@@ -80,6 +80,19 @@ def test_max_pool2d_nan_and_minus_inf_windows(kit, stream):
     _run(kit, stream, x, [3, 3], [1, 1], [1, 1], [1, 1], False)
 
 
+@pytest.mark.parametrize("case", [
+    # x shape, kernel, stride, padding, dilation: dilated windows that hold only padding
+    ((1, 2, 1, 1), [1, 2], [1, 2], [0, 1], [1, 2]),
+    ((1, 1, 1, 3), [2, 2], [1, 1], [1, 1], [2, 3]),
+    ((2, 1, 2, 3), [2, 3], [1, 1], [1, 1], [3, 1]),
+])
+def test_max_pool2d_windows_of_padding_only(kit, stream, case):
+    # torch gives -inf and the window's first tap moved past the padding (maybe beyond the
+    # plane) as the index; the op must agree on every device.
+    shape, *geometry = case
+    _run(kit, stream, kit.randn(shape, "float32"), *geometry, False)
+
+
 def test_max_pool2d_chunked(kit, stream, monkeypatch):
     from aotrt.runtime.ops import _common
     monkeypatch.setattr(_common, "CHUNK_BYTES", 1)

@@ -44,6 +44,23 @@ def test_upsample_with_both_uses_the_factors_for_indices(kit, stream):
     _run(kit, stream, kit.randn((1, 2, 5, 7), "float32"), size=[9, 13], factors=[1.5, 2.0])
 
 
+@pytest.mark.parametrize("size,factors", [([1, 8], [0.5, 0.5]), ([6, 8], [1.5, 3.0]),
+                                          ([10, 3], [0.7, 2.0]), ([5, 8], [1.0, 1.0])])
+def test_upsample_with_both_at_twice_the_size_ignores_the_factor(kit, stream, size, factors):
+    # torch's nearest_idx: an output exactly twice the input takes index >> 1, whatever the
+    # factor says; other sizes use the factor.
+    _run(kit, stream, kit.randn((1, 2, 5, 4), "float32"), size=size, factors=factors)
+
+
+@pytest.mark.parametrize("factors", [[1e-300, 1.0], [1.0, 1e-39], [2.0, 1e-45]])
+def test_upsample_factor_whose_inverse_overflows_float32_is_refused(kit, stream, factors):
+    # 1 / factor is inf in float32: the source index would be NaN cast to int64.
+    out = kit.out((1, 1, 4, 4), "float32")
+    with pytest.raises(InvalidArgument, match="scale_factors"):
+        upsample_nearest2d(stream, out, kit.tensor(kit.randn((1, 1, 2, 2), "float32")),
+                           [4, 4], factors)
+
+
 @pytest.mark.parametrize("layout", LAYOUTS)
 def test_upsample_views_in_place(kit, stream, layout):
     _run(kit, stream, kit.randn((2, 3, 4, 5), "float32"), factors=[2.0, 2.0], layout=layout,

@@ -164,6 +164,12 @@ __device__ void maxpool(const T* x, T* out, int64_t* idx, int64_t N, int64_t C, 
         if (at < 0 || v != v || (best == best && v > best)) { best = v; at = h * W + w; }
       }
     }
+    if (at < 0) {  // padding only: torch's index, the first tap moved past the padding
+      int64_t h0 = oh * sh - ph, w0 = ow * sw - pw;
+      if (h0 < 0) h0 += (-h0 + dh - 1) / dh * dh;
+      if (w0 < 0) w0 += (-w0 + dw - 1) / dw * dw;
+      at = h0 * W + w0;
+    }
     st(out + n * os0 + c * os1 + oh * os2 + ow * os3, best);
     if (idx) idx[n * is0 + c * is1 + oh * is2 + ow * is3] = at;
   }
