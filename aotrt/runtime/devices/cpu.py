@@ -188,6 +188,7 @@ class LoadedLibrary:
 
     def call(self, symbol: str, label: str, ptrs: Any, n: int) -> None:
         """Run kernel `symbol` over [0, n); raise InvalidArgument if it set the error flag."""
+        fn = self.function(symbol) if symbol not in self._fns else None
         with self._cv:
             if self.closed:
                 raise InvalidArgument(f"kernel {label}: its library is closed")

@@ -5,11 +5,12 @@ from __future__ import annotations
 
 import threading
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
 
-from aotrt.errors import CompileError, OutOfMemory
+from aotrt.errors import CompileError, InvalidArgument, OutOfMemory
 from aotrt.runtime import shims
 from aotrt.runtime.devices import cpu as cpu_mod
 from aotrt.runtime.devices.cpu import CpuStream, cache_dir, host_array
@@ -218,3 +219,161 @@ def test_concurrent_builds_of_one_library_agree(cpu, monkeypatch, tmp_path):
     for t in threads:
         t.join()
     assert not errors and len(set(paths)) == 1 and len(list(tmp_path.glob("*.so"))) == 1
+
+
+# -- library lifetime: dlclose, calls in flight -----------------------------------------------
+
+
+def _mapped(path: Path) -> bool:
+    with open("/proc/self/maps") as f:
+        return any(str(path) in line for line in f)
+
+
+def test_close_unmaps_the_library_and_refuses_later_calls(cpu, ctx, monkeypatch, tmp_path):
+    monkeypatch.setenv("AOTRT_CACHE_DIR", str(tmp_path))
+    lib = cpu.kernel_library([iota_kernel([5], [1], base=11.0)])
+    fn = lib.kernel(lib.kernels and next(iter(lib.kernels)))
+    h = shims.empty_strided([5], None, "float32")
+    fn(ctx, h)
+    ctx.commit_and_wait()
+    assert _mapped(lib.path)
+    lib.close()
+    lib.close()                                     # twice is fine
+    assert not _mapped(lib.path)
+    with pytest.raises(InvalidArgument, match="closed"):
+        fn(ctx, h)
+    with pytest.raises(InvalidArgument, match="closed"):
+        lib.loaded.call(lib.symbol(fn.name), fn.name, None, 1)
+    np.testing.assert_array_equal(h.numpy(), iota([5], base=11.0))
+    shims.delete_tensor_object(h)
+
+
+def test_queued_work_of_a_closed_library_is_refused_not_run(cpu, monkeypatch, tmp_path):
+    """Work recorded before the close and run after it fails cleanly (it never jumps into
+    unmapped code)."""
+    monkeypatch.setenv("AOTRT_CACHE_DIR", str(tmp_path))
+    s = make_stream(cpu, "deferred")
+    o = Owner("queued")
+    with cpu.stream_guard(s), owner_scope(o):
+        k = iota_kernel([4], [1], base=12.0)
+        lib = cpu.kernel_library([k])
+        h = shims.empty_strided([4], None, "float32")
+        lib.kernel(k.name)(s, h)
+        lib.close()
+        with pytest.raises(InvalidArgument, match="closed"):
+            s.commit_and_wait()
+        shims.delete_tensor_object(h)
+    o.close()
+    s.close()
+
+
+def _spin_source(symbols: list[str]) -> str:
+    """A kernel that spins until P[0][0] is set (from another thread), then returns."""
+    return ("#include <stdint.h>\nint32_t aotrt_error = 0;\n" + "".join(
+        f"void {sym}(char **P, int64_t b, int64_t e) {{ volatile int64_t *f = "
+        f"(volatile int64_t *)P[0]; f[1] = 1; while (!f[0]) {{}} }}\n" for sym in symbols))
+
+
+class _HandWritten:
+    """A renderer that returns fixed C text for every library (symbols as C1 names them)."""
+
+    def __init__(self, make) -> None:
+        self.make = make
+
+    def render(self, kernels):
+        from aotrt.kernels import render_c
+
+        sym = getattr(render_c, "symbol", None)
+        return self.make([sym(i) if sym else k.name for i, k in enumerate(kernels)])
+
+
+def _int64_kernel(name: str) -> "Any":
+    from aotrt.kernels import ir
+
+    return ir.Kernel(name, (2,), (), (ir.Arg("int64", "rw"),),
+                     (ir.store(0, (1,), ir.load(0, (1,), "int64")),))
+
+
+def test_close_waits_for_a_running_kernel_and_times_out_mapped(cpu, monkeypatch, tmp_path):
+    monkeypatch.setenv("AOTRT_CACHE_DIR", str(tmp_path))
+    monkeypatch.setattr(cpu, "renderer", _HandWritten(_spin_source))
+    k = _int64_kernel("k_spin")
+    lib = cpu.kernel_library([k])
+    flag = np.zeros(2, np.int64)
+    ptrs = (cpu_mod.ctypes.c_void_p * 1)(flag.ctypes.data)
+    t = threading.Thread(target=lib.loaded.call, args=(lib.symbol(k.name), k.name, ptrs, 2))
+    t.start()
+    try:
+        for _ in range(5000):
+            if flag[1]:
+                break
+            threading.Event().wait(0.001)
+        assert flag[1], "the kernel did not start"
+        assert lib.loaded.close(timeout=0.05) is False  # still running: stays mapped
+        assert _mapped(lib.path)
+        closer = threading.Thread(target=lib.close)
+        closer.start()
+        closer.join(0.2)
+        assert closer.is_alive() and _mapped(lib.path)  # waits for the kernel
+    finally:
+        flag[0] = 1                                     # never leave the kernel spinning
+    t.join(5)
+    closer.join(5)
+    assert not t.is_alive() and not closer.is_alive() and not _mapped(lib.path)
+
+
+# -- symbols (issue 7, item 7) ----------------------------------------------------------------
+
+
+HOSTILE_NAMES = ["__gmon_start__", "_handle", "_name", "_func_flags_", "__x__", "dlopen", "main",
+                 "_init", "_fini", "aotrt_error"]
+
+
+def test_kernels_named_like_libc_or_ctypes_symbols_run(tmp_path):
+    """Kernel names are labels: a kernel named __gmon_start__ (called by _init at dlopen
+    today), _handle (a CDLL attribute), main or dlopen runs like any other."""
+    import os
+    import subprocess
+    import sys
+
+    script = f"""
+import dataclasses
+import numpy as np
+from aotrt.runtime import shims
+from aotrt.runtime.device import get_device
+from tests.support import iota, iota_kernel
+from aotrt.kernels import ir
+names = {HOSTILE_NAMES!r}
+cpu = get_device("cpu")
+ks = [dataclasses.replace(iota_kernel([3], [1], base=float(i)), name=n)
+      for i, n in enumerate(names)]
+lib = cpu.kernel_library(ks)
+s = cpu.default_stream()
+for i, n in enumerate(names):
+    h = shims.empty_strided([3], None, "float32")
+    lib.kernel(n)(s, h)
+    np.testing.assert_array_equal(h.numpy(), iota([3], base=float(i)))
+    shims.delete_tensor_object(h)
+lib.close()
+print("ok", len(names))
+"""
+    env = dict(os.environ, AOTRT_CACHE_DIR=str(tmp_path))
+    proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                          env=env, cwd=Path(__file__).parents[3], timeout=120)
+    assert proc.returncode == 0 and f"ok {len(HOSTILE_NAMES)}" in proc.stdout, proc.stderr
+
+
+def test_library_exports_only_its_kernel_symbols_and_the_error_flag(cpu, monkeypatch,
+                                                                    tmp_path):
+    import subprocess
+
+    monkeypatch.setenv("AOTRT_CACHE_DIR", str(tmp_path))
+    ks = [iota_kernel([3], [1], base=21.0), iota_kernel([4], [1], base=22.0)]
+    lib = cpu.kernel_library(ks)
+    out = subprocess.run(["nm", "-D", "--defined-only", str(lib.path)], capture_output=True,
+                         text=True).stdout
+    defined = {line.split()[-1] for line in out.splitlines() if line.strip()}
+    assert defined <= set(lib.exported()) and {lib.symbol(k.name) for k in ks} <= defined
+    assert not any(k.name in defined for k in ks) or all(
+        lib.symbol(k.name) == k.name for k in ks)   # names are labels once C1 lands
+    lib.close()
