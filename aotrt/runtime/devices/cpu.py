@@ -138,11 +138,12 @@ class CpuKernelFunction(KernelFunction):
     def _work(self, bound: list[Handle], n: int) -> Any:
         ptrs = (ctypes.c_void_p * max(len(bound), 1))(*[h.address for h in bound])
         # The work holds the loaded library, never a ctypes function: a call after close
-        # is refused instead of jumping into unmapped code.
-        loaded, symbol, label = self.library.loaded, self._symbol, self.name
+        # is refused instead of jumping into unmapped code. It holds the library object too,
+        # so the garbage collector never closes a library whose work is still queued.
+        library, symbol, label = self.library, self._symbol, self.name
 
         def work() -> None:
-            loaded.call(symbol, label, ptrs, n)
+            library.loaded.call(symbol, label, ptrs, n)
         return work
 
 
@@ -325,6 +326,8 @@ class KernelCache:
                     raise CompileError(f"kernel cache directory {str(root)!r} is unusable: "
                                        f"{reason}") from None
             self._fallback = Path(tempfile.mkdtemp(prefix="aotrt-cache-"))
+            # Private to this cache object: removed with it (mapped libraries stay valid).
+            weakref.finalize(self, shutil.rmtree, self._fallback, True)
             log.warning("kernel cache directory %s is unusable (%s); using %s for this "
                         "process (set AOTRT_CACHE_DIR)", root, reason, self._fallback)
             return self._fallback

@@ -377,3 +377,199 @@ def test_library_exports_only_its_kernel_symbols_and_the_error_flag(cpu, monkeyp
     assert not any(k.name in defined for k in ks) or all(
         lib.symbol(k.name) == k.name for k in ks)   # names are labels once C1 lands
     lib.close()
+
+
+# -- the cache: unusable directories, corrupt entries (issue 7, item 9) ---------------------
+
+
+def _run_iota(cpu, base: float) -> None:
+    """Build, run and close a one-kernel library; check what it wrote."""
+    s = make_stream(cpu, "async")
+    o = Owner("cache")
+    with cpu.stream_guard(s), owner_scope(o):
+        k = iota_kernel([6], [1], base=base)
+        lib = cpu.kernel_library([k])
+        h = shims.empty_strided([6], None, "float32")
+        lib.kernel(k.name)(s, h)
+        np.testing.assert_array_equal(h.numpy(), iota([6], base=base))
+        shims.delete_tensor_object(h)
+        lib.close()
+    o.close()
+    s.close()
+    return lib.path
+
+
+@pytest.mark.parametrize("make", ["file", "parent_is_file"])
+def test_unusable_cache_dir_is_a_clear_error(cpu, monkeypatch, tmp_path, make):
+    bad = tmp_path / "f"
+    bad.write_text("not a directory")
+    if make == "parent_is_file":
+        bad = bad / "sub"
+    monkeypatch.setenv("AOTRT_CACHE_DIR", str(bad))
+    with pytest.raises(CompileError, match="AOTRT_CACHE_DIR") as e:
+        cpu.kernel_library([iota_kernel([3], [1], base=31.5)])
+    assert str(bad) in str(e.value)
+
+
+def test_unwritable_cache_dir_is_a_clear_error(cpu, monkeypatch, tmp_path):
+    import os
+
+    if os.geteuid() == 0:
+        pytest.skip("root writes anywhere")
+    ro = tmp_path / "ro"
+    ro.mkdir()
+    ro.chmod(0o500)
+    monkeypatch.setenv("AOTRT_CACHE_DIR", str(ro))
+    try:
+        with pytest.raises(CompileError, match="AOTRT_CACHE_DIR"):
+            cpu.kernel_library([iota_kernel([3], [1], base=32.5)])
+    finally:
+        ro.chmod(0o700)
+
+
+def test_missing_parents_of_the_cache_dir_are_created(cpu, monkeypatch, tmp_path):
+    monkeypatch.setenv("AOTRT_CACHE_DIR", str(tmp_path / "a" / "b"))
+    assert _run_iota(cpu, 33.5).parent == tmp_path / "a" / "b"
+
+
+def test_unusable_default_cache_falls_back_with_a_warning(cpu, monkeypatch, tmp_path, caplog):
+    home = tmp_path / "home"
+    home.write_text("a file, so ~/.cache cannot be made")
+    monkeypatch.delenv("AOTRT_CACHE_DIR")
+    monkeypatch.setenv("HOME", str(home))
+    monkeypatch.setattr(cpu, "cache", cpu_mod.KernelCache())   # the fallback is per device
+    with caplog.at_level("WARNING", logger=cpu_mod.__name__):
+        path = _run_iota(cpu, 34.5)
+    assert str(home) not in str(path) and "unusable" in caplog.text
+    assert _run_iota(cpu, 34.5) == path     # the fallback is a cache too
+
+
+@pytest.mark.parametrize("damage", ["truncate", "garbage", "sidecar", "no_sidecar",
+                                    "empty", "both"])
+def test_a_damaged_cache_entry_is_rebuilt(cpu, monkeypatch, tmp_path, damage):
+    """A truncated, corrupt or mismatching entry is rebuilt, and later loads work too."""
+    import hashlib
+
+    monkeypatch.setenv("AOTRT_CACHE_DIR", str(tmp_path))
+    base = 40.0 + ["truncate", "garbage", "sidecar", "no_sidecar", "empty", "both"].index(damage)
+    path = _run_iota(cpu, base)
+    side = path.with_name(path.name + ".sha256")
+    good = path.read_bytes()
+    if damage == "truncate":
+        path.write_bytes(good[:len(good) // 2])
+    elif damage == "garbage":
+        path.write_bytes(b"\x7fELF" + bytes(range(256)) * 8)
+    elif damage == "sidecar":
+        side.write_text("0" * 64)
+    elif damage == "no_sidecar":
+        side.unlink()
+    elif damage == "empty":
+        path.write_bytes(b"")
+    else:                                   # a corrupt file whose sidecar matches it
+        path.write_bytes(b"corrupt")
+        side.write_text(hashlib.sha256(b"corrupt").hexdigest())
+    assert _run_iota(cpu, base) == path
+    assert path.read_bytes() == good or hashlib.sha256(path.read_bytes()).hexdigest() == \
+        side.read_text().strip()
+    assert _run_iota(cpu, base) == path
+
+
+# -- flags: wrapping arithmetic, the kernel error flag, sanitizers ----------------------------
+
+
+def test_signed_overflow_wraps(cpu, ctx, monkeypatch, tmp_path):
+    """-fwrapv: `x + 1 > x` is false for INT64_MAX (without it -O3 folds it to true)."""
+    monkeypatch.setenv("AOTRT_CACHE_DIR", str(tmp_path))
+    monkeypatch.setattr(cpu, "renderer", _HandWritten(lambda syms: (
+        "#include <stdint.h>\nint32_t aotrt_error = 0;\n" + "".join(
+            f"void {s}(char **P, int64_t b, int64_t e) {{ int64_t *x = (int64_t *)P[0];\n"
+            f"  for (int64_t i = b; i < e; i++) x[i] = (x[i] + 1 > x[i]); }}\n"
+            for s in syms))))
+    assert "-fwrapv" in cpu_mod.CFLAGS and "-fno-strict-aliasing" in cpu_mod.CFLAGS
+    k = _int64_kernel("k_wrap")
+    h = shims.empty_strided([2], None, "int64")
+    upload(h, np.array([np.iinfo(np.int64).max, 5], np.int64))
+    cpu.kernel_library([k]).kernel(k.name)(ctx, h)
+    np.testing.assert_array_equal(h.numpy(), [0, 1])
+    shims.delete_tensor_object(h)
+
+
+def _flag_source(syms: list[str]) -> str:
+    """Each kernel sets the error flag (code P[0][0]) when P[0][0] != 0, as C2 says."""
+    return "#include <stdint.h>\nint32_t aotrt_error = 0;\n" + "".join(
+        f"void {s}(char **P, int64_t b, int64_t e) {{ int64_t *x = (int64_t *)P[0];\n"
+        f"  if (x[0]) __atomic_store_n(&aotrt_error, (int32_t)x[0], __ATOMIC_RELAXED);\n"
+        f"  x[1] = 7; }}\n" for s in syms)
+
+
+@pytest.mark.parametrize("mode", ["async", "deferred"])
+def test_kernel_error_flag_raises_invalid_argument_and_resets(cpu, monkeypatch, tmp_path, mode):
+    monkeypatch.setenv("AOTRT_CACHE_DIR", str(tmp_path))
+    monkeypatch.setattr(cpu, "renderer", _HandWritten(_flag_source))
+    s = make_stream(cpu, mode)
+    o = Owner("flag")
+    with cpu.stream_guard(s), owner_scope(o):
+        k = _int64_kernel("k_flag")
+        lib = cpu.kernel_library([k])
+        h = shims.empty_strided([2], None, "int64")
+        upload(h, np.array([1, 0], np.int64))
+        lib.kernel(k.name)(s, h)
+        with pytest.raises(InvalidArgument, match="kernel k_flag: "):
+            s.commit_and_wait()           # InvalidArgument as raised, not a DeviceError
+        upload(h, np.array([0, 0], np.int64))
+        lib.kernel(k.name)(s, h)          # the flag was reset: the next call succeeds
+        s.commit_and_wait()
+        np.testing.assert_array_equal(h.numpy(), [0, 7])
+        shims.delete_tensor_object(h)
+        lib.close()
+    o.close()
+    s.close()
+
+
+def test_sanitize_flags_enter_the_compile_and_the_key(cpu, monkeypatch, tmp_path):
+    monkeypatch.setenv("AOTRT_CACHE_DIR", str(tmp_path))
+    k = iota_kernel([3], [1], base=50.5)
+    plain = cpu.kernel_library([k])
+    monkeypatch.setenv("AOTRT_CC_SANITIZE", "address,undefined")
+    flags = cpu_mod.compile_flags()
+    assert "-fsanitize=address,undefined" in flags and "-fno-sanitize-recover=all" in flags
+    monkeypatch.setenv("AOTRT_CC_SANITIZE", "address; rm -rf /")
+    with pytest.raises(InvalidArgument, match="AOTRT_CC_SANITIZE"):
+        cpu_mod.compile_flags()
+    monkeypatch.delenv("AOTRT_CC_SANITIZE")
+    plain.close()
+
+
+def test_sanitized_build_reports_an_out_of_bounds_write(tmp_path):
+    """AOTRT_CC_SANITIZE=address,undefined with libasan preloaded: a kernel writing one
+    element past its buffer is reported (ASan), where a plain build would not notice."""
+    import os
+    import shutil
+    import subprocess
+    import sys
+
+    cc = shutil.which(os.environ.get("CC", "cc")) or shutil.which("gcc")
+    asan = subprocess.run([cc, "-print-file-name=libasan.so"], capture_output=True,
+                          text=True).stdout.strip()
+    if not asan or not os.path.isabs(asan) or not os.path.exists(asan):
+        pytest.skip("no libasan for this compiler")
+    script = """
+import numpy as np
+from aotrt.runtime.device import get_device
+from tests.runtime.devices.test_cpu import _HandWritten, _int64_kernel
+cpu = get_device("cpu")
+cpu.renderer = _HandWritten(lambda syms: "#include <stdint.h>\\nint32_t aotrt_error = 0;\\n" +
+    "".join(f"void {s}(char **P, int64_t b, int64_t e) {{ ((int64_t *)P[0])[e] = 1; }}\\n"
+            for s in syms))
+k = _int64_kernel("k_oob")
+lib = cpu.kernel_library([k])
+buf = np.zeros(2, np.int64)
+ptrs = (__import__("ctypes").c_void_p * 1)(buf.ctypes.data)
+lib.loaded.call(lib.symbol(k.name), k.name, ptrs, 2)
+print("not reported")
+"""
+    env = dict(os.environ, AOTRT_CACHE_DIR=str(tmp_path), AOTRT_CC_SANITIZE="address,undefined",
+               LD_PRELOAD=asan, ASAN_OPTIONS="detect_leaks=0")
+    proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                          env=env, cwd=Path(__file__).parents[3], timeout=300)
+    assert proc.returncode != 0 and "AddressSanitizer" in proc.stderr, proc.stderr[-2000:]
