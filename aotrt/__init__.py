@@ -19,6 +19,7 @@ from aotrt.dtypes import (DType, bfloat16, bool_, float16, float32, int8, int16,
                           uint8)
 from aotrt.errors import (AotrtError, CompileError, DeviceError, HazardError, InvalidArgument,
                           OutOfMemory, ProgramError, Unsupported)
+from aotrt.limits import Limits
 from aotrt.program import Program, ProgramBuilder
 from aotrt.runtime.delegate import Delegate, load
 from aotrt.runtime.public import Tensor
@@ -61,7 +62,7 @@ class _Package(types.ModuleType):
 sys.modules[__name__].__class__ = _Package
 
 __all__ = [
-    "export", "load", "Program", "ProgramBuilder", "Delegate", "Tensor", "DType",
+    "export", "load", "Program", "ProgramBuilder", "Delegate", "Tensor", "DType", "Limits",
     "float32", "float16", "bfloat16", "int64", "int32", "int16", "int8", "uint8", "bool_",
     "errors", "AotrtError", "InvalidArgument", "OutOfMemory", "CompileError", "DeviceError",
     "ProgramError", "HazardError", "Unsupported",

@@ -20,8 +20,9 @@ from typing import Any, Mapping, Sequence
 import numpy as np
 
 from aotrt import dtypes
-from aotrt.errors import AotrtError, InvalidArgument, ProgramError
+from aotrt.errors import AotrtError, InvalidArgument, ProgramError, Unsupported
 from aotrt.kernels import ir
+from aotrt.limits import DEFAULT as DEFAULT_LIMITS, Limits
 from aotrt.runtime.tensor import contiguous_strides, is_packed
 from aotrt.runtime.tensor import numel_of as numel
 from aotrt.kernels.bounds import kernel_accesses, walk as _walk
@@ -123,6 +124,24 @@ def _dims(sizes: Any, strides: Any, where: str) -> tuple[tuple[int, ...], tuple[
     return sz, st
 
 
+def _limits(limits: Any) -> Limits:
+    if limits is None:
+        return DEFAULT_LIMITS
+    if not isinstance(limits, Limits):
+        raise InvalidArgument(f"limits: expected an aotrt.Limits, got {type(limits).__name__}")
+    return limits
+
+
+def _within(value: int, limits: Limits, field: str, what: str) -> None:
+    """Refuse `value` over `limits.<field>`, saying how a caller who trusts it raises it."""
+    cap = getattr(limits, field)
+    if value > cap:
+        shown = f"{value}" if value < 1 << 80 else f"more than 2**80"
+        raise ProgramError(f"{what}: {shown} exceeds the load limit {field}={cap} "
+                           f"(docs/limits.md); to load it anyway, raise the limit: "
+                           f"aotrt.load(..., limits=aotrt.Limits({field}=...))")
+
+
 def extent(sizes: Sequence[int], strides: Sequence[int], itemsize: int) -> tuple[int, int]:
     """[lo, hi) bytes relative to element 0 that a view with non-negative strides touches."""
     if numel(sizes) == 0:
@@ -172,6 +191,11 @@ class Program:
 
     def to_json(self) -> dict[str, Any]:
         """The JSON document (without the constants' data)."""
+        doc = self._doc_without_kernels()
+        doc["kernels"] = [ir.to_json(k) for k in self.kernels]
+        return doc
+
+    def _doc_without_kernels(self) -> dict[str, Any]:
         return {
             "format": FORMAT,
             "version": self.version,
@@ -182,14 +206,16 @@ class Program:
                            "shape": list(v.shape)} for k, v in self.constants.items()],
             "arena": {"nbytes": self.arena_nbytes},
             "tensors": self.tensors,
-            "kernels": [ir.to_json(k) for k in self.kernels],
+            "kernels": [],
             "instructions": self.instructions,
             "outputs_tensors": self.outputs_tensors,
         }
 
     @classmethod
-    def from_json(cls, doc: Any, arrays: Mapping[str, np.ndarray]) -> "Program":
+    def from_json(cls, doc: Any, arrays: Mapping[str, np.ndarray],
+                  limits: Limits | None = None) -> "Program":
         """Build and validate a Program from a JSON document and its constants' data."""
+        lim = _limits(limits)
         doc = _dict(doc, "document", set(_TOP_KEYS))
         if doc["format"] != FORMAT:
             raise _fail("format", f"expected {FORMAT!r}, got {doc['format']!r}"[:200])
@@ -219,7 +245,9 @@ class Program:
             raise _fail("constants", f"tensors {sorted(extra)[:5]} in the file are not listed")
         arena = _dict(doc["arena"], "arena", {"nbytes"})
         kernels = []
-        for i, kj in enumerate(_list(doc["kernels"], "kernels")):
+        # Counted before the kernels are parsed: each one is a compile unit.
+        _within(len(_list(doc["kernels"], "kernels")), lim, "max_kernels", "kernels")
+        for i, kj in enumerate(doc["kernels"]):
             kernels.append(_parse_kernel(kj, f"kernels[{i}]"))
         prov = doc["provenance"]
         if not isinstance(prov, dict) or not all(isinstance(v, str) for v in prov.values()):
@@ -230,7 +258,7 @@ class Program:
                    instructions=_list(doc["instructions"], "instructions"),
                    outputs_tensors=_list(doc["outputs_tensors"], "outputs_tensors"),
                    provenance=prov, version=VERSION)
-        prog.validate()
+        prog.validate(lim)
         return prog
 
     def save(self, path: str | os.PathLike) -> None:
@@ -251,17 +279,20 @@ class Program:
                 os.unlink(tmp)
 
     @classmethod
-    def load(cls, path: str | os.PathLike) -> "Program":
-        """Read and validate a program file; raise ProgramError saying what and where."""
+    def load(cls, path: str | os.PathLike, limits: Limits | None = None) -> "Program":
+        """Read and validate a program file (within `limits`, default aotrt.limits.DEFAULT);
+        raise ProgramError saying what and where."""
         try:
             data = Path(path).read_bytes()
         except OSError as e:
             raise ProgramError(f"{path}: cannot read program file: {e}") from None
-        return cls.loads(data, str(path))
+        return cls.loads(data, str(path), limits)
 
     @classmethod
-    def loads(cls, data: bytes, name: str = "<bytes>") -> "Program":
+    def loads(cls, data: bytes, name: str = "<bytes>",
+              limits: Limits | None = None) -> "Program":
         """Read and validate a program from the bytes of a file."""
+        lim = _limits(limits)
         try:
             meta, arrays = read_safetensors(data)
             if METADATA_KEY not in meta:
@@ -271,16 +302,18 @@ class Program:
                 doc = json.loads(meta[METADATA_KEY])
             except (ValueError, RecursionError) as e:
                 raise ProgramError(f"the program document is not valid JSON: {e}"[:300]) from None
-            return cls.from_json(doc, arrays)
+            return cls.from_json(doc, arrays, lim)
         except ProgramError as e:
             raise ProgramError(f"{name}: {e}") from None
 
     # -- validation ---------------------------------------------------------------------------
 
-    def validate(self) -> None:
-        """Check every field (docs/PROGRAM.md); raise ProgramError naming what and where."""
+    def validate(self, limits: Limits | None = None) -> None:
+        """Check every field (docs/PROGRAM.md) and the budget (docs/limits.md); raise
+        ProgramError naming what and where."""
+        lim = _limits(limits)
         try:
-            _Validator(self).run()
+            _Validator(self, lim).run()
         except ProgramError:
             raise
         except (AotrtError, TypeError, ValueError, KeyError, AttributeError,
@@ -351,8 +384,15 @@ def _parse_kernel(kj: Any, where: str) -> ir.Kernel:
 class _Validator:
     """One pass over a Program; every message names the field it is about."""
 
-    def __init__(self, prog: Program) -> None:
+    def __init__(self, prog: Program, limits: Limits) -> None:
         self.p = prog
+        self.lim = limits
+        #: elementary steps of one run (docs/limits.md), summed over the instructions
+        self.work = 0
+        #: output index -> the byte sets instructions write into it (see _Write)
+        self.writes: dict[int, list[_Write]] = {}
+        #: kernel name -> kernel_accesses(kernel), computed once however many use it
+        self.accesses: dict[str, list] = {}
 
     def run(self) -> None:
         p = self.p
@@ -368,15 +408,25 @@ class _Validator:
         self._constants()
         _int(p.arena_nbytes, "arena.nbytes")
         self.roots = p.root_nbytes()
+        lim = self.lim
+        _within(sum(sum(v) for v in self.roots.values()), lim, "max_memory_bytes",
+                "memory bytes (arena + constants + inputs + outputs)")
+        _within(len(_list(p.kernels, "kernels")), lim, "max_kernels", "kernels")
+        _within(len(_list(p.instructions, "instructions")), lim, "max_instructions",
+                "instructions")
         self.tensors = [self._tensor(t, f"tensors[{i}]") for i, t in enumerate(
             _list(p.tensors, "tensors"))]
         self._kernels()
         for i, ins in enumerate(_list(p.instructions, "instructions")):
             self._instruction(ins, i)
+        _within(self.work, lim, "max_work", "work of one run (elementary steps)")
         self._outputs_tensors()
-        # The file must round-trip through JSON exactly as the delegate will see it.
+        self._coverage()
+        # The file must round-trip through JSON exactly as the delegate will see it. The
+        # kernels are left out: their every node was type-checked above, and expanding a
+        # shared IR graph into a tree could take exponential time.
         try:
-            json.dumps(p.to_json(), allow_nan=False)
+            json.dumps(p._doc_without_kernels(), allow_nan=False)
         except (TypeError, ValueError) as e:
             raise _fail("document", f"not serializable as JSON: {e}") from None
 
@@ -450,6 +500,8 @@ class _Validator:
 
     def _kernels(self) -> None:
         self.kernel_by_name: dict[str, ir.Kernel] = {}
+        self.iterations: dict[str, int] = {}
+        nodes = 0
         for i, k in enumerate(_list(self.p.kernels, "kernels")):
             if not isinstance(k, ir.Kernel):
                 raise _fail(f"kernels[{i}]", f"expected an ir.Kernel, got {type(k).__name__}")
@@ -463,6 +515,12 @@ class _Validator:
                 raise _fail(f"kernels[{i}]", f"duplicate kernel name {k.name!r}")
             _check_kernel_types(k, f"kernels[{i}] {k.name}")
             self.kernel_by_name[k.name] = k
+            n, iters = kernel_cost(k, self.lim.max_kernel_iterations)
+            nodes += n
+            _within(nodes, self.lim, "max_ir_nodes", f"kernels[{i}] {k.name}: IR nodes so far")
+            _within(iters, self.lim, "max_kernel_iterations",
+                    f"kernels[{i}] {k.name}: loop iterations")
+            self.iterations[k.name] = iters
 
     def _instruction(self, ins: Any, i: int) -> None:
         w = f"instructions[{i}]"
@@ -489,10 +547,14 @@ class _Validator:
             if a[3] is not b[3] or a[4] != b[4]:
                 raise _fail(w, f"dst tensor {dst} is {a[3].name}{list(a[4])} but src tensor "
                                f"{src} is {b[3].name}{list(b[4])}")
+            self.work += numel(a[4])
+            self._wrote_view(dst)
         else:
             dst = self._tid(ins["dst"], f"{w}.dst")
             self._writable(dst, f"{w}.dst")
             _int(ins["byte"], f"{w}.byte", 0, 256)
+            self.work += numel(self.tensors[dst][4])
+            self._wrote_view(dst)
 
     def _kernel_instruction(self, ins: dict, w: str) -> None:
         name = _str(ins["name"], f"{w}.name")
@@ -511,7 +573,10 @@ class _Validator:
                                               f"is {t[3].name}")
             if "w" in arg.mode:
                 self._writable(tid, f"{w}.args[{j}]")
-        for arg, rng, is_store in kernel_accesses(k):
+        self.work += self.iterations[name]
+        if name not in self.accesses:
+            self.accesses[name] = kernel_accesses(k)
+        for arg, rng, is_store in self.accesses[name]:
             if rng is None:
                 continue
             tid = tids[arg]
@@ -526,17 +591,36 @@ class _Validator:
                                f"[{rng[0]}, {rng[1]}], outside the view's [0, "
                                f"{hi_b // dt.itemsize}); clamp data-dependent indices with "
                                f"minimum/maximum so that the bound is provable")
+        if k.numel == 0:
+            return
+        for st in k.stores:
+            root, index, off, dt, _, _ = self.tensors[tids[st.arg]]
+            if root != "output":
+                continue
+            form = affine_index(st.index, len(k.shape))
+            if form is None:
+                continue            # a store we cannot describe proves nothing written
+            coefs, c0 = form
+            start, dims = off + c0 * dt.itemsize, []
+            for d, c in coefs.items():
+                n = k.shape[d]
+                if c < 0:           # the same set of elements, walked the other way
+                    start += c * (n - 1) * dt.itemsize
+                dims.append((n, abs(c) * dt.itemsize))
+            self._wrote(index, _Write(start, dims, dt.itemsize))
 
     def _library_instruction(self, ins: dict, w: str) -> None:
         fn = _str(ins["fn"], f"{w}.fn")
         if not fn.isidentifier():
             raise _fail(f"{w}.fn", f"{fn!r} is not a library op name"[:200])
         outs = _list(ins["outs"], f"{w}.outs")
+        out_ids = []
         for j, o in enumerate(outs):
             tid = self._tid(o, f"{w}.outs[{j}]")
             self._writable(tid, f"{w}.outs[{j}]")
-        for j, x in enumerate(_list(ins["ins"], f"{w}.ins")):
-            self._tid(x, f"{w}.ins[{j}]", nullable=True)
+            out_ids.append(tid)
+        in_ids = [self._tid(x, f"{w}.ins[{j}]", nullable=True)
+                  for j, x in enumerate(_list(ins["ins"], f"{w}.ins"))]
         params = ins.get("params", {})
         if not isinstance(params, dict):
             raise _fail(f"{w}.params", f"expected an object, got {type(params).__name__}")
@@ -545,6 +629,57 @@ class _Validator:
                                                                                 "ins"):
                 raise _fail(f"{w}.params", f"bad parameter name {key!r}"[:200])
             _json_value(value, f"{w}.params.{key}")
+        cost = self._library_check(fn, out_ids, in_ids, params, w)
+        self.work += cost.work
+        _within(cost.scratch_bytes, self.lim, "max_scratch_bytes", f"{w} {fn}: scratch bytes")
+        for tid in out_ids:
+            self._wrote_view(tid)
+
+    def _library_check(self, fn: str, outs: list[int], ins: list[int | None], params: dict,
+                       w: str) -> Any:
+        """The library op's own metadata check (contract C3), as ProgramError at `w`."""
+        from aotrt.runtime.ops import TensorMeta, check
+
+        def meta(tid: int | None) -> Any:
+            if tid is None:
+                return None
+            _, _, _, dt, sz, st = self.tensors[tid]
+            return TensorMeta(dt.name, sz, st)
+
+        try:
+            return check(fn, [meta(t) for t in outs], [meta(t) for t in ins], params)
+        except Unsupported as e:
+            unknown = "is not in this runtime" in str(e)
+            raise _fail(f"{w}.fn" if unknown else _op_field(w, fn, str(e)), str(e)) from None
+        except InvalidArgument as e:
+            raise _fail(_op_field(w, fn, str(e)), _op_message(fn, str(e))) from None
+
+    # -- output coverage ----------------------------------------------------------------------
+
+    def _wrote_view(self, tid: int) -> None:
+        """Record that an instruction writes every element of tensor `tid`."""
+        root, index, off, dt, sz, st = self.tensors[tid]
+        if root != "output" or numel(sz) == 0:
+            return
+        dims = [(n, s * dt.itemsize) for n, s in zip(sz, st) if n > 1 and s != 0]
+        self._wrote(index, _Write(off, dims, dt.itemsize))
+
+    def _wrote(self, index: int, write: "_Write") -> None:
+        self.writes.setdefault(index, []).append(write)
+
+    def _coverage(self) -> None:
+        """Refuse a program that returns an output with a byte no instruction writes (it
+        would hand back whatever that memory held: another run's or delegate's data)."""
+        for k, nbytes in enumerate(self.roots["output"]):
+            if nbytes == 0:
+                continue
+            where = f"outputs[{k}] {self.outputs[k][0]!r}"
+            first = _first_unwritten(self.writes.get(k, []), nbytes, self.lim, where)
+            if first is not None:
+                raise _fail(where, f"byte {first} of its {nbytes} is never written by any "
+                                   f"instruction (kernel stores count only where their index "
+                                   f"is affine in the loop indices); the program would return "
+                                   f"whatever that memory held")
 
     def _outputs_tensors(self) -> None:
         ots = _list(self.p.outputs_tensors, "outputs_tensors")
@@ -559,6 +694,207 @@ class _Validator:
                     any(a != b for n, a, b in zip(sz, st, ost) if n > 1):
                 raise _fail(w, f"tensor {tid} must be the whole of output {k} ({odt.name}"
                                f"{list(osz)} strides {list(ost)} at byte 0)")
+
+
+def _op_field(w: str, fn: str, msg: str) -> str:
+    """The field path of a library op's complaint "fn: name: ..." (name a param, outs[j],
+    ins[j], params, or a role such as x or bias, which stays in the message)."""
+    rest = msg[len(fn) + 2:] if msg.startswith(f"{fn}: ") else msg
+    field = rest.split(": ", 1)[0] if ": " in rest else ""
+    base = field.split("[", 1)[0]
+    if base in ("outs", "ins", "params"):
+        return f"{w}.{field}"
+    if base.isidentifier() and field.replace(base, "", 1).strip("[]0123456789") == "" and \
+            base in _KNOWN_PARAMS:
+        return f"{w}.params.{field}"
+    return w
+
+
+def _op_message(fn: str, msg: str) -> str:
+    return f"library op {msg}"[:400]
+
+
+#: every library op param name (aotrt/runtime/ops docstring): these name params, not tensors
+_KNOWN_PARAMS = frozenset({
+    "beta", "alpha", "stride", "padding", "dilation", "transposed", "output_padding", "groups",
+    "dropout_p", "is_causal", "scale", "enable_gqa", "k", "dim", "largest", "sorted",
+    "kernel_size", "ceil_mode", "output_size", "scale_factors"})
+
+
+class _Write:
+    """The bytes one instruction writes into an output: {start + sum(i_d * stride_d) + b}
+    for 0 <= i_d < n_d and 0 <= b < itemsize; strides are >= 0 (bytes)."""
+
+    __slots__ = ("start", "dims", "itemsize")
+
+    def __init__(self, start: int, dims: list[tuple[int, int]], itemsize: int) -> None:
+        self.start = start
+        # Dims of one element or stride 0 add no bytes; the byte dim comes first.
+        self.dims = sorted([(itemsize, 1)] + [(n, s) for n, s in dims if n > 1 and s > 0],
+                           key=lambda d: d[1])
+        self.itemsize = itemsize
+
+    def end(self) -> int:
+        """One past the last byte."""
+        return self.start + sum((n - 1) * s for n, s in self.dims) + 1
+
+    def dense(self) -> bool:
+        """Whether the set is the whole interval [start, end())."""
+        want = 1
+        for n, s in self.dims:
+            if s != want:
+                return False
+            want = n * s
+        return True
+
+    def count(self) -> int:
+        """Bytes visited when marking (with repeats where dims overlap)."""
+        c = 1
+        for n, _ in self.dims:
+            c *= n
+        return c
+
+
+def _first_unwritten(writes: list[_Write], nbytes: int, lim: Limits,
+                     where: str) -> int | None:
+    """The first byte of [0, nbytes) that no write covers (None: all are written). Dense
+    writes are merged as intervals; the rest are marked in a byte map by numpy strides."""
+    inside = [w for w in writes if w.start >= 0 and w.end() <= nbytes]
+    spans = sorted((w.start, w.end()) for w in inside if w.dense())
+    reach = 0
+    for a, b in spans:
+        if a > reach:
+            break
+        reach = max(reach, b)
+    if reach >= nbytes:
+        return None
+    sparse = [w for w in inside if not w.dense()]
+    if not sparse:
+        return reach
+    _within(nbytes, lim, "max_coverage_bytes", f"{where}: bytes to map (its writes are not "
+                                               f"whole views)")
+    seen = np.zeros(nbytes, dtype=np.bool_)
+    for a, b in spans:
+        seen[a:b] = True
+    for w in sparse:
+        # Heavily overlapping strides would cost far more than the bytes they cover:
+        # skipping a write only ever refuses more (sound).
+        if w.count() > 16 * nbytes + (1 << 20):
+            continue
+        shape = tuple(n for n, _ in w.dims)
+        strides = tuple(s for _, s in w.dims)
+        view = np.lib.stride_tricks.as_strided(seen[w.start:], shape, strides, writeable=True)
+        view[...] = True
+    if seen.all():
+        return None
+    return int(np.argmin(seen))
+
+
+def affine_index(e: ir.Expr, ndim: int) -> tuple[dict[int, int], int] | None:
+    """`e` as sum(coef[d] * Idx(d)) + c0 over outer dims d < ndim, exactly as int64 computes
+    it, or None when it is not of that form. Only int64 add, sub, neg, mul by a constant and
+    int64 casts of int64 values: these wrap modulo 2**64 like the integers, so a result that
+    lies in range equals the true affine value."""
+    memo: dict[int, Any] = {}
+    stack: list[tuple[Any, bool]] = [(e, False)]
+    big = 1 << 64
+    while stack:
+        node, ready = stack.pop()
+        if id(node) in memo:
+            continue
+        kids = ir.children(node) if isinstance(node, ir.Op) else ()
+        if not ready and kids:
+            stack.append((node, True))
+            stack.extend((c, False) for c in kids if id(c) not in memo)
+            continue
+        memo[id(node)] = _affine_node(node, ndim, [memo[id(c)] for c in kids], big)
+    return memo[id(e)]
+
+
+def _affine_node(e: Any, ndim: int, args: list, big: int) -> Any:
+    if getattr(e, "dtype", None) != "int64":
+        return None
+    if isinstance(e, ir.Idx):
+        return ({e.dim: 1}, 0) if e.dim < ndim else None
+    if isinstance(e, ir.Const):
+        v = e.value
+        return ({}, v) if isinstance(v, int) and not isinstance(v, bool) else None
+    if not isinstance(e, ir.Op) or any(a is None for a in args):
+        return None
+    if e.op == "cast" and len(args) == 1 and e.args[0].dtype == "int64":
+        return args[0]
+    if e.op == "neg" and len(args) == 1:
+        out = ({d: -c for d, c in args[0][0].items()}, -args[0][1])
+    elif e.op in ("add", "sub") and len(args) == 2:
+        sign = 1 if e.op == "add" else -1
+        (ca, a0), (cb, b0) = args
+        co = dict(ca)
+        for d, c in cb.items():
+            co[d] = co.get(d, 0) + sign * c
+        out = ({d: c for d, c in co.items() if c}, a0 + sign * b0)
+    elif e.op == "mul" and len(args) == 2:
+        (ca, a0), (cb, b0) = args
+        if ca and cb:
+            return None
+        (co, c0), m = ((ca, a0), b0) if not cb else ((cb, b0), a0)
+        out = ({d: c * m for d, c in co.items() if c * m}, c0 * m)
+    else:
+        return None
+    # Beyond 2**64 the final value cannot be an index of a view: give up (sound).
+    if abs(out[1]) >= big or any(abs(c) >= big for c in out[0].values()):
+        return None
+    return out
+
+
+def kernel_cost(k: ir.Kernel, cap: int) -> tuple[int, int]:
+    """(distinct IR nodes, loop iterations) of a kernel, in time linear in its nodes.
+
+    Iterations: the outer elements, each running every Reduce's loop over the reduce domain;
+    a Reduce nested in another's body runs once per enclosing iteration (rnumel ** depth).
+    Saturates just above `cap`, so no power is ever computed in full.
+    """
+    order: list[Any] = []       # post-order: operands before users
+    done: set[int] = set()
+    stack: list[tuple[Any, bool]] = [(s, False) for s in k.stores]
+    while stack:
+        node, ready = stack.pop()
+        if id(node) in done:
+            continue
+        if not ready:
+            stack.append((node, True))
+            stack.extend((c, False) for c in ir.children(node) if id(c) not in done)
+            continue
+        done.add(id(node))
+        order.append(node)
+    # depth: the most Reduce nodes on a path from a store down to the node, itself included.
+    depth: dict[int, int] = {}
+    for node in reversed(order):
+        d = depth.get(id(node), 0) + (1 if isinstance(node, ir.Reduce) else 0)
+        depth[id(node)] = d
+        for c in ir.children(node):
+            if depth.get(id(c), 0) < d:
+                depth[id(c)] = d
+    rn = max(numel(k.rshape), 1)
+    per = 1
+    for node in order:
+        if isinstance(node, ir.Reduce):
+            per += _sat_pow(rn, depth[id(node)], cap + 1)
+            if per > cap:
+                break
+    outer = numel(k.shape)
+    total = 0 if outer == 0 else outer * per if per <= cap else cap + 1
+    return len(order), min(total, cap + 1)
+
+
+def _sat_pow(base: int, exp: int, ceiling: int) -> int:
+    if base <= 1:
+        return base if exp else 1
+    out = 1
+    for _ in range(exp):
+        out *= base
+        if out >= ceiling:
+            return ceiling
+    return out
 
 
 _EXPR_TYPES = (ir.Const, ir.Idx, ir.Load, ir.Op, ir.Reduce)

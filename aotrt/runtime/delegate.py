@@ -24,6 +24,7 @@ import numpy as np
 from aotrt import dtypes
 from aotrt.dtypes import DType
 from aotrt.errors import AotrtError, InvalidArgument, Unsupported
+from aotrt.limits import Limits
 from aotrt.program import Program, extent
 from aotrt.runtime import dlpack, shims
 from aotrt.runtime.device import (Device, KernelLibrary, Stream, StreamOptions, default_device,
@@ -89,11 +90,14 @@ class Delegate:
     """A program loaded on a device: `run` it as often as needed, then `close` it."""
 
     def __init__(self, program: Program, device: Any = None, check_hazards: bool = False,
-                 cuda_graph: bool = False) -> None:
-        """Load `program` (validated) onto `device` (None: cuda if present, else cpu)."""
+                 cuda_graph: bool = False, limits: Limits | None = None) -> None:
+        """Validate `program` within `limits` (aotrt.Limits; None: the defaults) and load it
+        onto `device` (None: cuda if present, else cpu)."""
         if not isinstance(program, Program):
             raise InvalidArgument(f"program: expected an aotrt.Program, got "
                                   f"{type(program).__name__}")
+        # A Program is mutable: what runs is checked here, not where it was read.
+        program.validate(limits)
         if not isinstance(check_hazards, bool):
             raise InvalidArgument(f"check_hazards: expected a bool, got {check_hazards!r}")
         if not isinstance(cuda_graph, bool):
@@ -139,6 +143,9 @@ class Delegate:
         prog, dev, stream = self.program, self.device, self._stream
         u8 = dtypes.uint8
         arena = shims.empty_strided([prog.arena_nbytes], [1], u8, dev)
+        # Pooled memory may hold a previous owner's data: zeroed once here, so no program
+        # can read another delegate's tensors from bytes it reads before writing.
+        stream.fill(arena, 0)
         arrays = list(prog.constants.values())
         calloc, offsets = dev.memory.allocate_constants([int(a.nbytes) for a in arrays], stream,
                                                         self._owner)
@@ -675,21 +682,22 @@ def _host_view(imp: dlpack.Imported) -> np.ndarray:
 
 
 def load(prog_or_path: Any, device: Any = None, check_hazards: bool = False,
-         cuda_graph: bool = False) -> Delegate:
+         cuda_graph: bool = False, limits: Limits | None = None) -> Delegate:
     """Load a Program (or a .aotp path) as a Delegate on `device` (None: cuda if present).
 
     `cuda_graph=True` (cuda only) captures the whole run as one CUDA graph on the first run
     and replays it afterwards: inputs are copied into static buffers and outputs out of them.
+    `limits` (aotrt.Limits, docs/limits.md) is the load-time budget; None: the defaults.
     """
     if isinstance(prog_or_path, Program):
-        prog_or_path.validate()
-        prog = prog_or_path
+        prog = prog_or_path         # the Delegate validates it
     elif isinstance(prog_or_path, (str, os.PathLike)):
-        prog = Program.load(prog_or_path)
+        prog = Program.load(prog_or_path, limits)
     else:
         raise InvalidArgument(f"prog_or_path: expected an aotrt.Program or a path, got "
                               f"{type(prog_or_path).__name__}")
-    return Delegate(prog, device=device, check_hazards=check_hazards, cuda_graph=cuda_graph)
+    return Delegate(prog, device=device, check_hazards=check_hazards, cuda_graph=cuda_graph,
+                    limits=limits)
 
 
 __all__ = ["Delegate", "load", "library_ops"]
