@@ -485,3 +485,68 @@ def test_delegate_runs_on_cuda_with_and_without_graphs(graph) -> None:
             got = torch.from_dlpack(out)
             assert got.device.type == "cuda"
             assert rel_err(got.cpu().numpy(), m(xc.cpu()).detach().numpy()) < 1e-4
+
+
+# -- library lifetime, cache, int64 grids (issue 7, items 6, 9, 10) --------------------------
+
+
+def test_launch_config_caps_the_grid_over_more_than_2_31_threads() -> None:
+    """A grid over 3 * 2^31 threads: the blocks are capped and the kernels grid-stride."""
+    import types
+
+    stub = types.SimpleNamespace(max_blocks=132 * 16, _configs={})
+    cfg = cuda_mod.CudaDevice.launch_config(stub, 3 << 31)
+    assert cfg.grid == (132 * 16, 1, 1)
+
+
+def test_kernels_over_more_than_2_31_elements_index_in_int64() -> None:
+    n = 3 << 31
+    k = ir.Kernel("k_huge", (n,), (), (ir.Arg("float32", "w"),),
+                  (ir.store(0, (1,), ir.const(1.0, "float32")),))
+    src = CudaRenderer().render([k])
+    assert "uint32_t" not in src.split("__global__")[-1]     # no 32-bit coordinates
+    assert "int64_t it = (int64_t)blockIdx.x * blockDim.x + threadIdx.x" in src
+    assert "it += step" in src
+
+
+@needs_gpu
+def test_closed_library_releases_its_module_and_refuses_kernels(tmp_path, monkeypatch) -> None:
+    monkeypatch.setenv("AOTRT_CACHE_DIR", str(tmp_path))
+    dev = get_device("cuda")
+    kept = len(dev._modules)
+    for i in range(20):                       # distinct programs: distinct modules
+        k = ir.Kernel(f"k_rel{i}", (8,), (), (ir.Arg("float32", "w"),),
+                      (ir.store(0, (1,), ir.const(float(i), "float32")),))
+        lib = dev.kernel_library([k])
+        s = dev.create_stream(StreamOptions(check_hazards=True))
+        h = shims.empty_strided([8], None, "float32", dev)
+        fn = lib.kernel(k.name)
+        fn(s, h)
+        np.testing.assert_array_equal(h.numpy(), np.full(8, float(i), np.float32))
+        lib.close()
+        assert lib.module is None
+        with pytest.raises(InvalidArgument, match="closed"):
+            fn(s, h)
+        shims.delete_tensor_object(h)
+        s.close()
+    assert len(dev._modules) == kept          # the device holds no program's module
+
+
+@needs_gpu
+@pytest.mark.parametrize("damage", ["truncate", "sidecar"])
+def test_a_damaged_cubin_is_rebuilt(tmp_path, monkeypatch, damage) -> None:
+    monkeypatch.setenv("AOTRT_CACHE_DIR", str(tmp_path))
+    dev = get_device("cuda")
+    src = 'extern "C" __global__ void aotrt_k0(float* p) { p[0] = 1.0f; }\n'
+    dev.compile_cubin(src, "probe", keep=False)
+    (path,) = tmp_path.glob("*.cubin")
+    side = path.with_name(path.name + ".sha256")
+    if damage == "truncate":
+        path.write_bytes(path.read_bytes()[:64])
+    else:
+        side.write_text("0" * 64)
+    module = dev.compile_cubin(src, "probe", keep=False)
+    assert module.get_kernel("aotrt_k0") is not None
+    import hashlib
+
+    assert hashlib.sha256(path.read_bytes()).hexdigest() == side.read_text().strip()
