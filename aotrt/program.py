@@ -993,7 +993,8 @@ def read_safetensors(data: bytes) -> tuple[dict[str, str], dict[str, np.ndarray]
         w = f"file tensor {name!r}"
         entry = _dict(entry, w, {"dtype", "shape", "data_offsets"})
         code = entry["dtype"]
-        if code not in _ST_DTYPES:
+        # A list or object here is unhashable: check the type before the lookup.
+        if not isinstance(code, str) or code not in _ST_DTYPES:
             raise _fail(w, f"unsupported safetensors dtype {code!r}"[:200])
         dt = _ST_DTYPES[code]
         shape = tuple(_int(s, f"{w}.shape[{j}]", 0, SIZE_LIMIT)
