@@ -32,6 +32,14 @@ with, per name (None marks an absent optional input):
 Params are JSON values (ints, floats, bools, lists, null); defaults follow aten. Unknown
 param names and wrong list lengths are refused with InvalidArgument.
 
+Load-time checks: `check(fn, outs, ins, params) -> OpCost` validates a call from metadata
+alone (`TensorMeta`: dtype name, sizes, strides), through the same per-op `check_<op>`
+function the op itself runs before recording (so both refuse with the same message), and
+returns its cost on the cpu implementation: elementary steps (`work`, with PY_STEP per
+python-level loop iteration) and the bytes of numpy temporaries (`scratch_bytes`), in exact
+python ints. Geometry params above int32 are refused; outputs whose elements alias (a zero
+stride over several elements) are refused. Every op writes all of its outputs.
+
 Devices: each op file keeps a table `{device name: make_work}` that `_common.launch`
 consults with the op's validated arguments; the cpu entry builds a closure for the stream's
 worker thread, the cuda entries live in `cuda/` (one file per op), and a device without an
