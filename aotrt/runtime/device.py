@@ -379,12 +379,7 @@ class KernelLibrary(ABC):
 
     def symbol(self, name: str) -> str:
         """The symbol of kernel `name` in the compiled code (aotrt's own, never the name)."""
-        from aotrt.kernels import render_c
-
-        make = getattr(render_c, "symbol", None)    # contract C1 (render_c.symbol)
-        if make is None:
-            return name
-        return make(list(self.kernels).index(name))
+        return self.symbols[name]
 
     def kernel(self, name: str) -> KernelFunction:
         """A new KernelFunction for kernel `name`."""

@@ -450,7 +450,9 @@ def test_unknown_library_op_is_unsupported_at_load() -> None:
     x = b.input("x", "float32", [2])
     o = b.output("o", "float32", [2])
     b.library("frobnicate", [o], [x])
-    with pytest.raises(Unsupported, match="library op 'frobnicate' is not in this runtime"):
+    # Checked when the program is validated at load (issue 7, item 12), naming the field.
+    with pytest.raises(ProgramError, match=r"instructions\[0\].*library op 'frobnicate' is "
+                                           r"not in this runtime"):
         aotrt.load(b.build())
 
 

@@ -166,7 +166,11 @@ class LoadedLibrary:
         try:
             self._flag: ctypes.c_int32 | None = ctypes.c_int32.in_dll(self._dll, "aotrt_error")
         except ValueError:
-            self._flag = None     # a renderer without the error flag (contract C2)
+            # Contract C2: every rendered library defines it; without it a kernel's error
+            # (a division by zero) would go unreported.
+            handle, self._dll = self._dll._handle, None
+            _ctypes.dlclose(handle)
+            raise CompileError(f"{path.name} defines no aotrt_error flag") from None
         self._cv = threading.Condition()
         self._busy = 0
         self.closed = False
@@ -195,10 +199,12 @@ class LoadedLibrary:
                 raise InvalidArgument(f"kernel {label}: its library is closed")
             fn = self._fns[symbol]
             flag = self._flag
+            if flag is None:
+                raise InvalidArgument(f"kernel {label}: its library is closed")
             self._busy += 1
         try:
             fn(ptrs, 0, n)
-            code = flag.value if flag is not None else 0
+            code = flag.value
             if code:
                 flag.value = 0
         finally:
@@ -229,10 +235,9 @@ class LoadedLibrary:
 
 
 def _kernel_error(code: int) -> str:
-    from aotrt.kernels import render_c
+    from aotrt.kernels.render_c import KERNEL_ERRORS
 
-    errors: dict[int, str] = getattr(render_c, "KERNEL_ERRORS", {})
-    return errors.get(code, f"error code {code}")
+    return KERNEL_ERRORS.get(code, f"error code {code}")
 
 
 class CpuKernelLibrary(KernelLibrary):

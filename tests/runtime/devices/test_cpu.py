@@ -281,10 +281,9 @@ class _HandWritten:
         self.make = make
 
     def render(self, kernels):
-        from aotrt.kernels import render_c
+        from aotrt.kernels.render_c import symbol
 
-        sym = getattr(render_c, "symbol", None)
-        return self.make([sym(i) if sym else k.name for i, k in enumerate(kernels)])
+        return self.make([symbol(i) for i in range(len(kernels))])
 
 
 def _int64_kernel(name: str) -> "Any":
@@ -373,10 +372,16 @@ def test_library_exports_only_its_kernel_symbols_and_the_error_flag(cpu, monkeyp
     out = subprocess.run(["nm", "-D", "--defined-only", str(lib.path)], capture_output=True,
                          text=True).stdout
     defined = {line.split()[-1] for line in out.splitlines() if line.strip()}
-    assert defined <= set(lib.exported()) and {lib.symbol(k.name) for k in ks} <= defined
-    assert not any(k.name in defined for k in ks) or all(
-        lib.symbol(k.name) == k.name for k in ks)   # names are labels once C1 lands
+    assert defined == {"aotrt_k0", "aotrt_k1", "aotrt_error"} == set(lib.exported())
     lib.close()
+
+
+def test_a_library_without_the_error_flag_is_a_compile_error(cpu, monkeypatch, tmp_path):
+    monkeypatch.setenv("AOTRT_CACHE_DIR", str(tmp_path))
+    monkeypatch.setattr(cpu, "renderer", _HandWritten(lambda syms: "#include <stdint.h>\n" +
+        "".join(f"void {s}(char **P, int64_t b, int64_t e) {{}}\n" for s in syms)))
+    with pytest.raises(CompileError, match="aotrt_error"):
+        cpu.kernel_library([_int64_kernel("k_noflag")])
 
 
 # -- the cache: unusable directories, corrupt entries (issue 7, item 9) ---------------------
