@@ -257,6 +257,8 @@ class CpuKernelLibrary(KernelLibrary):
             except OSError as e2:
                 raise CompileError(f"cannot load the kernel library {self.path}: {e2}") from None
         self._closer = weakref.finalize(self, self.loaded.close)
+        # At exit a daemon stream may still run a kernel: unmapping then buys nothing.
+        self._closer.atexit = False
 
     def exported(self) -> list[str]:
         """The names the library exports: each kernel's symbol and the error flag."""
