@@ -156,6 +156,8 @@ _SPECS: dict[str, _Spec] = {s.name: s for s in (
           (), ("output_size", "scale_factors")),
 )}
 
+SCRATCH_OVERHEAD = 4096
+
 OPS: dict[str, OpFn] = {name: _adapter(spec) for name, spec in _SPECS.items()}
 
 
@@ -178,7 +180,8 @@ def check(fn: str, outs: Sequence[TensorMeta], ins: Sequence[TensorMeta | None],
     # Nothing runs for outputs without elements (launch records nothing).
     if all(v.numel == 0 for v in o):
         return OpCost(0, 0)
-    return cost
+    # numpy array headers and small index vectors of any call.
+    return OpCost(cost.work, cost.scratch_bytes + SCRATCH_OVERHEAD)
 
 
 __all__ = ["OPS", "OpCost", "TensorMeta", "check", "mm", "bmm", "addmm", "linear",

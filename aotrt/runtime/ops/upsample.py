@@ -87,9 +87,11 @@ def check_upsample_nearest2d(out: Any, x: Any, output_size: Any = None,
                               f"{list(size)} sizes must be greater than 0")
     c.check_shape(op, out, "out", tuple(x.sizes[:2]) + tuple(size))
     fac = factors if factors is not None else (None, None)
-    # Index maps (8 bytes per output row and column) and the gathered copy of the output.
+    # Index maps (8 bytes per output row and column), the (rows, cols) index grid numpy's
+    # fancy indexing broadcasts them to, and the gathered copy of the output.
     cost = c.OpCost(2 * out.numel + size[0] + size[1],
-                    8 * (size[0] + size[1]) * 2 + out.numel * out.dtype.itemsize)
+                    8 * (size[0] + size[1]) * 2 + 16 * size[0] * size[1]
+                    + out.numel * out.dtype.itemsize)
     return (size, fac), cost  # type: ignore[return-value]
 
 
