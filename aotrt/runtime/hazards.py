@@ -95,10 +95,26 @@ def check_host_access(alloc: "Allocation", write: bool, what: str) -> None:
                 f"#{stream.completed_seq}) and no wait")
 
 
-def check_free(alloc: "Allocation", what: str) -> None:
-    """Raise if `alloc` is freed or recycled while checked work on it may still run."""
+def free_hazard(alloc: "Allocation", what: str) -> HazardError | None:
+    """The error for freeing `alloc` now, if checked work on it was recorded and not committed.
+
+    The memory layer waits before it frees, so a free is never unsafe here; but a free
+    under work the caller has not even committed only works because that wait commits the
+    caller's open command buffer for it, and on a device whose free does not wait (the
+    anchor's) it is a use after free. Committed work is the stream's to finish: the wait
+    in the free covers it, which is how a delegate's run hands back the caller's arrays.
+    Memory calls this before its wait (after the wait nothing would be pending).
+    """
     for stream, (last, _) in list(alloc.uses.items()):
-        if stream.hazards.enabled and last > stream.completed_seq:
-            raise HazardError(
+        if stream.hazards.enabled and last > stream.submitted_seq and not stream.closed:
+            return HazardError(
                 f"{what} of {alloc.describe()} while command #{last} on {stream!r} may "
-                f"still use it (completed #{stream.completed_seq})")
+                f"still use it (not committed; completed #{stream.completed_seq})")
+    return None
+
+
+def check_free(alloc: "Allocation", what: str) -> None:
+    """Raise if `alloc` is freed or recycled while checked work on it is still uncommitted."""
+    err = free_hazard(alloc, what)
+    if err is not None:
+        raise err

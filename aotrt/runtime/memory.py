@@ -37,6 +37,11 @@ def _round_up(n: int, to: int = ALIGN) -> int:
     return (n + to - 1) // to * to
 
 
+def _raise(err: BaseException | None) -> None:
+    if err is not None:
+        raise err
+
+
 @dataclass(frozen=True)
 class PoolOptions:
     """Pool policy: best fit within bounded headroom, LRU-capped, oversize not pooled."""
@@ -424,18 +429,22 @@ class Memory:
             a.freed = True
             if a.kind == "region":
                 # Borrowed memory goes back to its owner only once queued work is done with it.
+                # The checker looks first: after the wait nothing would be pending.
+                hazard = hazards.free_hazard(a, "release of region")
                 a.settle()
-                hazards.check_free(a, "release of region")
                 a.keepalive = None
+                _raise(hazard)
                 return
             stream = a.stream
             if a.kind == "device" and stream is not None and self.pool.put(
                     a.block, stream, a.owner, a.uses):
                 return
+            hazard = hazards.free_hazard(a, "free")
             a.settle()
-            hazards.check_free(a, "free")
             self.device._free(a.block)
             self.raw_bytes -= a.block.nbytes
+            # Reported once the memory is safely gone, so a hazard leaks nothing.
+            _raise(hazard)
 
     def drop_owned(self, a: Allocation) -> None:
         """Free an owner's allocation (constants) once queued work is done with it."""
@@ -445,11 +454,12 @@ class Memory:
                 return
             self._remove(a)
             a.freed = True
+            hazard = hazards.free_hazard(a, "free of constants")
             a.settle()
-            hazards.check_free(a, "free of constants")
             if a.block is not None:
                 self.device._free(a.block)
                 self.raw_bytes -= a.block.nbytes
+            _raise(hazard)
 
     # -- regions ------------------------------------------------------------------------------
 

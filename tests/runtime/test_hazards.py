@@ -10,7 +10,7 @@ import pytest
 from aotrt.errors import HazardError
 from aotrt.runtime import hazards, shims
 from aotrt.runtime.hazards import Access, HazardChecker, check_free, check_host_access
-from aotrt.runtime.memory import Allocation, Memory, PoolOptions, current_owner
+from aotrt.runtime.memory import Allocation, Memory, Owner, PoolOptions, current_owner
 from aotrt.runtime.tensor import Handle
 from tests.support import copy_kernel, iota, iota_kernel, kernel_fn, upload
 
@@ -289,3 +289,86 @@ def test_recording_work_on_freed_memory_is_a_hazard(dev, stream, owner):
     with pytest.raises(HazardError, match="uses freed allocation"):
         stream.record([acc], lambda: None, "late kernel")
     assert stream.is_empty
+
+
+# -- frees under pending work: the check runs before the memory layer's wait ------------------
+
+
+def _unpooled(dev, cpu_region: bool) -> tuple[Handle, str, np.ndarray | None]:
+    """A handle whose last delete frees memory outright (no pool), what the free is called,
+    and the host array behind it: a region over a numpy array (cpu), or device memory from
+    a Memory that pools nothing."""
+    from aotrt.dtypes import float32
+
+    if cpu_region:
+        arr = np.zeros(64, dtype=np.float32)
+        h = shims.create_tensor_from_blob(arr.ctypes.data, [64], None, 0, "float32", dev)
+        return h, "release of region", arr
+    a = Memory(dev, PoolOptions(cap_bytes=0)).allocate(256, dev.current_stream())
+    return Handle(a, 0, (64,), (1,), float32, dev, current_owner())._publish(), "free", None
+
+
+def _free_paths(dev):
+    """(region?, ...) cases that exist on `dev`: regions are host memory (cpu only)."""
+    return [True, False] if dev.name == "cpu" else [False]
+
+
+def test_free_with_uncommitted_work_is_a_hazard_on_every_free_path(dev, stream, owner):
+    """Work queued on a checked stream and not committed, then the memory's last handle goes:
+    HazardError naming the free; the memory is still freed, after the queued work ran."""
+    for region in _free_paths(dev):
+        h, what, arr = _unpooled(dev, region)
+        a = h.alloc
+        kernel_fn(dev, iota_kernel([64], [1]))(stream, h)
+        with pytest.raises(HazardError, match=f"^{what} of .* while command #\\d+ on "):
+            shims.delete_tensor_object(h)
+        # Waited, then freed: nothing leaks and nothing runs on memory that went.
+        assert a.freed and not a.busy() and a not in a.memory.live()
+        if arr is not None:
+            np.testing.assert_array_equal(arr, iota([64]))
+
+
+def test_free_of_constants_with_uncommitted_work_is_a_hazard(dev, stream, owner):
+    from aotrt.dtypes import float32
+
+    m = Memory(dev, PoolOptions(cap_bytes=0))
+    o = Owner("constants-hazard")
+    calloc, offs = m.allocate_constants([256], stream, o)
+    h = Handle(calloc, 0, (64,), (1,), float32, dev, current_owner())._publish()
+    kernel_fn(dev, iota_kernel([64], [1]))(stream, h)
+    with pytest.raises(HazardError, match="^free of constants of .* while command"):
+        m.drop_owned(calloc)
+    assert calloc.freed and not calloc.busy()
+    shims.delete_tensor_object(h)
+
+
+def test_free_after_a_commit_is_no_hazard_and_waits(dev, stream, owner):
+    """Committed work is the stream's to finish: the free waits for it (runs it, on a
+    deferred stream) and the bytes are written before they go."""
+    for region in _free_paths(dev):
+        h, _, arr = _unpooled(dev, region)
+        a = h.alloc
+        kernel_fn(dev, iota_kernel([64], [1]))(stream, h)
+        stream.commit()
+        shims.delete_tensor_object(h)
+        assert a.freed and not a.busy()
+        if arr is not None:
+            np.testing.assert_array_equal(arr, iota([64]))
+
+
+def test_free_without_the_checker_waits_safely(dev, owner):
+    from aotrt.runtime.device import StreamOptions
+
+    s = dev.create_stream(StreamOptions(deferred=True))
+    s.hazards.enabled = False
+    with dev.stream_guard(s):
+        for region in _free_paths(dev):
+            h, _, arr = _unpooled(dev, region)
+            a = h.alloc
+            kernel_fn(dev, iota_kernel([64], [1]))(s, h)
+            assert a.busy()
+            shims.delete_tensor_object(h)          # no HazardError: it waits instead
+            assert a.freed and not a.busy() and s.completed_seq == s.recorded_seq
+            if arr is not None:
+                np.testing.assert_array_equal(arr, iota([64]))
+    s.close()
