@@ -1,0 +1,1 @@
+"""Structure-aware fuzzing of program files against a plain numpy reference evaluator."""

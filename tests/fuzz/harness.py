@@ -1,0 +1,276 @@
+"""Run mutants in subprocess workers and classify each outcome.
+
+Outcomes: refused (an AotrtError at load or run), ran_equal, ran_different, raw_exception
+(any other exception), crash (the worker died of a signal), hang (over the per-mutant
+timeout), sanitizer (an AddressSanitizer/UBSan report), plus loaded_not_run (inputs the
+harness cannot make) and ran_unchecked (the reference cannot judge: too big, an op it does
+not model). A dead or hung worker is replaced and the harness goes on.
+
+    python -m tests.fuzz.harness --worker      # the worker loop (stdin/stdout, JSON lines)
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import os
+import select
+import signal
+import subprocess
+import sys
+import time
+import traceback
+from pathlib import Path
+from typing import Any, Iterable, Iterator
+
+import numpy as np
+
+OUTCOMES = ("refused", "ran_equal", "ran_different", "raw_exception", "crash", "hang",
+            "sanitizer", "loaded_not_run", "ran_unchecked")
+BAD = ("ran_different", "raw_exception", "crash", "hang", "sanitizer")
+INPUT_LIMIT = 16 << 20
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def make_inputs(prog: Any, seed: int) -> list[np.ndarray] | None:
+    """Fresh random inputs for a program's input specs (None when too big to make)."""
+    from aotrt import dtypes
+
+    rng = np.random.default_rng(seed)
+    out = []
+    for spec in prog.inputs:
+        dt = dtypes.as_dtype(spec["dtype"])
+        shape = tuple(spec["shape"])
+        n = int(np.prod(shape, dtype=object)) if shape else 1
+        if n * dt.itemsize > INPUT_LIMIT:
+            return None
+        if dt.name == "bool":
+            raw = rng.choice(np.array([0, 1, 1, 2, 200, 255], np.uint8), size=n)
+            arr = raw.view(np.bool_).reshape(shape)
+        elif dt.name in ("float32", "float16", "bfloat16"):
+            f = rng.standard_normal(n) * 3
+            special = rng.random(n)
+            f = np.where(special < 0.03, np.nan, f)
+            f = np.where((special > 0.03) & (special < 0.05), -0.0, f)
+            f = np.where((special > 0.05) & (special < 0.06), np.inf, f)
+            f = np.where((special > 0.06) & (special < 0.07), 1e30, f)
+            arr = f.astype(dt.np).reshape(shape)
+        else:
+            info = np.iinfo(dt.np)
+            edges = np.array([0, 1, -1, info.min, info.max, info.min + 1, info.max - 1],
+                             np.int64)
+            small = rng.integers(-9, 10, size=n)
+            pick = rng.random(n)
+            edge = edges[rng.integers(0, len(edges), size=n)]
+            v = np.where(pick < 0.12, edge, np.where(small == 0, 1 + rng.integers(0, 3, n),
+                                                     small))
+            v = np.where(pick > 0.985, 0, v)
+            arr = np.asarray(v).astype(dt.np).reshape(shape)
+        out.append(arr)
+    return out
+
+
+def judge(data: bytes, seed: int) -> dict[str, Any]:
+    """Load and run one mutant on cpu and compare it with the reference (in this process)."""
+    import aotrt
+    from aotrt.errors import AotrtError
+    from tests.fuzz import reference as R
+
+    res: dict[str, Any] = {"outcome": "", "detail": ""}
+    try:
+        prog = aotrt.Program.loads(data)
+    except AotrtError as e:
+        return {"outcome": "refused", "stage": "parse", "detail": str(e)[:200]}
+    except Exception as e:  # noqa: BLE001 - the finding itself
+        return {"outcome": "raw_exception", "stage": "parse",
+                "detail": f"{type(e).__name__}: {e}"[:300] + _tb()}
+    inputs = make_inputs(prog, seed)
+    if inputs is None:
+        return {"outcome": "loaded_not_run", "detail": "inputs too big"}
+    stage = "load"
+    try:
+        with aotrt.load(prog, device="cpu") as m:
+            stage = "run"
+            outs = m.run(*inputs)
+            got = [np.array(np.asarray(o)) for o in outs]
+    except AotrtError as e:
+        return {"outcome": "refused", "stage": stage, "detail": f"{type(e).__name__}: {e}"[:200]}
+    except Exception as e:  # noqa: BLE001 - the finding itself
+        return {"outcome": "raw_exception", "stage": stage,
+                "detail": f"{type(e).__name__}: {e}"[:300] + _tb()}
+    try:
+        ref = R.Reference(prog).run(inputs)
+    except R.RefRefusal as e:
+        return {"outcome": "ran_different", "stage": "reference",
+                "detail": f"runtime ran, but the reference refuses: {e}"[:300]}
+    except R.RefUnchecked as e:
+        return {"outcome": "ran_unchecked", "detail": str(e)[:200]}
+    except Exception as e:  # noqa: BLE001 - a harness bug, reported as such
+        return {"outcome": "raw_exception", "stage": "reference-bug",
+                "detail": f"{type(e).__name__}: {e}"[:300] + _tb()}
+    diff = R.compare(ref, got)
+    res["outcome"] = "ran_different" if diff else "ran_equal"
+    res["detail"] = diff
+    return res
+
+
+def _tb() -> str:
+    return " | " + " <- ".join(f"{Path(f.filename).name}:{f.lineno}"
+                               for f in traceback.extract_tb(sys.exc_info()[2])[-4:])
+
+
+def worker_main() -> None:
+    """Read {"id", "data", "seed"} lines on stdin, write {"id", ...result} lines."""
+    out = os.fdopen(os.dup(1), "w", buffering=1)
+    os.dup2(2, 1)       # anything else printed to stdout goes to the log, not the protocol
+    if os.environ.get("AOTRT_FUZZ_RLIMIT_AS"):
+        import resource
+        lim = int(os.environ["AOTRT_FUZZ_RLIMIT_AS"])
+        resource.setrlimit(resource.RLIMIT_AS, (lim, lim))
+    import aotrt  # noqa: F401 - import once, before the first mutant
+    for line in sys.stdin:
+        msg = json.loads(line)
+        t0 = time.perf_counter()
+        r = judge(base64.b64decode(msg["data"]), msg["seed"])
+        r["id"] = msg["id"]
+        r["seconds"] = round(time.perf_counter() - t0, 4)
+        out.write(json.dumps(r) + "\n")
+
+
+def sanitizer_env(env: dict[str, str]) -> dict[str, str]:
+    """Contract C5: ASan+UBSan kernels, libasan preloaded, leaks off."""
+    lib = subprocess.run(["cc", "-print-file-name=libasan.so"], capture_output=True,
+                         text=True).stdout.strip()
+    env = dict(env)
+    env["AOTRT_CC_SANITIZE"] = "address,undefined"
+    env["LD_PRELOAD"] = lib
+    env["ASAN_OPTIONS"] = ("detect_leaks=0:allocator_may_return_null=1:abort_on_error=0:"
+                           "max_allocation_size_mb=4096:handle_segv=1")
+    env["UBSAN_OPTIONS"] = "print_stacktrace=1:halt_on_error=1"
+    return env
+
+
+class Worker:
+    """One subprocess running `worker_main`, its stderr in a log file."""
+
+    def __init__(self, env: dict[str, str], log_dir: Path, n: int) -> None:
+        self.log = log_dir / f"worker-{n}-{time.monotonic_ns()}.log"
+        self.logf = open(self.log, "wb")
+        self.p = subprocess.Popen([sys.executable, "-m", "tests.fuzz.harness", "--worker"],
+                                  stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                  stderr=self.logf, env=env, cwd=ROOT)
+        self.busy: dict[str, Any] | None = None
+        self.t0 = 0.0
+        self.buf = b""
+
+    def send(self, job: dict[str, Any]) -> None:
+        """Hand one mutant to the worker."""
+        self.busy = job
+        self.t0 = time.monotonic()
+        msg = {"id": job["id"], "seed": job["seed"], "data": base64.b64encode(
+            job["data"]).decode()}
+        self.p.stdin.write((json.dumps(msg) + "\n").encode())
+        self.p.stdin.flush()
+
+    def stop(self) -> None:
+        """Kill this worker (only this process)."""
+        if self.p.poll() is None:
+            self.p.send_signal(signal.SIGKILL)
+        self.p.wait()
+        self.logf.close()
+
+    def log_tail(self, start: int = 0) -> str:
+        """The end of the worker's stderr."""
+        self.logf.flush()
+        try:
+            return self.log.read_bytes()[start:][-4000:].decode("utf-8", "replace")
+        except OSError:
+            return ""
+
+
+def run_jobs(jobs: Iterable[dict[str, Any]], workers: int = 2, timeout: float = 30.0,
+             sanitize: bool = False, log_dir: Path | None = None,
+             env: dict[str, str] | None = None) -> Iterator[dict[str, Any]]:
+    """Judge every job ({"id", "seed", "data", ...}) in `workers` subprocesses; yield results."""
+    env = dict(os.environ if env is None else env)
+    env["PYTHONPATH"] = str(ROOT) + os.pathsep + env.get("PYTHONPATH", "")
+    if sanitize:
+        env = sanitizer_env(env)
+    else:
+        env.setdefault("AOTRT_FUZZ_RLIMIT_AS", str(8 << 30))
+    log_dir = Path(log_dir or "/tmp")
+    log_dir.mkdir(parents=True, exist_ok=True)
+    it = iter(jobs)
+    pool = [Worker(env, log_dir, n) for n in range(workers)]
+    done = False
+    try:
+        while True:
+            for w in pool:
+                if w.busy is None and not done:
+                    job = next(it, None)
+                    if job is None:
+                        done = True
+                    else:
+                        w.log_pos = w.logf.tell() if not w.logf.closed else 0
+                        w.send(job)
+            active = [w for w in pool if w.busy is not None]
+            if not active:
+                return
+            ready, _, _ = select.select([w.p.stdout for w in active], [], [], 0.2)
+            now = time.monotonic()
+            for i, w in enumerate(pool):
+                if w.busy is None:
+                    continue
+                res = None
+                if w.p.stdout in ready:
+                    chunk = os.read(w.p.stdout.fileno(), 1 << 20)
+                    if chunk:
+                        w.buf += chunk
+                        if b"\n" in w.buf:
+                            line, w.buf = w.buf.split(b"\n", 1)
+                            res = json.loads(line)
+                            w.busy = None
+                    else:
+                        res = _death(w)
+                        pool[i] = Worker(env, log_dir, i)
+                if res is None and w.busy is not None and now - w.t0 > timeout:
+                    job = w.busy
+                    w.stop()
+                    res = {"id": job["id"], "outcome": "hang",
+                           "detail": f"no answer within {timeout} s"}
+                    pool[i] = Worker(env, log_dir, i)
+                if res is not None:
+                    yield res
+    finally:
+        for w in pool:
+            w.stop()
+
+
+def _death(w: Worker) -> dict[str, Any]:
+    job = w.busy
+    w.p.wait()
+    rc = w.p.returncode
+    tail = w.log_tail()
+    if "AddressSanitizer" in tail or "runtime error:" in tail or "UndefinedBehavior" in tail:
+        outcome = "sanitizer"
+    else:
+        outcome = "crash"
+    w.logf.close()
+    lines = [ln for ln in tail.splitlines() if ln.strip()]
+    key = next((ln for ln in lines if "ERROR: AddressSanitizer" in ln or "runtime error" in ln),
+               lines[-1] if lines else "")
+    return {"id": job["id"], "outcome": outcome, "detail": f"exit {rc}: {key[:300]}",
+            "log": str(w.log)}
+
+
+def table(counts: dict[str, int]) -> str:
+    """The outcome counts as a markdown table."""
+    rows = ["| outcome | count |", "|---|---|"]
+    rows += [f"| {k} | {counts.get(k, 0)} |" for k in OUTCOMES]
+    rows.append(f"| total | {sum(counts.values())} |")
+    return "\n".join(rows)
+
+
+if __name__ == "__main__":
+    if sys.argv[1:] == ["--worker"]:
+        worker_main()

@@ -1,0 +1,546 @@
+"""Seed programs and structure-aware mutators of program files.
+
+Seeds are small valid programs built with ProgramBuilder and the kernel IR: integer-heavy
+(gathers, clamps, division, casts, where, reductions, shifts), float pointwise, copy/fill and
+a library op. A mutant is a seed's file bytes changed at one to three places: raw header
+bytes, JSON values by type, list and dict structure, safetensors entries, constant data,
+truncation, or an IR node wrapped in a random op.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import random
+from typing import Any, Callable
+
+import numpy as np
+
+from aotrt.kernels import ir
+from aotrt.kernels.ir import Arg, Const, Idx, Kernel, Load, Op, Reduce, Store
+from aotrt.program import METADATA_KEY, Program, ProgramBuilder
+
+I64 = "int64"
+_ST_CODE = {"float32": "F32", "float16": "F16", "bfloat16": "BF16", "int64": "I64",
+            "int32": "I32", "int16": "I16", "int8": "I8", "uint8": "U8", "bool": "BOOL"}
+
+
+def _c(v: Any, dt: str = I64) -> Const:
+    return Const(v, dt)
+
+
+def _op(name: str, *args: ir.Expr, dt: str | None = None) -> Op:
+    return Op(name, tuple(args), dt or args[0].dtype)
+
+
+def _clamp(x: ir.Expr, lo: int, hi: int) -> ir.Expr:
+    return _op("minimum", _op("maximum", x, _c(lo)), _c(hi))
+
+
+def _k(name: str, shape: tuple, args: tuple, stores: tuple, rshape: tuple = ()) -> Kernel:
+    return Kernel(name, shape, rshape, args, stores)
+
+
+# ---------------------------------------------------------------------------------------------
+# seeds
+
+
+def seed_gather() -> Program:
+    """out[i] = x[clamp(idx[i], 0, 7)] and out2[i] = x[clamp(i*i*idx, 0, 7)]."""
+    b = ProgramBuilder("gather")
+    x = b.input("x", "float32", [8])
+    idx = b.input("idx", I64, [5])
+    o = b.output("o", "float32", [5])
+    o2 = b.output("o2", "float32", [5])
+    li = Load(1, Idx(0), I64)
+    k = _k("gather", (5,), (Arg("float32", "r"), Arg(I64, "r"), Arg("float32", "w"),
+                           Arg("float32", "w")),
+           (Store(2, Idx(0), Load(0, _clamp(li, 0, 7), "float32")),
+            Store(3, Idx(0), Load(0, _clamp(_op("mul", _op("mul", Idx(0), Idx(0)), li), 0, 7),
+                                  "float32"))))
+    b.kernel(k, [x, idx, o, o2])
+    return b.build()
+
+
+def seed_division() -> Program:
+    """Every integer division op of a and b, int64 and int32."""
+    b = ProgramBuilder("division")
+    a = b.input("a", I64, [3, 4])
+    d = b.input("d", I64, [3, 4])
+    ops = ("floordiv", "truncdiv", "mod", "fmod")
+    outs = [b.output(f"o_{n}", I64, [3, 4]) for n in ops]
+    o32 = b.output("o32", "int32", [3, 4])
+    la, ld = ir.load(0, [4, 1], I64), ir.load(1, [4, 1], I64)
+    stores = tuple(ir.store(2 + j, [4, 1], _op(n, la, ld)) for j, n in enumerate(ops))
+    stores += (ir.store(6, [4, 1], _op("floordiv", ir.cast(la, "int32"),
+                                       _op("maximum", ld, _c(1)), dt="int32")),)
+    k = _k("div", (3, 4), (Arg(I64, "r"), Arg(I64, "r"), *(Arg(I64, "w"),) * 4,
+                           Arg("int32", "w")), stores)
+    b.kernel(k, [a, d, *outs, o32])
+    return b.build()
+
+
+def seed_casts() -> Program:
+    """x cast to every narrower int, bool and half type; f cast to ints (saturating)."""
+    b = ProgramBuilder("casts")
+    x = b.input("x", I64, [16])
+    f = b.input("f", "float32", [16])
+    dts = ("int32", "int16", "int8", "uint8", "bool", "float16", "bfloat16")
+    outs = [b.output(f"o_{d}", d, [16]) for d in dts]
+    fouts = [b.output(f"f_{d}", d, [16]) for d in ("int64", "int8", "uint8", "bool")]
+    lx, lf = Load(0, Idx(0), I64), Load(1, Idx(0), "float32")
+    stores = tuple(Store(2 + j, Idx(0), ir.cast(lx, d)) for j, d in enumerate(dts))
+    stores += tuple(Store(2 + len(dts) + j, Idx(0), ir.cast(lf, d))
+                    for j, d in enumerate(("int64", "int8", "uint8", "bool")))
+    args = (Arg(I64, "r"), Arg("float32", "r"), *(Arg(d, "w") for d in dts),
+            *(Arg(d, "w") for d in ("int64", "int8", "uint8", "bool")))
+    b.kernel(_k("casts", (16,), args, stores), [x, f, *outs, *fouts])
+    return b.build()
+
+
+def seed_narrow_index() -> Program:
+    """x[(int8)i + 128] (wrapping cast, in bounds) and x[clamp(i * i, 0, 255)]."""
+    b = ProgramBuilder("narrow")
+    x = b.input("x", "int32", [256])
+    o = b.output("o", "int32", [200])
+    o2 = b.output("o2", "int32", [200])
+    i8 = _op("add", ir.cast(ir.cast(Idx(0), "int8"), I64), _c(128))
+    k = _k("narrow", (200,), (Arg("int32", "r"), Arg("int32", "w"), Arg("int32", "w")),
+           (Store(1, Idx(0), Load(0, i8, "int32")),
+            Store(2, Idx(0), Load(0, _clamp(_op("mul", Idx(0), Idx(0)), 0, 255), "int32"))))
+    b.kernel(k, [x, o, o2])
+    return b.build()
+
+
+def seed_where_clamp() -> Program:
+    """where(x > 0, min(x, 100), max(y, -100)) on int16, and a float where with NaN."""
+    b = ProgramBuilder("where")
+    x = b.input("x", "int16", [2, 6])
+    y = b.input("y", "int16", [2, 6])
+    f = b.input("f", "float32", [2, 6])
+    o = b.output("o", "int16", [2, 6])
+    of = b.output("of", "float32", [2, 6])
+    lx, ly = ir.load(0, [6, 1], "int16"), ir.load(1, [6, 1], "int16")
+    lf = ir.load(2, [6, 1], "float32")
+    v = _op("where", _op("gt", lx, _c(0, "int16"), dt="bool"),
+            _op("minimum", lx, _c(100, "int16")), _op("maximum", ly, _c(-100, "int16")))
+    vf = _op("where", _op("isnan", lf, dt="bool"), _c(-0.0, "float32"),
+             _op("mul", lf, _c(-0.0, "float32")))
+    k = _k("where", (2, 6), (Arg("int16", "r"), Arg("int16", "r"), Arg("float32", "r"),
+                             Arg("int16", "w"), Arg("float32", "w")),
+           (ir.store(3, [6, 1], v), ir.store(4, [6, 1], vf)))
+    b.kernel(k, [x, y, f, o, of])
+    return b.build()
+
+
+def seed_reduce() -> Program:
+    """Row sum/prod/max/min of int64, float sum and max, bool any/all."""
+    b = ProgramBuilder("reduce")
+    x = b.input("x", I64, [4, 5])
+    f = b.input("f", "float32", [4, 5])
+    m = b.input("m", "bool", [4, 5])
+    names = ("sum", "prod", "max", "min")
+    outs = [b.output(f"i_{n}", I64, [4]) for n in names]
+    fo = [b.output(f"f_{n}", "float32", [4]) for n in ("sum", "max")]
+    bo = [b.output(f"b_{n}", "bool", [4]) for n in ("any", "all")]
+    lx = Load(0, _op("add", _op("mul", Idx(0), _c(5)), Idx(1)), I64)
+    lf = Load(1, _op("add", _op("mul", Idx(0), _c(5)), Idx(1)), "float32")
+    lm = Load(2, _op("add", _op("mul", Idx(0), _c(5)), Idx(1)), "bool")
+    stores = tuple(Store(3 + j, Idx(0), Reduce(n, lx, I64)) for j, n in enumerate(names))
+    stores += (Store(7, Idx(0), Reduce("sum", lf, "float32")),
+               Store(8, Idx(0), Reduce("max", lf, "float32")),
+               Store(9, Idx(0), Reduce("any", lm, "bool")),
+               Store(10, Idx(0), Reduce("all", lm, "bool")))
+    args = (Arg(I64, "r"), Arg("float32", "r"), Arg("bool", "r"), *(Arg(I64, "w"),) * 4,
+            *(Arg("float32", "w"),) * 2, *(Arg("bool", "w"),) * 2)
+    b.kernel(_k("reduce", (4,), args, stores, (5,)), [x, f, m, *outs, *fo, *bo])
+    return b.build()
+
+
+def seed_softmax() -> Program:
+    """A softmax over rows (reduce, then an inner store), stored as float16."""
+    b = ProgramBuilder("softmax")
+    x = b.input("x", "float32", [3, 4])
+    o = b.output("o", "float16", [3, 4])
+    lx = Load(0, _op("add", _op("mul", Idx(0), _c(4)), Idx(1)), "float32")
+    mx = Reduce("max", lx, "float32")
+    e = _op("exp", _op("sub", lx, mx))
+    s = Reduce("sum", e, "float32")
+    k = _k("softmax", (3,), (Arg("float32", "r"), Arg("float16", "w")),
+           (Store(1, _op("add", _op("mul", Idx(0), _c(4)), Idx(1)), _op("div", e, s)),), (4,))
+    b.kernel(k, [x, o])
+    return b.build()
+
+
+def seed_float_pointwise() -> Program:
+    """Unary float ops chained, stored as float32 and bfloat16."""
+    b = ProgramBuilder("pointwise")
+    x = b.input("x", "float32", [12])
+    o = b.output("o", "float32", [12])
+    o2 = b.output("o2", "bfloat16", [12])
+    lx = Load(0, Idx(0), "float32")
+    v = _op("add", _op("tanh", lx), _op("sigmoid", _op("neg", lx)))
+    v2 = _op("maximum", _op("floor", lx), _op("sqrt", _op("abs", lx)))
+    k = _k("pw", (12,), (Arg("float32", "r"), Arg("float32", "w"), Arg("bfloat16", "w")),
+           (Store(1, Idx(0), v), Store(2, Idx(0), v2)))
+    b.kernel(k, [x, o, o2])
+    return b.build()
+
+
+def seed_bits() -> Program:
+    """Shifts, pow, bitwise ops and bool loads of an int64 and a bool input."""
+    b = ProgramBuilder("bits")
+    x = b.input("x", I64, [10])
+    s = b.input("s", I64, [10])
+    m = b.input("m", "bool", [10])
+    o = b.output("o", I64, [10])
+    o2 = b.output("o2", I64, [10])
+    o3 = b.output("o3", "uint8", [10])
+    lx, ls, lm = Load(0, Idx(0), I64), Load(1, Idx(0), I64), Load(2, Idx(0), "bool")
+    v = _op("bitwise_xor", _op("shl", lx, ls), _op("shr", lx, ls))
+    v2 = _op("pow", lx, _op("bitwise_and", ls, _c(7)))
+    v3 = _op("where", lm, ir.cast(lx, "uint8"), ir.cast(_op("bitwise_not", lx), "uint8"))
+    k = _k("bits", (10,), (Arg(I64, "r"), Arg(I64, "r"), Arg("bool", "r"), Arg(I64, "w"),
+                           Arg(I64, "w"), Arg("uint8", "w")),
+           (Store(3, Idx(0), v), Store(4, Idx(0), v2), Store(5, Idx(0), v3)))
+    b.kernel(k, [x, s, m, o, o2, o3])
+    return b.build()
+
+
+def seed_const_index() -> Program:
+    """x[cast(c[i], int64)] through a bool constant and y[k[i]] through an int8 constant."""
+    b = ProgramBuilder("constidx")
+    x = b.input("x", "float32", [2])
+    y = b.input("y", "float32", [8])
+    c = b.constant("c", np.array([True, False, True, True]))
+    kk = b.constant("k", np.array([0, 7, 3, 5], np.int8))
+    o = b.output("o", "float32", [4])
+    o2 = b.output("o2", "float32", [4])
+    k = _k("constidx", (4,), (Arg("float32", "r"), Arg("float32", "r"), Arg("bool", "r"),
+                              Arg("int8", "r"), Arg("float32", "w"), Arg("float32", "w")),
+           (Store(4, Idx(0), Load(0, ir.cast(Load(2, Idx(0), "bool"), I64), "float32")),
+            Store(5, Idx(0), Load(1, _clamp(ir.cast(Load(3, Idx(0), "int8"), I64), 0, 7),
+                                  "float32"))))
+    b.kernel(k, [x, y, c, kk, o, o2])
+    return b.build()
+
+
+def seed_copy_fill() -> Program:
+    """fill an arena buffer, copy an input into a strided view of it, a kernel reads it back."""
+    b = ProgramBuilder("copyfill")
+    x = b.input("x", "int32", [3, 2])
+    o = b.output("o", "int32", [3, 4])
+    buf = b.buffer(48)
+    whole = b.in_buffer(buf, 0, "int32", [3, 4])
+    part = b.in_buffer(buf, 4, "int32", [3, 2], [4, 1])
+    b.fill(whole, 7)
+    b.copy(part, x)
+    k = _k("readback", (3, 4), (Arg("int32", "r"), Arg("int32", "w")),
+           (ir.store(1, [4, 1], _op("add", ir.load(0, [4, 1], "int32"), _c(1, "int32"))),))
+    b.kernel(k, [whole, o])
+    return b.build()
+
+
+def seed_mm() -> Program:
+    """mm of two inputs, then a kernel adds a bias constant (a library op and a kernel)."""
+    b = ProgramBuilder("mm")
+    a = b.input("a", "float32", [4, 3])
+    w = b.constant("w", np.arange(15, dtype=np.float32).reshape(3, 5) / 7)
+    bias = b.constant("bias", np.linspace(-1, 1, 5, dtype=np.float32))
+    o = b.output("o", "float32", [4, 5])
+    buf = b.buffer(80)
+    t = b.in_buffer(buf, 0, "float32", [4, 5])
+    b.library("mm", [t], [a, w])
+    k = _k("bias", (4, 5), (Arg("float32", "r"), Arg("float32", "r"), Arg("float32", "w")),
+           (ir.store(2, [5, 1], _op("add", ir.load(0, [5, 1], "float32"),
+                                    ir.load(1, [0, 1], "float32"))),))
+    b.kernel(k, [t, bias, o])
+    return b.build()
+
+
+SEEDS: dict[str, Callable[[], Program]] = {
+    f.__name__[5:]: f for f in (seed_gather, seed_division, seed_casts, seed_narrow_index,
+                                seed_where_clamp, seed_reduce, seed_softmax, seed_float_pointwise,
+                                seed_bits, seed_const_index, seed_copy_fill, seed_mm)}
+
+
+# ---------------------------------------------------------------------------------------------
+# the file: (document, tensors) <-> bytes, with room to break the safetensors entries
+
+
+def split(prog: Program) -> tuple[dict, dict, bytes]:
+    """(program document, safetensors tensor entries, data bytes) of a Program."""
+    doc = prog.to_json()
+    entries: dict[str, dict] = {}
+    data = b""
+    for name, arr in prog.constants.items():
+        raw = np.ascontiguousarray(arr).tobytes()
+        entries[name] = {"dtype": _ST_CODE[ir_dtype(arr)], "shape": list(arr.shape),
+                         "data_offsets": [len(data), len(data) + len(raw)]}
+        data += raw
+    return doc, entries, data
+
+
+def ir_dtype(arr: np.ndarray) -> str:
+    """The aotrt dtype name of a numpy array."""
+    from aotrt import dtypes
+    return dtypes.as_dtype(arr.dtype).name
+
+
+def join(doc: Any, entries: Any, data: bytes, doc_text: str | None = None) -> bytes:
+    """The file bytes of a document, safetensors entries and data (NaN allowed in the JSON)."""
+    header = dict(entries) if isinstance(entries, dict) else {"x": entries}
+    text = doc_text if doc_text is not None else json.dumps(doc)
+    header = {"__metadata__": {METADATA_KEY: text}, **header}
+    h = json.dumps(header).encode()
+    h += b" " * (-len(h) % 8)
+    return len(h).to_bytes(8, "little") + h + data
+
+
+# ---------------------------------------------------------------------------------------------
+# mutators
+
+INTS = [0, 1, -1, 2, 3, 7, 8, 255, 256, -128, 127, 2**15, 2**31 - 1, 2**31, -2**31, 2**32,
+        2**62, 2**63 - 1, 2**63, -2**63, -2**63 - 1, 2**64]
+FLOATS = [0.5, -0.0, 1.5, 1e308, -1e308, 3.4e38, float("nan"), float("inf"), float("-inf")]
+STRINGS = ["", "x", "float32", "int8", "int64", "uint8", "bool", "float16", "bfloat16", "arena",
+           "input", "output", "constant", "kernel", "copy", "fill", "library", "mm", "Op", "Load",
+           "Const", "Idx", "cast", "where", "floordiv", "__gmon_start__", "_handle", "r", "w",
+           "rw", "a" * 300, "\u00e9", "sum", "max"]
+OPS_WRAP = ["neg", "abs", "bitwise_not", "relu", "sign"]
+BIN_WRAP = ["add", "sub", "mul", "floordiv", "truncdiv", "mod", "fmod", "maximum", "minimum",
+            "shl", "shr", "pow", "bitwise_and", "bitwise_xor"]
+
+
+def _paths(node: Any, path: tuple = ()) -> list[tuple]:
+    out = [path]
+    if isinstance(node, dict):
+        for k, v in node.items():
+            out.extend(_paths(v, path + (k,)))
+    elif isinstance(node, list):
+        for i, v in enumerate(node):
+            out.extend(_paths(v, path + (i,)))
+    return out
+
+
+def _get(node: Any, path: tuple) -> Any:
+    for p in path:
+        node = node[p]
+    return node
+
+
+def _set(root: Any, path: tuple, value: Any) -> Any:
+    if not path:
+        return value
+    _get(root, path[:-1])[path[-1]] = value
+    return root
+
+
+def _value_like(rng: random.Random, old: Any) -> Any:
+    r = rng.random()
+    if isinstance(old, bool) or r < 0.1:
+        return rng.choice([True, False, None, [], {}, rng.choice(STRINGS), rng.choice(INTS)])
+    if isinstance(old, int):
+        if r < 0.5:
+            return rng.choice([old + 1, old - 1, -old, old * 2, old + 2**31, old * 2**32,
+                               old ^ 1, 0])
+        return rng.choice(INTS + [rng.choice(FLOATS)])
+    if isinstance(old, float):
+        return rng.choice(FLOATS + [old * -1, old + 1, int(old) if old == old and
+                                    abs(old) < 1e18 else 0])
+    if isinstance(old, str):
+        return rng.choice(STRINGS + [old + "x", old[:-1], old.upper()])
+    return rng.choice(INTS + FLOATS + STRINGS + [None])
+
+
+def mutate_json_value(rng: random.Random, doc: Any) -> Any:
+    """Replace one leaf value of the document by a typed neighbour or an edge value."""
+    paths = [p for p in _paths(doc) if p and not isinstance(_get(doc, p), (dict, list))]
+    if not paths:
+        return doc
+    p = rng.choice(paths)
+    return _set(doc, p, _value_like(rng, _get(doc, p)))
+
+
+def mutate_structure(rng: random.Random, doc: Any) -> Any:
+    """Drop, duplicate, swap or nest one list element or dict entry."""
+    paths = [p for p in _paths(doc) if isinstance(_get(doc, p), (dict, list)) and _get(doc, p)]
+    if not paths:
+        return doc
+    p = rng.choice(paths)
+    node = _get(doc, p)
+    how = rng.choice(["drop", "dup", "swap", "nest", "extra"])
+    if isinstance(node, list):
+        i = rng.randrange(len(node))
+        if how == "drop":
+            del node[i]
+        elif how == "dup":
+            node.insert(i, copy.deepcopy(node[i]))
+        elif how == "swap":
+            j = rng.randrange(len(node))
+            node[i], node[j] = node[j], node[i]
+        elif how == "nest":
+            node[i] = [node[i]]
+        else:
+            node.append(copy.deepcopy(rng.choice(node)))
+    else:
+        k = rng.choice(list(node))
+        if how == "drop":
+            del node[k]
+        elif how in ("dup", "extra"):
+            node[k + "_" if rng.random() < 0.5 else "zz"] = copy.deepcopy(node[k])
+        elif how == "swap":
+            k2 = rng.choice(list(node))
+            node[k], node[k2] = node[k2], node[k]
+        else:
+            node[k] = [node[k]]
+    return doc
+
+
+def _expr_paths(doc: dict) -> list[tuple]:
+    out = []
+    for p in _paths(doc):
+        if p and p[0] == "kernels":
+            n = _get(doc, p)
+            if isinstance(n, dict) and n.get("t") in ("Op", "Load", "Const", "Idx", "Reduce"):
+                out.append(p)
+    return out
+
+
+def _wrap(rng: random.Random, e: dict) -> dict:
+    dt = e.get("dtype", I64)
+    if not isinstance(dt, str):
+        dt = I64
+    isint = dt in ir.INT_DTYPES
+    cdt = dt if dt in ir.DTYPES else I64
+
+    def const(v: Any) -> dict:
+        if cdt == "bool":
+            v = bool(v)
+        elif cdt in ir.FLOAT_DTYPES:
+            v = float(v)
+        else:
+            lo, hi = ir.INT_RANGE[cdt]
+            v = max(lo, min(hi, int(v)))
+        return {"t": "Const", "value": v, "dtype": cdt}
+
+    def op(name: str, args: list, d: str = cdt) -> dict:
+        return {"t": "Op", "op": name, "args": args, "dtype": d}
+
+    r = rng.random()
+    if r < 0.3:
+        narrow = rng.choice(["int8", "int16", "int32", "uint8", "bool", "float16", "float32",
+                             I64])
+        inner = op("cast", [e], narrow)
+        return op("cast", [inner], cdt) if rng.random() < 0.8 else inner
+    if r < 0.4:
+        return op(rng.choice(OPS_WRAP), [e])
+    if r < 0.8:
+        name = rng.choice(BIN_WRAP if isint else ["add", "mul", "sub", "div", "maximum",
+                                                  "minimum", "floordiv", "mod", "pow"])
+        val = rng.choice([0, -1, 1, 2, 3, 7, 63, 64, 2**31, 3037000500, 2**62, -2**63, 2**63 - 1])
+        args = [e, const(val)]
+        if rng.random() < 0.3:
+            args.reverse()
+        return op(name, args)
+    if r < 0.9:
+        cond = op("gt", [e, const(0)], "bool")
+        return op("where", [cond, e, const(rng.choice([0, -1, 2**62, 255]))])
+    return op(rng.choice(["minimum", "maximum"]), [e, const(rng.choice([0, 7, -1, 2**31]))])
+
+
+def mutate_ir(rng: random.Random, doc: Any) -> Any:
+    """Wrap one IR expression node of a kernel in a random op (mostly dtype preserving)."""
+    paths = _expr_paths(doc) if isinstance(doc, dict) else []
+    if not paths:
+        return doc
+    p = rng.choice(paths)
+    return _set(doc, p, _wrap(rng, _get(doc, p)))
+
+
+def mutate_entries(rng: random.Random, entries: dict) -> dict:
+    """Break one safetensors entry: its dtype, shape or data_offsets."""
+    if not entries:
+        return {"extra": {"dtype": "F32", "shape": [1], "data_offsets": [0, 4]}}
+    name = rng.choice(list(entries))
+    e = entries[name]
+    field = rng.choice(["dtype", "shape", "data_offsets"])
+    if field == "dtype":
+        e["dtype"] = rng.choice(list(_ST_CODE.values()) + ["F64", "I128", ["F32"], 3, None])
+    elif field == "shape":
+        e["shape"] = rng.choice([[], [0], [2**31], [2**62], [-1], e["shape"] + [1],
+                                 e["shape"][::-1], [1.5], "x"])
+    else:
+        b0, b1 = e["data_offsets"]
+        e["data_offsets"] = rng.choice([[b0, b1 + 1], [b0 + 1, b1 + 1], [b1, b0], [0, b1 - b0],
+                                        [b0, 2**63], [-8, b1], [b0], [b0, b1, 0]])
+    return entries
+
+
+def mutate_bytes(rng: random.Random, data: bytes) -> bytes:
+    """Raw damage: flip bytes in the header, change its length field, or truncate."""
+    b = bytearray(data)
+    r = rng.random()
+    if r < 0.3:
+        return bytes(b[:rng.randrange(len(b))])
+    if r < 0.45:
+        n = int.from_bytes(b[:8], "little")
+        b[:8] = (rng.choice([0, 1, n - 1, n + 1, n + 8, 2**63, 2**64 - 1]) %
+                 2**64).to_bytes(8, "little")
+        return bytes(b)
+    n = int.from_bytes(b[:8], "little")
+    for _ in range(rng.randint(1, 4)):
+        i = rng.randrange(8, min(len(b), 8 + n) or 9) if len(b) > 8 else 0
+        b[i] = rng.choice([0, 0x22, 0x5b, 0x5d, 0x7b, 0x7d, 0x2c, 0x30, 0x39, 0x2d, 0xff,
+                           rng.randrange(256)])
+    return bytes(b)
+
+
+def mutate_data(rng: random.Random, data: bytes) -> bytes:
+    """Change constant data bytes (a bool byte of 200, an index out of range, ...)."""
+    if not data:
+        return data
+    b = bytearray(data)
+    for _ in range(rng.randint(1, 3)):
+        b[rng.randrange(len(b))] = rng.choice([2, 128, 200, 255, 0x7f, 0x80, 1, 0])
+    return bytes(b)
+
+
+KINDS = ("json_value", "structure", "ir", "entries", "bytes", "data")
+
+
+def mutant(seed_files: dict[str, tuple[dict, dict, bytes]], index: int, master: int = 0,
+           weights: dict[str, float] | None = None) -> tuple[str, str, bytes]:
+    """Mutant number `index`: (seed name, mutation kinds, file bytes); deterministic."""
+    rng = random.Random(master * 1_000_003 + index)
+    name = rng.choice(sorted(seed_files))
+    doc, entries, data = copy.deepcopy(seed_files[name])
+    w = weights or {"json_value": 3, "structure": 1.5, "ir": 2, "entries": 0.7, "bytes": 1,
+                    "data": 0.5}
+    kinds = rng.choices(list(w), weights=list(w.values()), k=rng.choice([1, 1, 1, 2, 3]))
+    raw = False
+    for kind in kinds:
+        if kind == "json_value":
+            doc = mutate_json_value(rng, doc)
+        elif kind == "structure":
+            doc = mutate_structure(rng, doc)
+        elif kind == "ir":
+            doc = mutate_ir(rng, doc)
+        elif kind == "entries":
+            entries = mutate_entries(rng, entries)
+        elif kind == "data":
+            data = mutate_data(rng, data)
+        else:
+            raw = True
+    try:
+        out = join(doc, entries, data)
+    except (TypeError, ValueError):
+        out = join(seed_files[name][0], seed_files[name][1], seed_files[name][2])
+    if raw:
+        out = mutate_bytes(rng, out)
+    return name, "+".join(kinds), out
+
+
+def seed_files() -> dict[str, tuple[dict, dict, bytes]]:
+    """Every seed as (document, entries, data)."""
+    return {name: split(make()) for name, make in SEEDS.items()}
