@@ -251,6 +251,11 @@ class Pool:
             return list(self._lists.get(stream, {}).values())
         return [e for lst in self._lists.values() for e in lst.values()]
 
+    def overlapping(self, start: int, end: int) -> list[Block]:
+        """Pooled blocks whose bytes intersect [start, end): freed memory kept for reuse."""
+        return [e.block for lst in self._lists.values() for e in lst.values()
+                if e.block.ptr < end and start < e.block.ptr + e.block.nbytes]
+
     def put(self, block: Block, stream: "Stream", owner: Owner, uses: dict) -> bool:
         """Keep `block` for reuse on `stream`; returns False if it is not poolable."""
         if (stream is None or stream.closed or owner.closed
@@ -468,7 +473,7 @@ class Memory:
         """Bind memory the runtime did not allocate; refuse overlap with anything known."""
         if not isinstance(ptr, int) or ptr <= 0:
             raise InvalidArgument(f"data_ptr: region start must be a non-null address, got {ptr!r}")
-        if not isinstance(nbytes, int) or nbytes < 0 or ptr + nbytes >= 1 << 64:
+        if not isinstance(nbytes, int) or not 0 <= nbytes < 1 << 62 or ptr + nbytes >= 1 << 64:
             raise InvalidArgument(f"nbytes: region size {nbytes!r} is invalid at {ptr:#x}")
         with self._lock:
             clash = self.overlapping(ptr, ptr + max(nbytes, 1))
@@ -476,6 +481,14 @@ class Memory:
                 raise InvalidArgument(
                     f"data_ptr: region [{ptr:#x}, {ptr + nbytes:#x}) would overlap "
                     f"{clash[0].describe()}")
+            # Freed memory the pool keeps is the runtime's: a later allocation lands on it.
+            pooled = self.pool.overlapping(ptr, ptr + max(nbytes, 1))
+            if pooled:
+                b = pooled[0]
+                raise InvalidArgument(
+                    f"data_ptr: region [{ptr:#x}, {ptr + nbytes:#x}) would overlap freed "
+                    f"memory [{b.ptr:#x}, {b.ptr + b.nbytes:#x}) that the "
+                    f"{self.device.name} pool keeps for reuse")
             a = Allocation(self, None, ptr, nbytes, "region", owner or current_owner(), None,
                            keepalive)
             self._add(a)

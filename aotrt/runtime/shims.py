@@ -8,48 +8,72 @@ from __future__ import annotations
 
 from typing import Any, Sequence
 
+import numpy as np
+
 from aotrt.dtypes import DType, as_dtype
 from aotrt.errors import InvalidArgument
 from aotrt.runtime.device import Device
 from aotrt.runtime.device import get_device as _get_device
 from aotrt.runtime.memory import Allocation, current_owner
-from aotrt.runtime.tensor import (INT64_MAX, Handle, check_live, contiguous_strides, is_packed,
-                                  numel_of, span)
-
-INT32_LIMIT = 1 << 31
+from aotrt.runtime.tensor import (EXTENT_LIMIT, INT64_MAX, MAX_DIMS, Handle, check_live,
+                                  contiguous_strides, is_packed, numel_of, span)
 
 
 def _int(value: Any, name: str) -> int:
-    if isinstance(value, bool) or not isinstance(value, int):
-        try:
-            import numpy as np
-            if isinstance(value, np.integer):
-                return int(value)
-        except ImportError:  # pragma: no cover
-            pass
-        raise InvalidArgument(f"{name}: expected an integer, got {value!r}")
+    # bool is an int to Python, never a size to us; numpy integers are (np.bool_ is not one).
+    if isinstance(value, (int, np.integer)) and not isinstance(value, bool):
+        return int(value)
+    raise InvalidArgument(f"{name}: expected an integer, got {_short(value)}")
+
+
+def _short(value: Any) -> str:
+    """repr of a caller's value, cut short: a hostile value may be huge or have a bad repr."""
+    try:
+        text = repr(value)
+    except Exception:  # noqa: BLE001 - any repr failure still names the type
+        text = f"<{type(value).__name__}>"
+    return text if len(text) <= 80 else text[:77] + "..."
+
+
+def _seq(value: Any, name: str) -> Sequence[Any]:
+    """`value` as a sequence of at most MAX_DIMS entries (a list, tuple or 1-d numpy array)."""
+    if value is None:
+        raise InvalidArgument(f"{name}: must not be null")
+    if isinstance(value, np.ndarray) and value.ndim == 1 and value.dtype.kind in "iu":
+        value = list(value)
+    if not isinstance(value, Sequence) or isinstance(value, (str, bytes)):
+        raise InvalidArgument(f"{name}: expected a sequence of ints, got {_short(value)}")
+    try:
+        n = len(value)
+    except Exception as e:  # noqa: BLE001 - a hostile __len__
+        raise InvalidArgument(f"{name}: has no usable length ({type(e).__name__})") from None
+    if n > MAX_DIMS:
+        raise InvalidArgument(f"{name}: {n} dims; at most {MAX_DIMS} are supported")
     return value
+
+
+def _dtype(value: Any) -> DType:
+    """as_dtype, with anything numpy raises for a strange value told as InvalidArgument."""
+    try:
+        return as_dtype(value)
+    except (TypeError, ValueError, OverflowError, RecursionError):
+        raise InvalidArgument(f"dtype: unsupported dtype {_short(value)}") from None
 
 
 def _dims(sizes: Any, strides: Any, allow_zero_strides: bool) -> tuple[tuple[int, ...],
                                                                          tuple[int, ...]]:
-    """Validated (sizes, strides); strides None means row-major."""
-    if sizes is None:
-        raise InvalidArgument("sizes: must not be null")
-    if not isinstance(sizes, Sequence) or isinstance(sizes, (str, bytes)):
-        raise InvalidArgument(f"sizes: expected a sequence of ints, got {sizes!r}")
-    sz = tuple(_int(n, f"sizes[{i}]") for i, n in enumerate(sizes))
+    """Validated (sizes, strides); strides None means row-major. Sizes and strides are
+    int64, as in AOTI; what a view may reach is bounded by _extent_bytes."""
+    sz = tuple(_int(n, f"sizes[{i}]") for i, n in enumerate(_seq(sizes, "sizes")))
     for i, n in enumerate(sz):
         if n < 0:
             raise InvalidArgument(f"sizes[{i}]: negative size {n}")
-        if n >= INT32_LIMIT:
-            raise InvalidArgument(f"sizes[{i}]: size {n} does not fit int32")
+        if n > INT64_MAX:
+            raise InvalidArgument(f"sizes[{i}]: size {n} does not fit int64")
     if strides is None:
         st = contiguous_strides(sz)
     else:
-        if not isinstance(strides, Sequence) or isinstance(strides, (str, bytes)):
-            raise InvalidArgument(f"strides: expected a sequence of ints, got {strides!r}")
-        st = tuple(_int(s, f"strides[{i}]") for i, s in enumerate(strides))
+        st = tuple(_int(s, f"strides[{i}]") for i, s in enumerate(_seq(strides, "strides")))
         if len(st) != len(sz):
             raise InvalidArgument(f"strides: {len(st)} strides for {len(sz)} sizes")
     n = numel_of(sz)
@@ -59,9 +83,6 @@ def _dims(sizes: Any, strides: Any, allow_zero_strides: bool) -> tuple[tuple[int
         if d > 1 and n > 0:
             if s < 0:
                 raise InvalidArgument(f"strides[{i}]: negative stride {s} is not supported")
-            if s >= INT32_LIMIT:
-                raise InvalidArgument(f"strides[{i}]: stride {s} does not fit int32 on a dim "
-                                      f"of size {d}")
             if s == 0 and not allow_zero_strides:
                 raise InvalidArgument(f"strides[{i}]: zero stride on a dim of size {d}: no "
                                       f"dense tensor has it")
@@ -81,6 +102,15 @@ def _extent_bytes(sz: tuple[int, ...], st: tuple[int, ...], dtype: DType) -> tup
     return lo * dtype.itemsize, (hi + 1) * dtype.itemsize
 
 
+def _memory_extent(sz: tuple[int, ...], st: tuple[int, ...], dtype: DType) -> int:
+    """Bytes new memory (an allocation or a blob's region) for the view spans, < 2**62."""
+    _, end = _extent_bytes(sz, st, dtype)
+    if end >= EXTENT_LIMIT:
+        raise InvalidArgument(f"sizes: {list(sz)} x {dtype.itemsize} bytes span {end} bytes; "
+                              f"memory of 2**62 bytes or more is not supported")
+    return end
+
+
 def _device(device: Any) -> Device:
     if device is None:
         raise InvalidArgument("device: must not be null")
@@ -91,8 +121,8 @@ def empty_strided(sizes: Sequence[int], strides: Sequence[int] | None, dtype: An
                   device: Any = "cpu") -> Handle:
     """A new tensor in fresh (possibly pooled) memory of the current owner."""
     sz, st = _dims(sizes, strides, allow_zero_strides=False)
-    dt = as_dtype(dtype)
-    _, end = _extent_bytes(sz, st, dt)
+    dt = _dtype(dtype)
+    end = _memory_extent(sz, st, dt)
     dev = _device(device)
     alloc = dev.memory.allocate(end, dev.current_stream(), current_owner())
     h = Handle(alloc, 0, sz, st, dt, dev, current_owner())
@@ -120,9 +150,9 @@ def create_tensor_from_blob(data_ptr: int, sizes: Sequence[int], strides: Sequen
     if off < 0:
         raise InvalidArgument(f"storage_offset: negative offset {off}")
     sz, st = _dims(sizes, strides, allow_zero_strides=False)
-    dt = as_dtype(dtype)
+    dt = _dtype(dtype)
     dev = _device(device)
-    _, nbytes = _extent_bytes(sz, st, dt)
+    nbytes = _memory_extent(sz, st, dt)
     n = numel_of(sz)
     if ptr == 0:
         if n:
@@ -166,7 +196,7 @@ def reinterpret_tensor(handle: Handle, sizes: Sequence[int], strides: Sequence[i
         raise InvalidArgument("strides: must not be null")
     sz, st = _dims(sizes, strides, allow_zero_strides=True)
     off = _int(storage_offset, "storage_offset")
-    dt = handle.dtype if dtype is None else as_dtype(dtype)
+    dt = handle.dtype if dtype is None else _dtype(dtype)
     if (handle.byte_offset + off * dt.itemsize) % dt.itemsize:
         raise InvalidArgument(f"dtype: {dt.name} view at byte {handle.byte_offset} is misaligned")
     lo, hi = _extent_bytes(sz, st, dt)

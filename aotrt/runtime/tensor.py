@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from aotrt.dtypes import DType
-from aotrt.errors import InvalidArgument
+from aotrt.errors import InvalidArgument, OutOfMemory
 from aotrt.runtime.hazards import Access
 
 if TYPE_CHECKING:
@@ -19,6 +19,11 @@ if TYPE_CHECKING:
     from aotrt.runtime.memory import Allocation, Owner
 
 INT64_MAX = (1 << 63) - 1
+# numpy's (and DLPack consumers') limit on dims; a view with more could not be read.
+MAX_DIMS = 64
+# Views and blobs reach less than 2**62 bytes (as allocations do): offsets, extents and their
+# sums in kernels then never overflow int64.
+EXTENT_LIMIT = 1 << 62
 
 
 def span(sizes: tuple[int, ...], strides: tuple[int, ...]) -> tuple[int, int]:
@@ -89,6 +94,9 @@ class Handle:
 
     def __init__(self, alloc: "Allocation | None", byte_offset: int, sizes: tuple[int, ...],
                  strides: tuple[int, ...], dtype: DType, device: "Device", owner: "Owner") -> None:
+        if len(sizes) > MAX_DIMS or len(strides) != len(sizes):
+            raise InvalidArgument(f"sizes: {len(sizes)} dims with {len(strides)} strides; at "
+                                  f"most {MAX_DIMS} dims, one stride each")
         self.alloc = alloc
         self.byte_offset = byte_offset
         self.sizes = sizes
@@ -184,16 +192,42 @@ class Handle:
     # -- host access --------------------------------------------------------------------------
 
     def numpy(self) -> np.ndarray:
-        """A host copy of the elements, after waiting for pending writes to them."""
+        """A host copy of the elements, after waiting for pending writes to them.
+
+        A view with zero strides (a broadcast) copies only its distinct elements and comes
+        back as a read-only numpy broadcast of them, as large as the view but no larger in
+        memory than those elements.
+        """
         check_live(self, "handle")
         if self.numel == 0 or self.alloc is None:
-            return np.zeros(self.sizes, dtype=self.dtype.np)
+            return _host(lambda: np.zeros(self.sizes, dtype=self.dtype.np), self.sizes,
+                         self.dtype)
         self.alloc.settle(writes_only=True)
-        return self.device.read(self)
+        distinct = tuple(1 if s == 0 else n for n, s in zip(self.sizes, self.strides))
+        if distinct == self.sizes:
+            return _host(lambda: self.device.read(self), self.sizes, self.dtype)
+        # Unpublished: a read-only view of this handle's own bytes, never handed out.
+        part = Handle(self.alloc, self.byte_offset, distinct, self.strides, self.dtype,
+                      self.device, self.owner)
+        arr = _host(lambda: self.device.read(part), distinct, self.dtype)
+        return np.broadcast_to(arr, self.sizes)
 
     def __array__(self, dtype: Any = None, copy: Any = None) -> np.ndarray:
         arr = self.numpy()
-        return arr if dtype is None else arr.astype(dtype)
+        if dtype is None and not copy:
+            return arr
+        return _host(lambda: np.array(arr, dtype=dtype, copy=True), self.sizes,
+                     self.dtype if dtype is None else np.dtype(dtype))
+
+
+def _host(make: Any, sizes: tuple[int, ...], dtype: Any) -> np.ndarray:
+    """`make()`, with host memory exhaustion told as OutOfMemory naming the size."""
+    try:
+        return make()
+    except MemoryError:
+        itemsize = getattr(dtype, "itemsize", 1)
+        raise OutOfMemory(f"host copy of {numel_of(sizes) * itemsize} bytes ({list(sizes)} x "
+                          f"{itemsize}) does not fit in host memory") from None
 
 
 def check_live(h: Any, name: str) -> None:

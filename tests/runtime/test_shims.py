@@ -121,14 +121,24 @@ BAD_EMPTY_STRIDED: list[tuple[str, dict, str]] = [
     ("negative size", {"sizes": [2, -1]}, r"^sizes\[1\]: "),
     ("float size", {"sizes": [2.0]}, r"^sizes\[0\]: "),
     ("bool size", {"sizes": [True]}, r"^sizes\[0\]: "),
-    ("size over int32", {"sizes": [1 << 31]}, r"^sizes\[0\]: .*int32"),
-    ("size 2**32", {"sizes": [1 << 32, 1]}, r"^sizes\[0\]: "),
+    ("2**62 bytes", {"sizes": [1 << 60, 1], "strides": None},
+     r"^sizes: .* 2\*\*62 bytes or more"),
+    ("2**62 bytes over dims", {"sizes": [1 << 31, 1 << 31], "strides": None, "dtype": "uint8"},
+     r"^sizes: .* 2\*\*62 bytes"),
+    ("size over int64", {"sizes": [1 << 63, 1], "strides": None}, r"^sizes\[0\]: .*int64"),
+    ("more than 64 dims", {"sizes": [1] * 65, "strides": None}, "^sizes: 65 dims; at most 64"),
+    ("65 strides", {"sizes": [1] * 64, "strides": [1] * 65}, "^strides: 65 dims; at most 64"),
+    ("numpy bool size", {"sizes": [np.bool_(True)]}, r"^sizes\[0\]: "),
+    ("numpy float size", {"sizes": [np.float64(2)]}, r"^sizes\[0\]: "),
+    ("NaN size", {"sizes": [float("nan")]}, r"^sizes\[0\]: "),
+    ("2-d numpy sizes", {"sizes": np.ones((2, 2), dtype=np.int64)}, "^sizes: "),
     ("strides of another rank", {"strides": [1]}, "^strides: "),
     ("strides not a sequence", {"strides": 1}, "^strides: "),
     ("float stride", {"strides": [4.0, 1]}, r"^strides\[0\]: "),
     ("zero stride", {"strides": [0, 1]}, r"^strides\[0\]: .*zero"),
     ("negative stride", {"strides": [4, -1]}, r"^strides\[1\]: .*negative"),
-    ("stride over int32", {"sizes": [2, 2], "strides": [1 << 31, 1]}, r"^strides\[0\]: .*int32"),
+    ("stride 2**31 leaves holes", {"sizes": [2, 2], "strides": [1 << 31, 1]},
+     "^strides: .*holes"),
     ("stride over int64", {"sizes": [1, 2], "strides": [1 << 64, 1]}, r"^strides\[0\]: .*int64"),
     ("holes", {"strides": [5, 1]}, "^strides: .*holes"),
     ("overlap", {"strides": [2, 1]}, "^strides: .*overlap"),
@@ -136,6 +146,9 @@ BAD_EMPTY_STRIDED: list[tuple[str, dict, str]] = [
     ("unsupported numpy dtype", {"dtype": np.complex64}, "^dtype: "),
     ("null dtype", {"dtype": None}, "^dtype: "),
     ("dtype not a dtype", {"dtype": 6}, "^dtype: "),
+    ("dtype a list", {"dtype": ["float32"]}, "^dtype: "),
+    ("dtype a dict", {"dtype": {"x": 1}}, "^dtype: "),
+    ("dtype a structured spec", {"dtype": [("a", "f4", -1)]}, "^dtype: "),
     ("unknown device type", {"device": "tpu"}, "^device: "),
     ("device index other than 0", {"device": "cpu:1"}, "^device: index"),
     ("null device", {"device": None}, "^device: "),
@@ -167,7 +180,11 @@ BAD_BLOB: list[tuple[str, dict, str]] = [
     ("end past int64", {"data_ptr": INT64_MAX - 8}, "^storage_offset: "),
     ("null sizes", {"sizes": None}, "^sizes: "),
     ("negative size", {"sizes": [-3]}, r"^sizes\[0\]: "),
-    ("size over int32", {"sizes": [1 << 31]}, r"^sizes\[0\]: "),
+    ("2**62 bytes", {"sizes": [1 << 60]}, r"^sizes: .* 2\*\*62 bytes or more"),
+    ("more than 64 dims", {"sizes": [1] * 65}, "^sizes: 65 dims; at most 64"),
+    ("bool address", {"data_ptr": True}, "^data_ptr: "),
+    ("numpy float offset", {"storage_offset": np.float32(1)}, "^storage_offset: "),
+    ("dtype a list", {"dtype": ["float32"]}, "^dtype: "),
     ("holes", {"sizes": [2, 2], "strides": [4, 1]}, "^strides: "),
     ("zero stride", {"sizes": [2, 2], "strides": [0, 1]}, r"^strides\[0\]: "),
     ("unsupported dtype", {"dtype": "float64"}, "^dtype: "),
@@ -203,8 +220,11 @@ BAD_VIEWS: list[tuple[str, Callable[[Handle], Any], str]] = [
     ("null strides", lambda h: _view(h, [2], None, 0), "^strides: must not be null"),
     ("negative size", lambda h: _view(h, [-2], [1], 0), r"^sizes\[0\]: negative"),
     ("negative stride", lambda h: _view(h, [2], [-1], 4), r"^strides\[0\]: negative"),
-    ("size over int32", lambda h: _view(h, [1 << 31], [0], 0), r"^sizes\[0\]: .*int32"),
-    ("stride over int32", lambda h: _view(h, [2], [1 << 31], 0), r"^strides\[0\]: .*int32"),
+    ("size over int64", lambda h: _view(h, [1 << 63], [0], 0), r"^sizes\[0\]: .*int64"),
+    ("stride 2**31 past the end", lambda h: _view(h, [2], [1 << 31], 0), OUTSIDE),
+    ("more than 64 dims", lambda h: _view(h, [1] * 65, [1] * 65, 0), "^sizes: 65 dims"),
+    ("65 strides", lambda h: _view(h, [1] * 64, [1] * 65, 0), "^strides: 65 dims"),
+    ("dtype a list", lambda h: _view(h, [2], [1], 0, dtype=["int8"]), "^dtype: "),
     ("rank mismatch", lambda h: _view(h, [2, 2], [1], 0), "^strides: 1 strides for 2 sizes"),
     ("float offset", lambda h: _view(h, [2], [1], 0.5), "^storage_offset: expected an integer"),
     ("past the end", lambda h: _view(h, [5], [1], 60), OUTSIDE),
@@ -481,6 +501,147 @@ def test_tensors_of_more_than_2_to_31_elements(cpu, stream, owner):
     v = shims.reinterpret_tensor(big, [3, 1 << 20], [(1 << 31) - 1, 1024], 5)
     assert v.byte_range()[1] > 1 << 32
     delete(v, big)
+
+
+# -- int64 sizes, strides and offsets; at most 64 dims (issue 7, items 9 and 10) --------------
+
+GIB = 1 << 30
+
+
+def test_sizes_and_strides_past_int32_are_int64(cpu, stream, owner):
+    """AOTI's shims take int64: a dim of 2**31 or more and a stride of 2**31 or more (metadata
+    over an 8 GiB region that nothing touches) are views like any other."""
+    big = shims.create_tensor_from_blob(FAKE, [8 * GIB], None, 0, "uint8")
+    assert big.alloc.nbytes == 8 * GIB and big.numel == 8 * GIB
+    rows = shims.reinterpret_tensor(big, [2, 3 * GIB], [4 * GIB, 1], 5)
+    assert rows.strides == (4 * GIB, 1) and rows.byte_range() == (5, 5 + 7 * GIB)
+    f = shims.reinterpret_tensor(big, [GIB + 1], [1], 0, dtype="float32")
+    assert f.byte_range() == (0, 4 * GIB + 4)
+    dense = shims.create_tensor_from_blob(FAKE + 16 * GIB, [3, 1 << 31], [1, 3], 0, "int16")
+    assert dense.strides == (1, 3) and dense.byte_range()[1] == 3 * 2 * (1 << 31)
+    delete(f, rows, big, dense)
+
+
+@pytest.mark.parametrize("dtype", ["uint8", "int16", "float32", "int64"])
+def test_extents_stop_below_2_to_62_bytes(cpu, stream, owner, dtype):
+    """Every byte count stays below 2**62: a blob one element short is bound; at the limit
+    it is refused with the reason, and so is a dense tensor of that many bytes."""
+    isz = dtypes.as_dtype(dtype).itemsize
+    n = (1 << 62) // isz
+    h = shims.create_tensor_from_blob(1 << 12, [n - 1], None, 0, dtype)
+    assert h.alloc.nbytes == (n - 1) * isz
+    delete(h)
+    before = snapshot(cpu)
+    for call in (lambda: shims.create_tensor_from_blob(1 << 12, [n], None, 0, dtype),
+                 lambda: shims.empty_strided([n], None, dtype, "cpu"),
+                 lambda: shims.empty_strided([2, n // 2], [n // 2, 1], dtype, "cpu")):
+        with pytest.raises(InvalidArgument, match=r"^sizes: .* 2\*\*62 bytes or more"):
+            call()
+    assert snapshot(cpu) == before
+
+
+def test_a_real_allocation_past_2_gib_reads_and_writes_past_2_to_31(cpu, stream, owner):
+    """One 2.5 GiB cpu allocation (untouched pages are free): views, copies and fills at byte
+    offsets past 2**31 and 2**32 land where they should."""
+    n = 5 * GIB // 2
+    h = shims.empty_strided([n], None, "uint8", cpu)
+    assert h.alloc.nbytes == n
+    far = shims.reinterpret_tensor(h, [16], [1], n - 16)
+    mid = shims.reinterpret_tensor(h, [2], [1 << 31], 7, dtype="uint8")   # 2 bytes, 2 GiB apart
+    small = shims.empty_strided([16], None, "uint8", cpu)
+    cpu.write(small, np.arange(16, dtype=np.uint8) + 1)
+    stream.copy(far, small)
+    stream.fill(mid, 0xAB)
+    stream.commit_and_wait()
+    np.testing.assert_array_equal(far.numpy(), np.arange(16, dtype=np.uint8) + 1)
+    assert mid.numpy().tolist() == [0xAB] * 2
+    # The fill reached bytes 7 + k * 2**31, and nothing next to them.
+    wide = shims.reinterpret_tensor(h, [2, 3], [1 << 31, 1], 6)
+    assert wide.numpy().tolist() == [[0, 0xAB, 0]] * 2
+    delete(wide, mid, far, small, h)
+
+
+@pytest.mark.parametrize("ndim", [63, 64])
+def test_64_dims_are_accepted_and_readable(dev, stream, owner, ndim):
+    h = shims.empty_strided([1] * (ndim - 1) + [3], None, "float32", dev)
+    v = shims.reinterpret_tensor(h, [1] * ndim, [1] * ndim, 2)
+    assert v.numpy().shape == (1,) * ndim and h.numpy().shape == (1,) * (ndim - 1) + (3,)
+    delete(v, h)
+
+
+def test_more_than_64_dims_are_refused_by_the_handle_itself(dev, stream, owner):
+    """The one constructor every view goes through (shims, delegates, copies) refuses them."""
+    h = shims.empty_strided([4], None, "float32", dev)
+    with pytest.raises(InvalidArgument, match="^sizes: 65 dims .* at most 64 dims"):
+        Handle(h.alloc, 0, (1,) * 65, (1,) * 65, h.dtype, dev, h.owner)
+    with pytest.raises(InvalidArgument, match="^sizes: 2 dims with 1 strides"):
+        Handle(h.alloc, 0, (1, 1), (1,), h.dtype, dev, h.owner)
+    delete(h)
+
+
+def _uploaded(dev, array: np.ndarray) -> Handle:
+    h = shims.empty_strided(array.shape, None, array.dtype, dev)
+    upload(h, array)
+    return h
+
+
+@pytest.mark.parametrize("sizes,strides", [
+    ([1 << 40], [0]),
+    ([3, 1 << 40], [1, 0]),
+    ([1 << 20, 2, 1 << 20], [0, 1, 0]),
+    ([1 << 30] * 2, [0, 0]),
+])
+def test_numpy_of_a_huge_broadcast_copies_only_its_distinct_elements(dev, stream, owner, sizes,
+                                                                      strides):
+    """A stride-0 view of up to 2**60 elements reads as a read-only numpy broadcast of its
+    distinct elements, with the right values, in no more memory than those."""
+    base = _uploaded(dev, rand([8], seed=4))
+    v = shims.reinterpret_tensor(base, sizes, strides, 1)
+    got = v.numpy()
+    assert got.shape == tuple(sizes) and not got.flags.writeable
+    want = np.lib.stride_tricks.as_strided(rand([8], seed=4)[1:], sizes,
+                                           [s * 4 for s in strides])
+    idx = tuple(n - 1 for n in sizes)
+    assert got[idx] == want[idx] and got[(0,) * len(sizes)] == want[(0,) * len(sizes)]
+    assert got.base is not None and got.base.size <= 3       # distinct elements only
+    delete(v, base)
+
+
+def test_materialising_a_huge_broadcast_is_out_of_memory(dev, stream, owner):
+    """Asking for a real copy of 2**43 bytes gives OutOfMemory naming the size, not numpy's
+    MemoryError."""
+    from aotrt.errors import OutOfMemory
+
+    base = _uploaded(dev, rand([8], seed=4))
+    v = shims.reinterpret_tensor(base, [1 << 40], [0], 0)
+    with pytest.raises(OutOfMemory, match=f"^host copy of {8 << 40} bytes"):
+        np.asarray(v, dtype=np.float64)
+    with pytest.raises(OutOfMemory, match=f"^host copy of {4 << 40} bytes"):
+        v.__array__(copy=True)
+    small = shims.reinterpret_tensor(base, [4], [0], 0)
+    np.testing.assert_array_equal(np.asarray(small, dtype=np.float64), [rand([8], seed=4)[0]] * 4)
+    delete(small, v, base)
+
+
+def test_a_blob_over_a_pooled_block_is_refused(cpu, stream, owner):
+    """Freed memory the pool keeps is the runtime's: a blob over any byte of it would see the
+    next allocation's data, so it is refused, whole or partly overlapping, empty or not."""
+    h = shims.empty_strided([64], None, "float32", cpu)
+    ptr = h.alloc.ptr
+    delete(h)
+    assert any(e.block.ptr == ptr for e in cpu.memory.pool.entries())
+    before = snapshot(cpu)
+    for start, sizes in ((ptr, [4]), (ptr + 100, [8]), (ptr - 8, [4]), (ptr + 16, [0]),
+                         (ptr + 252, [1])):
+        with pytest.raises(InvalidArgument, match="^data_ptr: .* freed memory .* pool keeps"):
+            shims.create_tensor_from_blob(start, sizes, None, 0, "float32")
+    with pytest.raises(InvalidArgument, match="^data_ptr: .* freed memory"):
+        cpu.memory.bind_region(ptr + 4, 4)
+    assert snapshot(cpu) == before
+    # Once the pool let it go, the bytes are no longer the runtime's.
+    again = shims.empty_strided([64], None, "float32", cpu)
+    assert again.alloc.ptr == ptr
+    delete(again)
 
 
 def test_size_one_dim_stride_past_int32_in_a_blob(cpu, stream, owner):
