@@ -393,6 +393,8 @@ class _Validator:
         self.writes: dict[int, list[_Write]] = {}
         #: kernel name -> kernel_accesses(kernel), computed once however many use it
         self.accesses: dict[str, list] = {}
+        #: kernel name -> _store_forms(kernel), likewise
+        self.forms: dict[str, list] = {}
 
     def run(self) -> None:
         p = self.p
@@ -593,21 +595,34 @@ class _Validator:
                                f"minimum/maximum so that the bound is provable")
         if k.numel == 0:
             return
-        for st in k.stores:
-            root, index, off, dt, _, _ = self.tensors[tids[st.arg]]
-            if root != "output":
-                continue
-            form = affine_index(st.index, len(k.shape))
-            if form is None:
+        dims_all = (*k.shape, *k.rshape)
+        for st_arg, form in self._store_forms(k):
+            root, index, off, dt, _, _ = self.tensors[tids[st_arg]]
+            if root != "output" or form is None:
                 continue            # a store we cannot describe proves nothing written
             coefs, c0 = form
             start, dims = off + c0 * dt.itemsize, []
             for d, c in coefs.items():
-                n = k.shape[d]
+                n = dims_all[d]
                 if c < 0:           # the same set of elements, walked the other way
                     start += c * (n - 1) * dt.itemsize
                 dims.append((n, abs(c) * dt.itemsize))
             self._wrote(index, _Write(start, dims, dt.itemsize))
+
+    def _store_forms(self, k: ir.Kernel) -> list[tuple[int, Any]]:
+        """(argument, affine form or None) of each store, computed once per kernel."""
+        forms = self.forms.get(k.name)
+        if forms is None:
+            forms = []
+            for st in k.stores:
+                # A store that uses a reduce dim runs in a loop over the reduce domain too (as
+                # render_c renders it): over every (outer, reduce) point, never if it is empty.
+                if uses_reduce_dim(st, len(k.shape)) and numel(k.rshape) == 0:
+                    forms.append((st.arg, None))
+                else:
+                    forms.append((st.arg, affine_index(st.index, len(k.shape) + len(k.rshape))))
+            self.forms[k.name] = forms
+        return forms
 
     def _library_instruction(self, ins: dict, w: str) -> None:
         fn = _str(ins["fn"], f"{w}.fn")
@@ -790,6 +805,23 @@ def _first_unwritten(writes: list[_Write], nbytes: int, lim: Limits,
     return int(np.argmin(seen))
 
 
+def uses_reduce_dim(st: ir.Store, nouter: int) -> bool:
+    """Whether a store's index or value reads a reduce dim outside a Reduce body (then the
+    renderers run it inside a loop over the reduce domain)."""
+    stack: list[Any] = [st.index, st.value]
+    seen: set[int] = set()
+    while stack:
+        e = stack.pop()
+        if id(e) in seen:
+            continue
+        seen.add(id(e))
+        if isinstance(e, ir.Idx) and e.dim >= nouter:
+            return True
+        if not isinstance(e, ir.Reduce):
+            stack.extend(ir.children(e))
+    return False
+
+
 def affine_index(e: ir.Expr, ndim: int) -> tuple[dict[int, int], int] | None:
     """`e` as sum(coef[d] * Idx(d)) + c0 over outer dims d < ndim, exactly as int64 computes
     it, or None when it is not of that form. Only int64 add, sub, neg, mul by a constant and
@@ -849,8 +881,9 @@ def _affine_node(e: Any, ndim: int, args: list, big: int) -> Any:
 def kernel_cost(k: ir.Kernel, cap: int) -> tuple[int, int]:
     """(distinct IR nodes, loop iterations) of a kernel, in time linear in its nodes.
 
-    Iterations: the outer elements, each running every Reduce's loop over the reduce domain;
-    a Reduce nested in another's body runs once per enclosing iteration (rnumel ** depth).
+    Iterations: the outer elements, each running every Reduce's loop over the reduce domain
+    (and one more for stores that use reduce dims); a Reduce nested in another's body runs
+    once per enclosing iteration (rnumel ** depth).
     Saturates just above `cap`, so no power is ever computed in full.
     """
     order: list[Any] = []       # post-order: operands before users
@@ -876,6 +909,8 @@ def kernel_cost(k: ir.Kernel, cap: int) -> tuple[int, int]:
                 depth[id(c)] = d
     rn = max(numel(k.rshape), 1)
     per = 1
+    if any(uses_reduce_dim(st, len(k.shape)) for st in k.stores):
+        per += rn               # the loop of the stores inside the reduce domain
     for node in order:
         if isinstance(node, ir.Reduce):
             per += _sat_pow(rn, depth[id(node)], cap + 1)

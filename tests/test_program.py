@@ -12,6 +12,8 @@ import ml_dtypes
 import numpy as np
 import pytest
 import safetensors.numpy
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from aotrt.errors import InvalidArgument, ProgramError
 from aotrt.kernels import ir
@@ -537,3 +539,324 @@ def test_mutated_programs_load_and_run_or_are_refused() -> None:
         except AotrtError:
             pass
     assert accepted > 10, accepted
+
+
+# -- every output byte is written before it is returned (issue 7, item 8b) ---------------------
+
+
+def _out_program(shape: list[int], instrs: Callable[[ProgramBuilder, int, int], None],
+                 dtype: str = "float32") -> Program:
+    b = ProgramBuilder("Cover")
+    x = b.input("x", dtype, shape)
+    o = b.output("o", dtype, shape)
+    instrs(b, x, o)
+    return b.build()
+
+
+def _store_kernel(name: str, shape: tuple, index: ir.Expr, n_out: int) -> ir.Kernel:
+    """out[index] = 1.0 over `shape`."""
+    return ir.Kernel(name, shape, (), (ir.Arg("float32", "w"),),
+                     (ir.Store(0, index, ir.Const(1.0, "float32")),))
+
+
+def _i(d: int) -> ir.Expr:
+    return ir.Idx(d)
+
+
+def _c(v: int) -> ir.Expr:
+    return ir.Const(v, "int64")
+
+
+def _op(name: str, *args: ir.Expr) -> ir.Expr:
+    return ir.Op(name, tuple(args), "int64")
+
+
+def test_output_never_written_is_refused() -> None:
+    with pytest.raises(ProgramError, match=r"outputs\[0\] 'o': byte 0 of its 48 is never "
+                                           r"written"):
+        _out_program([4, 3], lambda b, x, o: None)
+
+
+@pytest.mark.parametrize("rows", [1, 2, 3])
+def test_output_partly_copied_is_refused(rows: int) -> None:
+    def instrs(b: ProgramBuilder, x: int, o: int) -> None:
+        b.copy(b.alias(o, [rows, 3], [3, 1], 0), b.alias(x, [rows, 3], [3, 1], 0))
+
+    with pytest.raises(ProgramError, match=f"byte {rows * 12} of its 48 is never written"):
+        _out_program([4, 3], instrs)
+
+
+def test_output_written_in_pieces_by_copy_fill_and_library_is_accepted() -> None:
+    def instrs(b: ProgramBuilder, x: int, o: int) -> None:
+        b.copy(b.alias(o, [2, 3], [3, 1], 6), b.alias(x, [2, 3], [3, 1], 6))    # rows 2-3
+        b.fill(b.alias(o, [3], [1], 0), 0)                                       # row 0
+        a = b.alias(x, [1, 3], [3, 1], 0)
+        w = b.constant("w", np.ones((3, 3), np.float32))
+        b.library("mm", [b.alias(o, [1, 3], [3, 1], 3)], [a, w])                  # row 1
+
+    _out_program([4, 3], instrs)
+
+
+def test_fill_through_a_byte_view_covers_the_bytes_it_writes() -> None:
+    def instrs(b: ProgramBuilder, x: int, o: int) -> None:
+        b.fill(b.alias(o, [40], [1], 0, "uint8"), 0)         # 40 of the 48 bytes
+
+    with pytest.raises(ProgramError, match="byte 40 of its 48"):
+        _out_program([4, 3], instrs)
+
+
+INDEX_FORMS = [
+    # (name, kernel shape, store index, covers the 12 elements of out [4, 3])
+    ("row_major", (4, 3), _op("add", _op("mul", _i(0), _c(3)), _i(1)), True),
+    ("transposed", (3, 4), _op("add", _i(0), _op("mul", _i(1), _c(3))), True),
+    ("reversed", (12,), _op("sub", _c(11), _i(0)), True),
+    ("negated", (12,), _op("add", _op("neg", _i(0)), _c(11)), True),
+    ("const_times_idx", (12,), _op("mul", _c(1), _i(0)), True),
+    ("cast_int64", (12,), ir.Op("cast", (_i(0),), "int64"), True),
+    ("folded", (4, 3), _op("add", _op("add", _op("mul", _i(0), _c(2)), _i(0)), _i(1)), True),
+    ("half", (6,), _i(0), False),
+    ("evens", (6,), _op("mul", _i(0), _c(2)), False),
+    ("idx_times_idx", (4, 3), _op("mul", _i(0), _i(1)), False),
+    ("floordiv", (12,), _op("floordiv", _i(0), _c(1)), False),     # covers, but not affine
+    ("clamped", (12,), _op("minimum", _i(0), _c(11)), False),      # covers, but not affine
+    ("loaded", (12,), _op("add", _i(0), _op("mul", ir.Load(1, _c(0), "int64"), _c(0))),
+     False),
+]
+
+
+@pytest.mark.parametrize("name,shape,index,covers", INDEX_FORMS,
+                         ids=[f[0] for f in INDEX_FORMS])
+def test_kernel_stores_cover_exactly_their_affine_index_set(name: str, shape: tuple,
+                                                            index: ir.Expr,
+                                                            covers: bool) -> None:
+    args = (ir.Arg("float32", "w"), ir.Arg("int64", "r"))
+    k = ir.Kernel(f"k_{name}", shape, (), args,
+                  (ir.Store(0, index, ir.Const(1.0, "float32")),))
+
+    def instrs(b: ProgramBuilder, x: int, o: int) -> None:
+        b.kernel(k, [b.alias(o, [12], [1], 0), b.constant("c", np.zeros(1, np.int64))])
+
+    if covers:
+        _out_program([4, 3], instrs)
+    else:
+        with pytest.raises(ProgramError, match="is never written"):
+            _out_program([4, 3], instrs)
+
+
+@pytest.mark.parametrize("rshape,covers", [((3,), True), ((0,), False)])
+def test_a_store_in_the_reduce_loop_covers_outer_times_reduce(rshape: tuple,
+                                                               covers: bool) -> None:
+    """out[i * 3 + j] over outer (4,) and reduce dim j (as layer norms store): all 12, or
+    none when the reduce domain is empty (the loop never runs)."""
+    k = ir.Kernel("k_inner", (4,), rshape, (ir.Arg("float32", "w"),),
+                  (ir.Store(0, _op("add", _op("mul", _i(0), _c(3)), _i(1)),
+                            ir.Const(1.0, "float32")),))
+
+    def instrs(b: ProgramBuilder, x: int, o: int) -> None:
+        b.kernel(k, [b.alias(o, [12], [1], 0)])
+
+    if covers:
+        _out_program([4, 3], instrs)
+    else:
+        with pytest.raises(ProgramError, match="never written"):
+            _out_program([4, 3], instrs)
+
+
+def test_interleaved_strided_stores_are_marked_byte_by_byte() -> None:
+    evens = _store_kernel("k_even", (6,), _op("mul", _i(0), _c(2)), 12)
+    odds = _store_kernel("k_odd", (6,), _op("add", _op("mul", _i(0), _c(2)), _c(1)), 12)
+
+    def instrs(b: ProgramBuilder, x: int, o: int) -> None:
+        flat = b.alias(o, [12], [1], 0)
+        b.kernel(evens, [flat])
+        b.kernel(odds, [flat])
+
+    _out_program([12], instrs)
+    with pytest.raises(ProgramError, match="byte 4 of its 48"):
+        _out_program([12], lambda b, x, o: b.kernel(evens, [b.alias(o, [12], [1], 0)]))
+
+
+def test_sparse_writes_into_an_output_over_the_map_limit_are_refused() -> None:
+    from aotrt.limits import Limits
+
+    evens = _store_kernel("k_even", (6,), _op("mul", _i(0), _c(2)), 12)
+    odds = _store_kernel("k_odd", (6,), _op("add", _op("mul", _i(0), _c(2)), _c(1)), 12)
+
+    def instrs(b: ProgramBuilder, x: int, o: int) -> None:
+        flat = b.alias(o, [12], [1], 0)
+        b.kernel(evens, [flat])
+        b.kernel(odds, [flat])
+
+    p = _out_program([12], instrs)
+    with pytest.raises(ProgramError, match="bytes to map.*48 exceeds the load limit "
+                                           "max_coverage_bytes=47"):
+        p.validate(Limits(max_coverage_bytes=47))
+    # Dense writes need no map, whatever the output's size.
+    q = _out_program([12], lambda b, x, o: b.copy(o, x))
+    q.validate(Limits(max_coverage_bytes=0))
+
+
+def test_huge_outputs_are_covered_in_time_independent_of_their_size() -> None:
+    """A 2**37-byte output written by two dense halves (validate only, no allocation)."""
+    import time
+
+    n = 1 << 27
+    b = ProgramBuilder("Huge")
+    x = b.input("x", "float32", [256, n])
+    o = b.output("o", "float32", [256, n])
+    for part in (1, 0):
+        b.copy(b.alias(o, [128, n], [n, 1], part * 128 * n),
+               b.alias(x, [128, n], [n, 1], part * 128 * n))
+    t0 = time.perf_counter()
+    b.build()
+    assert time.perf_counter() - t0 < 3.0
+
+
+def test_outputs_without_elements_need_no_write() -> None:
+    _out_program([0, 3], lambda b, x, o: None)
+
+
+def test_a_sixty_four_byte_marking_is_o_bytes_even_for_overlapping_strides() -> None:
+    """A stride-0 dim of 2**30 elements writes one element: marking it costs nothing."""
+    import time
+
+    k = ir.Kernel("k_rep", (12, 1 << 30), (), (ir.Arg("float32", "w"),),
+                  (ir.Store(0, _op("add", _op("mul", _i(0), _c(1)), _op("mul", _i(1), _c(0))),
+                            ir.Const(1.0, "float32")),))
+    k_odd = _store_kernel("k_odd", (6,), _op("add", _op("mul", _i(0), _c(2)), _c(1)), 12)
+
+    def instrs(b: ProgramBuilder, x: int, o: int) -> None:
+        flat = b.alias(o, [12], [1], 0)
+        b.kernel(k, [flat])
+        b.kernel(k_odd, [flat])
+
+    t0 = time.perf_counter()
+    _out_program([12], instrs)
+    assert time.perf_counter() - t0 < 3.0
+
+
+# -- library ops are checked at load (issue 7, item 12) ---------------------------------------
+
+
+def _lib_program(fn: str, params: dict, a_shape=(4, 3), b_shape=(3, 5), dtype="float32",
+                 out_shape=(4, 5)) -> Program:
+    b = ProgramBuilder("Lib")
+    a = b.input("a", dtype, list(a_shape))
+    bb = b.input("b", dtype, list(b_shape))
+    o = b.output("o", "float32", list(out_shape))
+    b.library(fn, [o], [a, bb], params)
+    return b.build()
+
+
+def test_good_library_instruction_is_accepted() -> None:
+    _lib_program("mm", {})
+
+
+LIB_BAD = [
+    ("unknown_op", dict(fn="frobnicate", params={}), r"instructions\[0\] \(library\)\.fn: "
+                                                     r"library op 'frobnicate' is not"),
+    ("unknown_param", dict(fn="mm", params={"stride": 1}), r"\(library\)\.params"),
+    ("inner_dims", dict(fn="mm", params={}, b_shape=(4, 5)), r"\(library\).*mm"),
+    ("out_shape", dict(fn="mm", params={}, out_shape=(4, 6)), r"\(library\).*mm"),
+    ("int_dtype", dict(fn="mm", params={}, dtype="int32"), r"\(library\).*mm"),
+    ("bmm_rank", dict(fn="bmm", params={}), r"\(library\).*bmm"),
+]
+
+
+@pytest.mark.parametrize("name,kw,match", LIB_BAD, ids=[c[0] for c in LIB_BAD])
+def test_bad_library_instruction_is_refused_at_load(name: str, kw: dict, match: str) -> None:
+    with pytest.raises(ProgramError, match=match):
+        _lib_program(**kw)
+
+
+def _conv_program(params: dict) -> Program:
+    b = ProgramBuilder("Conv")
+    x = b.input("x", "float32", [1, 2, 8, 8])
+    w = b.constant("w", np.ones((3, 2, 3, 3), np.float32))
+    o = b.output("o", "float32", [1, 3, 6, 6])
+    b.library("convolution", [o], [x, w, None], params)
+    return b.build()
+
+
+@pytest.mark.parametrize("params,field", [
+    ({"stride": [0, 1]}, "stride"), ({"stride": [1, 1, 1]}, "stride"),
+    ({"padding": [-1, 0]}, "padding"), ({"dilation": [0, 0]}, "dilation"),
+    ({"groups": 0}, "groups"), ({"stride": "x"}, "stride"),
+])
+def test_bad_convolution_params_name_their_field(params: dict, field: str) -> None:
+    with pytest.raises(ProgramError, match=rf"instructions\[0\] \(library\)\.params\.{field}"):
+        _conv_program(params)
+
+
+def test_good_convolution_is_accepted() -> None:
+    _conv_program({"stride": [1, 1], "padding": [0, 0]})
+
+
+def test_bad_max_pool2d_kernel_size_names_its_field() -> None:
+    b = ProgramBuilder("Pool")
+    x = b.input("x", "float32", [1, 1, 4, 4])
+    o = b.output("o", "float32", [1, 1, 2, 2])
+    b.library("max_pool2d", [o], [x], {"kernel_size": [2, 2, 2]})
+    with pytest.raises(ProgramError, match=r"\(library\)\.params\.kernel_size"):
+        b.build()
+
+
+# -- safetensors headers of every wrong type (issue 7, item 9) ---------------------------------
+
+
+def _st_bytes(header: Any, body: bytes = b"\0" * 16) -> bytes:
+    text = json.dumps(header).encode()
+    return struct.pack("<Q", len(text)) + text + body
+
+
+GOOD_ENTRY = {"dtype": "F32", "shape": [2, 2], "data_offsets": [0, 16]}
+ST_BAD = [
+    ("dtype_list", {"dtype": ["F32"]}), ("dtype_int", {"dtype": 3}),
+    ("dtype_dict", {"dtype": {"a": 1}}), ("dtype_null", {"dtype": None}),
+    ("dtype_bool", {"dtype": True}), ("shape_str", {"shape": "2,2"}),
+    ("shape_float", {"shape": [2.0, 2]}), ("shape_nan", {"shape": [float("nan"), 2]}),
+    ("shape_inf", {"shape": [float("inf"), 2]}), ("shape_bool", {"shape": [True, 4]}),
+    ("shape_nested", {"shape": [[2], 2]}), ("shape_negative", {"shape": [-2, -2]}),
+    ("offsets_dict", {"data_offsets": {"0": 16}}), ("offsets_float", {"data_offsets": [0, 16.0]}),
+    ("offsets_nan", {"data_offsets": [float("nan"), 16]}), ("offsets_one", {"data_offsets": [0]}),
+    ("offsets_huge", {"data_offsets": [0, 1 << 70]}), ("offsets_null", {"data_offsets": None}),
+]
+
+
+@pytest.mark.parametrize("name,change", ST_BAD, ids=[c[0] for c in ST_BAD])
+def test_wrong_typed_safetensors_fields_are_program_errors(name: str, change: dict) -> None:
+    read_safetensors(_st_bytes({"t": GOOD_ENTRY}))
+    with pytest.raises(ProgramError):
+        read_safetensors(_st_bytes({"t": {**GOOD_ENTRY, **change}}))
+
+
+@pytest.mark.parametrize("header", [[], "x", 3, None, {"t": []}, {"t": "F32"},
+                                    {"__metadata__": []}, {"__metadata__": {"a": 1}},
+                                    {"__metadata__": {"a": ["b"]}}])
+def test_wrong_typed_safetensors_structures_are_program_errors(header: Any) -> None:
+    with pytest.raises(ProgramError):
+        read_safetensors(_st_bytes(header))
+
+
+_json_leaf = st.one_of(st.none(), st.booleans(), st.integers(-(1 << 70), 1 << 70),
+                       st.floats(allow_nan=True, allow_infinity=True), st.text(max_size=6),
+                       st.sampled_from(["F32", "I64", "BOOL", "BF16", "dtype", "shape",
+                                        "data_offsets", "__metadata__"]))
+_json = st.recursive(_json_leaf, lambda kids: st.one_of(
+    st.lists(kids, max_size=4),
+    st.dictionaries(st.sampled_from(["dtype", "shape", "data_offsets", "t", "__metadata__",
+                                     METADATA_KEY]), kids, max_size=4)), max_leaves=12)
+_entry = st.fixed_dictionaries({}, optional={"dtype": _json, "shape": _json,
+                                             "data_offsets": _json, "x": _json})
+
+
+@settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(header=st.one_of(_json, st.dictionaries(st.text(max_size=3), st.one_of(_entry, _json),
+                                               max_size=3)),
+       body=st.binary(max_size=40))
+def test_read_safetensors_is_total_over_hostile_headers(header: Any, body: bytes) -> None:
+    try:
+        meta, arrays = read_safetensors(_st_bytes(header, body))
+    except ProgramError:
+        return
+    assert isinstance(meta, dict) and isinstance(arrays, dict)
