@@ -30,6 +30,10 @@ OUTCOMES = ("refused", "ran_equal", "ran_different", "raw_exception", "crash", "
 BAD = ("ran_different", "raw_exception", "crash", "hang", "sanitizer")
 INPUT_LIMIT = 16 << 20
 ROOT = Path(__file__).resolve().parents[2]
+#: with AOTRT_FUZZ_PROBES=1 a worker dies of SIGSEGV on this job, or sleeps on the next one:
+#: the harness's own tests use them to see crashes and hangs counted
+CRASH_PROBE = b"aotrt-fuzz-probe:crash"
+HANG_PROBE = b"aotrt-fuzz-probe:hang"
 
 
 def make_inputs(prog: Any, seed: int) -> list[np.ndarray] | None:
@@ -131,7 +135,12 @@ def worker_main() -> None:
     for line in sys.stdin:
         msg = json.loads(line)
         t0 = time.perf_counter()
-        r = judge(base64.b64decode(msg["data"]), msg["seed"])
+        data = base64.b64decode(msg["data"])
+        if os.environ.get("AOTRT_FUZZ_PROBES") == "1" and data == CRASH_PROBE:
+            os.kill(os.getpid(), signal.SIGSEGV)
+        if os.environ.get("AOTRT_FUZZ_PROBES") == "1" and data == HANG_PROBE:
+            time.sleep(3600)
+        r = judge(data, msg["seed"])
         r["id"] = msg["id"]
         r["seconds"] = round(time.perf_counter() - t0, 4)
         out.write(json.dumps(r) + "\n")
