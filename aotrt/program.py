@@ -266,6 +266,12 @@ class Program:
         from safetensors.numpy import save_file
 
         self.validate()
+        for i, k in enumerate(self.kernels):
+            # The file holds each kernel as a tree: shared IR is written once per use.
+            n = tree_size(k, MAX_HEADER)
+            if n > MAX_HEADER // 16:
+                raise _fail(f"kernels[{i}] {k.name}", f"its IR expands to more than "
+                                                      f"{MAX_HEADER // 16} nodes in the file")
         text = json.dumps(self.to_json(), separators=(",", ":"), allow_nan=False)
         arrays = {k: np.ascontiguousarray(v) for k, v in self.constants.items()}
         path = Path(path)
@@ -919,6 +925,24 @@ def kernel_cost(k: ir.Kernel, cap: int) -> tuple[int, int]:
     outer = numel(k.shape)
     total = 0 if outer == 0 else outer * per if per <= cap else cap + 1
     return len(order), min(total, cap + 1)
+
+
+def tree_size(k: ir.Kernel, cap: int) -> int:
+    """Nodes of a kernel's IR written out as a tree (what to_json makes), saturating just
+    above `cap`; linear in the distinct nodes however much they are shared."""
+    size: dict[int, int] = {}
+    stack: list[tuple[Any, bool]] = [(s, False) for s in k.stores]
+    while stack:
+        node, ready = stack.pop()
+        if id(node) in size:
+            continue
+        kids = ir.children(node)
+        if not ready:
+            stack.append((node, True))
+            stack.extend((c, False) for c in kids if id(c) not in size)
+            continue
+        size[id(node)] = min(1 + sum(size[id(c)] for c in kids), cap + 1)
+    return min(sum(size[id(s)] for s in k.stores), cap + 1)
 
 
 def _sat_pow(base: int, exp: int, ceiling: int) -> int:

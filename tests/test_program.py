@@ -860,3 +860,37 @@ def test_read_safetensors_is_total_over_hostile_headers(header: Any, body: bytes
     except ProgramError:
         return
     assert isinstance(meta, dict) and isinstance(arrays, dict)
+
+
+def test_save_refuses_ir_whose_tree_would_not_fit_a_file(tmp_path: Path) -> None:
+    """A shared expression of 2**60 tree nodes validates (linear) but cannot be saved."""
+    import time
+
+    e: ir.Expr = ir.Load(0, ir.Idx(0), "float32")
+    for _ in range(60):
+        e = ir.Op("add", (e, e), "float32")
+    k = ir.Kernel("k_dag", (3,), (), (ir.Arg("float32", "r"), ir.Arg("float32", "w")),
+                  (ir.store(1, [1], e),))
+    b = ProgramBuilder("Dag")
+    x = b.input("x", "float32", [3])
+    o = b.output("o", "float32", [3])
+    b.kernel(k, [x, o])
+    t0 = time.perf_counter()
+    p = b.build()
+    with pytest.raises(ProgramError, match=r"kernels\[0\] k_dag: its IR expands to more than"):
+        p.save(tmp_path / "dag.aotp")
+    assert time.perf_counter() - t0 < 3.0
+
+
+@pytest.mark.parametrize("dtype", ["int64", "int32", "int16", "int8", "uint8"])
+@pytest.mark.parametrize("special", ["nan", "inf", "-inf"])
+def test_nan_or_inf_integer_constants_are_refused(tmp_path: Path, dtype: str,
+                                                  special: str) -> None:
+    doc, arrays = doc_and_arrays()
+    index = doc["kernels"][0]["stores"][0]["index"]
+    doc["kernels"][0]["stores"][0]["index"] = {
+        "t": "Op", "op": "add", "dtype": "int64", "args": [
+            index, {"t": "Op", "op": "cast", "dtype": "int64", "args": [
+                {"t": "Const", "value": {"t": "float", "v": special}, "dtype": dtype}]}]}
+    with pytest.raises(ProgramError, match="not an integer"):
+        load_doc(tmp_path, doc, arrays)
