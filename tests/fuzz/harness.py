@@ -34,6 +34,7 @@ ROOT = Path(__file__).resolve().parents[2]
 #: the harness's own tests use them to see crashes and hangs counted
 CRASH_PROBE = b"aotrt-fuzz-probe:crash"
 HANG_PROBE = b"aotrt-fuzz-probe:hang"
+SAN_PROBE = b"aotrt-fuzz-probe:heap-overflow"
 
 
 def make_inputs(prog: Any, seed: int) -> list[np.ndarray] | None:
@@ -123,6 +124,16 @@ def _tb() -> str:
                                for f in traceback.extract_tb(sys.exc_info()[2])[-4:])
 
 
+def _overflow() -> None:
+    """Read 8 bytes past a 16-byte malloc block (memmove is checked by ASan)."""
+    import ctypes
+    libc = ctypes.CDLL(None)
+    libc.malloc.restype = ctypes.c_void_p
+    p = libc.malloc(16)
+    buf = ctypes.create_string_buffer(8)
+    ctypes.memmove(buf, p + 16, 8)
+
+
 def worker_main() -> None:
     """Read {"id", "data", "seed"} lines on stdin, write {"id", ...result} lines."""
     out = os.fdopen(os.dup(1), "w", buffering=1)
@@ -140,6 +151,8 @@ def worker_main() -> None:
             os.kill(os.getpid(), signal.SIGSEGV)
         if os.environ.get("AOTRT_FUZZ_PROBES") == "1" and data == HANG_PROBE:
             time.sleep(3600)
+        if os.environ.get("AOTRT_FUZZ_PROBES") == "1" and data == SAN_PROBE:
+            _overflow()
         r = judge(data, msg["seed"])
         r["id"] = msg["id"]
         r["seconds"] = round(time.perf_counter() - t0, 4)

@@ -1,6 +1,6 @@
 """The CI fuzz run: mutants of the seed programs are refused or equal the numpy reference.
 
-Split: 2,000 mutants in plain workers (about a minute on 2 cores), then 400 more with the
+Split: 2,000 mutants in plain workers (about a minute on 2 cores), then 600 more with the
 kernels built with AddressSanitizer and UBSan (contract C5; slower compiles), then the
 oracle's own tests: the reference's semantics, the comparison, and the harness's crash and
 hang classification, so that none of the zero counts above can hold by construction.
@@ -63,9 +63,16 @@ def test_fuzz_sanitized(cache: Path, tmp_path: Path) -> None:
                          text=True).stdout.strip()
     if not os.path.isabs(lib):
         pytest.skip("the compiler has no libasan")
-    counts, bad = _campaign(0, 400, 11, True, tmp_path / "cache", tmp_path)
+    counts, bad = _campaign(0, 600, 11, True, tmp_path / "cache", tmp_path)
     assert not bad, bad[:5]
     assert counts["ran_equal"] > 20
+    # ... and a sanitizer report in a worker is counted as one (not as a crash, not lost)
+    env = dict(os.environ, AOTRT_FUZZ_PROBES="1", AOTRT_CACHE_DIR=str(tmp_path / "cache"))
+    jobs = [{"id": 0, "seed": 0, "data": H.SAN_PROBE},
+            {"id": 1, "seed": 0, "data": M.join(*M.seed_files()["gather"])}]
+    got = {r["id"]: r["outcome"] for r in H.run_jobs(jobs, workers=1, timeout=60,
+                                                      sanitize=True, log_dir=tmp_path, env=env)}
+    assert got == {0: "sanitizer", 1: "ran_equal"}
 
 
 def test_every_seed_runs_equal() -> None:
