@@ -273,12 +273,16 @@ def _death(w: Worker) -> dict[str, Any]:
     w.p.wait()
     rc = w.p.returncode
     tail = w.log_tail()
-    if "AddressSanitizer" in tail or "runtime error:" in tail or "UndefinedBehavior" in tail:
+    try:        # the report's first line may be far above the tail (long stacks)
+        whole = w.log.read_bytes()[-(1 << 20):].decode("utf-8", "replace")
+    except OSError:
+        whole = tail
+    if "AddressSanitizer" in whole or "runtime error:" in whole or "UndefinedBehavior" in whole:
         outcome = "sanitizer"
     else:
         outcome = "crash"
     w.logf.close()
-    lines = [ln for ln in tail.splitlines() if ln.strip()]
+    lines = [ln for ln in whole.splitlines() if ln.strip()]
     key = next((ln for ln in lines if "ERROR: AddressSanitizer" in ln or "runtime error" in ln),
                lines[-1] if lines else "")
     return {"id": job["id"], "outcome": outcome, "detail": f"exit {rc}: {key[:300]}",

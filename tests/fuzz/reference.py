@@ -61,12 +61,13 @@ def _masks(*xs: V) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
 
 def f2i(x: np.ndarray) -> np.ndarray:
     """float -> int64 saturating, NaN -> 0 (the renderer's aot_f2i)."""
-    x = np.asarray(x, np.float32)
+    d = np.asarray(x, np.float32).astype(np.float64)
+    inside = (d >= -2.0 ** 63) & (d < 2.0 ** 63)
     with np.errstate(all="ignore"):
-        out = np.clip(np.nan_to_num(x, nan=0.0), -9.2e18, 9.2e18).astype(np.int64)
-        out = np.where(x >= np.float32(2.0 ** 63), I64_MAX, out)
-        out = np.where(x < np.float32(-2.0 ** 63), I64_MIN, out)
-    return np.where(np.isnan(x), 0, out).astype(np.int64)
+        out = np.where(inside, d, 0.0).astype(np.int64)
+    out = np.where(d >= 2.0 ** 63, I64_MAX, out)
+    out = np.where(d < -2.0 ** 63, I64_MIN, out)
+    return np.where(np.isnan(d), 0, out).astype(np.int64)
 
 
 def to_kind(x: V, k: str) -> V:
@@ -443,7 +444,8 @@ class _Kernel:
             if dst in _NARROW:
                 w = V(w.v.astype(_NARROW[dst]).astype(np.int64), "i", w.undef, w.uninit, w.approx)
             return w
-        if dst in _NARROW and src != dst:
+        if dst in _NARROW:
+            # wraps even from its own dtype: a narrow-typed op computes in int64 (render_c)
             w = to_kind(x, "i")
             return V(w.v.astype(_NARROW[dst]).astype(np.int64), "i", w.undef, w.uninit, w.approx)
         if dst in ("float16", "bfloat16") and src != dst:

@@ -84,6 +84,17 @@ def test_every_seed_runs_equal() -> None:
                 r["outcome"] == "refused" and "by zero" in r["detail"]), (name, r)
 
 
+#: (master, id) of campaign mutants that once gave a bad outcome (/tmp/aotrt-fuzz-findings.md)
+KNOWN = [(1, 6249)]   # F1: cast int8 -> int8 was a no-op in C, the proof wrapped: read past x
+
+
+@pytest.mark.parametrize("master,index", KNOWN)
+def test_known_findings_stay_fixed(master: int, index: int) -> None:
+    files = M.seed_files()
+    r = H.judge(M.mutant(files, index, master)[2], index)
+    assert r["outcome"] in ("refused", "ran_equal"), r
+
+
 def test_mutants_are_deterministic_and_cover_every_kind() -> None:
     files = M.seed_files()
     a = [M.mutant(files, i, 3) for i in range(300)]
@@ -118,9 +129,10 @@ def test_reference_narrowing_casts_wrap(dt: str, np_dt: Any) -> None:
 
 
 def test_reference_float_to_int_saturates() -> None:
-    x = np.array([np.nan, np.inf, -np.inf, 1e30, -1e30, 2.7, -2.7], np.float32)
-    got = _run1(lambda e: ir.cast(e, "int64"), x, "int64")
-    assert list(got) == [0, 2**63 - 1, -2**63, 2**63 - 1, -2**63, 2, -2]
+    x = np.array([np.nan, np.inf, -np.inf, 1e30, -1e30, 2.7, -2.7, -2.0**63, 2.0**62],
+                 np.float32)
+    expect = [0, 2**63 - 1, -2**63, 2**63 - 1, -2**63, 2, -2, -2**63, 2**62]
+    assert list(_run1(lambda e: ir.cast(e, "int64"), x, "int64")) == expect
 
 
 @pytest.mark.parametrize("op,expect", [("floordiv", [-2**63, -4, 3, -3]),
