@@ -12,12 +12,14 @@ import logging
 import statistics
 import sys
 import time
+import traceback
 from typing import Any, Callable, Sequence
 
 import numpy as np
 
 from aotrt import dtypes
-from aotrt.errors import AotrtError
+from aotrt.errors import (AotrtError, CompileError, InvalidArgument, ProgramError,
+                          Unsupported)
 
 log = logging.getLogger(__name__)
 
@@ -202,13 +204,52 @@ def main(argv: Sequence[str] | None = None) -> int:
             return 2
     try:
         return args.fn(args)
-    except (AotrtError, OSError, KeyError, ValueError) as e:
-        print(f"aotrt {args.command}: error: {type(e).__name__}: {e}", file=sys.stderr)
-        return 1
+    except KeyboardInterrupt:
+        print(f"aotrt {args.command}: interrupted", file=sys.stderr)
+        return 130
     except ImportError as e:
-        print(f"aotrt {args.command}: error: {e} (install the 'export' extra for torch)",
-              file=sys.stderr)
+        _report(args, f"{e} (install the 'export' extra for torch)", 1)
         return 1
+    except Exception as e:  # noqa: BLE001 - the CLI's contract: one line, never a traceback
+        code = _exit_code(e)
+        _report(args, _one_line(e), code)
+        return code
+
+
+# A bad program file or bad arguments (inputs, paths): exit 2. A run that failed: exit 1.
+_BAD_INPUT = (ProgramError, InvalidArgument, Unsupported, OSError, KeyError, ValueError)
+
+
+def _exit_code(e: BaseException) -> int:
+    return 2 if isinstance(e, _BAD_INPUT) else 1
+
+
+def _one_line(e: BaseException) -> str:
+    """The exception's name and the first line of its message; a compiler log stays out."""
+    try:
+        text = str(e)
+    except Exception:  # noqa: BLE001 - a message that cannot be printed is still an error
+        text = ""
+    lines = text.strip().splitlines()
+    first = lines[0] if lines else "(no message)"
+    if len(first) > 500:
+        first = first[:497] + "..."
+    kind = type(e).__name__
+    if not isinstance(e, AotrtError) and not isinstance(e, (OSError, KeyError, ValueError)):
+        kind = f"internal error: {kind}"
+    more = ""
+    if isinstance(e, CompileError) and e.log:
+        more = " (the compiler's log: run with --verbose)"
+    elif len(lines) > 1:
+        more = " (more: run with --verbose)"
+    return f"{kind}: {first}{more}"
+
+
+def _report(args: argparse.Namespace, line: str, code: int) -> None:
+    """Print the one error line; under --verbose the full message and traceback first."""
+    if args.verbose:
+        traceback.print_exc(file=sys.stderr)
+    print(f"aotrt {args.command}: error: {line}", file=sys.stderr)
 
 
 if __name__ == "__main__":
