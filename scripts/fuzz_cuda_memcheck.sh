@@ -12,7 +12,8 @@
 # go under $OUT when it is set (else /tmp/aotrt-fuzz-memcheck): memcheck-<batch>.log,
 # results.jsonl (one line per mutant) and counts.json (outcomes, memcheck error total,
 # batches that crashed). ran_different on cuda may be FMA contraction or cuda libm in
-# values the reference takes as exact: read the details. Exit status 1 when memcheck reported anything or a batch crashed.
+# values the reference takes as exact: read the details. Exit status 1 when memcheck
+# reported anything or a batch crashed.
 set -u
 MUTANTS="${1:-2000}"
 MASTER="${2:-1}"
@@ -22,7 +23,8 @@ DEST="${OUT:-/tmp/aotrt-fuzz-memcheck}"
 mkdir -p "$DEST/programs"
 export PYTHONPATH="$REPO${PYTHONPATH:+:$PYTHONPATH}"
 PY="${PYTHON:-python3}"
-CS="$(command -v compute-sanitizer || ls /usr/local/cuda*/bin/compute-sanitizer 2>/dev/null | head -1)"
+CS="$(command -v compute-sanitizer ||
+    ls /usr/local/cuda*/bin/compute-sanitizer 2>/dev/null | head -1)"
 if [ -z "$CS" ]; then
     echo "fuzz_cuda_memcheck: compute-sanitizer not found" | tee "$DEST/counts.json"
     exit 2
