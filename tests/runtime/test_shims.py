@@ -1240,3 +1240,68 @@ def test_outside_message_names_the_view_and_its_bounds(dev, stream, owner):
     assert str(e.value) == (f"sizes/strides/storage_offset: view bytes [40, 72) lie outside "
                             f"[0, 64) of {base.alloc.describe()}")
     delete(v, base)
+
+
+# -- hostile values: every refusal is an aotrt error, never numpy's, ctypes' or int()'s -----
+
+_HOSTILE_INT = st.one_of(
+    st.integers(-(1 << 70), 1 << 70), st.sampled_from([0, 1, 2, (1 << 31), (1 << 62), INT64_MAX,
+                                                       1 << 63, -(1 << 63) - 1]),
+    st.booleans(), st.floats(allow_nan=True), st.none(), st.text(max_size=3),
+    st.builds(np.int64, st.integers(-(1 << 63), INT64_MAX)),
+    st.builds(np.uint64, st.integers(0, (1 << 64) - 1)), st.builds(np.bool_, st.booleans()),
+    st.builds(np.float32, st.floats(width=32)))
+_HOSTILE_DIMS = st.one_of(st.lists(_HOSTILE_INT, max_size=4), st.lists(st.just(1),
+                                                                      min_size=63, max_size=70),
+                          _HOSTILE_INT, st.just(np.arange(3)), st.just(np.ones((2, 2), int)))
+_HOSTILE_DTYPE = st.one_of(st.sampled_from(["float32", "uint8", "bool", "bfloat16", "float64",
+                                            "nope", np.int16, np.complex64, None, 3, ["f4"],
+                                            {"a": 1}, [("a", "f4", -1)], b"f4", object()]))
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=list(HealthCheck))
+@given(data=st.data())
+def test_hostile_shim_arguments_raise_only_aotrt_errors(cpu, stream, owner, data):
+    from aotrt.errors import AotrtError
+
+    base = shims.empty_strided([64], None, "float32", cpu)
+    made: list[Handle] = []
+    def arg(valid: Any, hostile: Any) -> Any:
+        # Mostly valid arguments, so that the one hostile value reaches its check.
+        return data.draw(valid if data.draw(st.integers(0, 3)) else hostile)
+
+    dims = st.sampled_from([[4], [2, 3], [1] * 64, [1] * 65, [0, 5]])
+    dtype = st.sampled_from(["float32", "uint8", "int64"])
+    calls = {
+        "empty_strided": lambda: shims.empty_strided(
+            arg(dims, _HOSTILE_DIMS), arg(st.none(), _HOSTILE_DIMS), arg(dtype, _HOSTILE_DTYPE),
+            arg(st.just("cpu"), st.sampled_from([None, 1, "cpu:7", ["cpu"]]))),
+        "create_tensor_from_blob": lambda: shims.create_tensor_from_blob(
+            arg(st.sampled_from([base.alloc.ptr, base.alloc.ptr + 4]), _HOSTILE_INT),
+            arg(dims, _HOSTILE_DIMS), arg(st.none(), _HOSTILE_DIMS),
+            arg(st.just(0), _HOSTILE_INT), arg(dtype, _HOSTILE_DTYPE), "cpu"),
+        "reinterpret_tensor": lambda: shims.reinterpret_tensor(
+            base, arg(dims, _HOSTILE_DIMS), arg(st.sampled_from([[1], [0, 1], [1] * 65]),
+                                                 _HOSTILE_DIMS),
+            arg(st.just(0), _HOSTILE_INT), arg(st.none(), _HOSTILE_DTYPE)),
+    }
+    name = data.draw(st.sampled_from(sorted(calls)))
+    try:
+        h = calls[name]()
+        made.append(h)
+        # What was accepted is a usable view: its metadata, and its values where they are
+        # in memory the test owns and small enough to read.
+        assert len(h.sizes) <= 64 and h.numel >= 0
+        lo, hi = h.byte_range()
+        if h.alloc is not None and h.alloc.kind != "region" and h.numel <= 1 << 16:
+            arr = h.numpy()
+            assert arr.shape == h.sizes
+        del lo, hi
+    except AotrtError:
+        pass
+    except MemoryError as e:                      # pragma: no cover - the defect under test
+        pytest.fail(f"{name}: raw MemoryError {e!r}")
+    finally:
+        for h in made:
+            delete(h)
+        delete(base)
