@@ -371,25 +371,28 @@ class _Kernel:
             return to_kind(r, out_k)
         src = e.args[0].dtype
         with np.errstate(all="ignore"):
-            if op in ("lt", "le", "gt", "ge", "eq", "ne") or (
-                    src == "bool" and op in ("and", "or", "xor", "bitwise_and", "bitwise_or",
-                                             "bitwise_xor")):
+            allbool = all(x.dtype == "bool" for x in e.args)
+            if (src == "bool" and op in ("and", "or", "xor")) or (
+                    allbool and op in ("bitwise_and", "bitwise_or", "bitwise_xor")):
+                # truth values of both sides (xor must not compare 1 with 5)
+                xb, yb = to_kind(args[0], "b"), to_kind(args[1], "b")
+                f = {"and": np.logical_and, "or": np.logical_or, "xor": np.not_equal,
+                     "bitwise_and": np.logical_and, "bitwise_or": np.logical_or,
+                     "bitwise_xor": np.not_equal}[op]
+                u = xb.undef | yb.undef
+                return to_kind(V(f(xb.v, yb.v).astype(np.int64), "i", u, n, np.zeros_like(u)),
+                               out_k)
+            if op in ("lt", "le", "gt", "ge", "eq", "ne"):
                 x, y = args
-                if op in ("and", "or", "bitwise_and", "bitwise_or"):
-                    xb, yb = to_kind(x, "b"), to_kind(y, "b")
-                    v = (xb.v & yb.v) if op in ("and", "bitwise_and") else (xb.v | yb.v)
-                    u = xb.undef | yb.undef
-                    return to_kind(V(v.astype(np.int64), "i", u, n, np.zeros_like(u)), out_k)
                 ck = "f" if "f" in (x.k, y.k) else "i"
-                x, y = to_kind(x, ck) if ck == "i" else to_kind(x, "f"), to_kind(y, ck)
+                x, y = to_kind(x, ck), to_kind(y, ck)
                 sym = {"lt": np.less, "le": np.less_equal, "gt": np.greater,
-                       "ge": np.greater_equal, "eq": np.equal, "ne": np.not_equal,
-                       "xor": np.not_equal, "bitwise_xor": np.not_equal}[op]
+                       "ge": np.greater_equal, "eq": np.equal, "ne": np.not_equal}[op]
                 v = sym(x.v, y.v).astype(np.int64)
                 return to_kind(V(v, "i", u | a, n, np.zeros_like(u)), out_k)
-            if op == "bitwise_not" and src == "bool":
+            if op == "bitwise_not" and src == "bool" and dt == "bool":
                 x = to_kind(args[0], "b")
-                return to_kind(V((~x.v).astype(np.int64) & 1, "i", u, n, a & False), out_k)
+                return V(~x.v, "b", u, n, np.zeros_like(u))
             if op in ("isnan", "isinf") and src not in ir.FLOAT_DTYPES:
                 return to_kind(V(np.zeros(args[0].v.shape, np.int64), "i", u, n, a & False),
                                out_k)

@@ -85,7 +85,8 @@ def test_every_seed_runs_equal() -> None:
 
 
 #: (master, id) of campaign mutants that once gave a bad outcome (/tmp/aotrt-fuzz-findings.md)
-KNOWN = [(1, 6249)]   # F1: cast int8 -> int8 was a no-op in C, the proof wrapped: read past x
+KNOWN = [(1, 6249),   # F1: cast int8 -> int8 was a no-op in C, the proof wrapped: read past x
+         (1, 6757)]   # R2: bitwise_xor(bool, int64) is an int xor (reference followed old C)
 
 
 @pytest.mark.parametrize("master,index", KNOWN)
