@@ -214,6 +214,6 @@ def test_harness_counts_crash_and_hang(tmp_path: Path) -> None:
     jobs = [{"id": 0, "seed": 0, "data": H.CRASH_PROBE}, {"id": 1, "seed": 0, "data": H.HANG_PROBE},
             {"id": 2, "seed": 0, "data": M.join(*M.seed_files()["casts"])}]
     env = dict(os.environ, AOTRT_FUZZ_PROBES="1")
-    got = {r["id"]: r["outcome"] for r in H.run_jobs(jobs, workers=1, timeout=5,
+    got = {r["id"]: r["outcome"] for r in H.run_jobs(jobs, workers=1, timeout=15,
                                                       log_dir=tmp_path, env=env)}
     assert got == {0: "crash", 1: "hang", 2: "ran_equal"}
