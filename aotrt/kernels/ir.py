@@ -11,6 +11,7 @@ the view's storage offset.
 from __future__ import annotations
 
 import json
+import struct
 from dataclasses import dataclass, fields
 from typing import Any, Iterator, Sequence, Union
 
@@ -42,12 +43,39 @@ class Expr:
     dtype: str
 
 
+def const_key(value: Any, dtype: Any) -> tuple:
+    """The bit-exact identity of a literal: -0.0 is not 0.0, NaN payloads differ, and an int,
+    a bool and a float of the same value are three different constants."""
+    if isinstance(value, bool):
+        return ("b", int(value), dtype)
+    if isinstance(value, int):
+        return ("i", value, dtype)
+    if isinstance(value, float):
+        return ("f", struct.unpack("<Q", struct.pack("<d", value))[0], dtype)
+    return ("?", type(value).__name__, repr(value), dtype)
+
+
 @dataclass(frozen=True)
 class Const(Expr):
-    """A literal value of a dtype."""
+    """A literal value of a dtype (equal to another only bit for bit, see `const_key`)."""
 
     value: Scalar
     dtype: str
+
+    def __eq__(self, other: object) -> bool:
+        if type(other) is not Const:
+            return NotImplemented
+        return const_key(self.value, self.dtype) == const_key(other.value, other.dtype)
+
+    def __hash__(self) -> int:
+        return hash(const_key(self.value, self.dtype))
+
+
+def _cache_hash(node: Any) -> None:
+    # Frozen-dataclass hashing re-hashes the whole subtree at every level (exponential on
+    # shared IR): each node hashes once, from its children's cached hashes.
+    object.__setattr__(node, "_hash", hash((type(node).__name__,
+                                            *(getattr(node, f.name) for f in fields(node)))))
 
 
 @dataclass(frozen=True)
@@ -66,6 +94,12 @@ class Load(Expr):
     index: Expr
     dtype: str
 
+    def __post_init__(self) -> None:
+        _cache_hash(self)
+
+    def __hash__(self) -> int:
+        return self._hash  # type: ignore[attr-defined]
+
 
 @dataclass(frozen=True)
 class Op(Expr):
@@ -74,6 +108,12 @@ class Op(Expr):
     op: str
     args: tuple[Expr, ...]
     dtype: str
+
+    def __post_init__(self) -> None:
+        _cache_hash(self)
+
+    def __hash__(self) -> int:
+        return self._hash  # type: ignore[attr-defined]
 
 
 @dataclass(frozen=True)
@@ -84,6 +124,12 @@ class Reduce(Expr):
     body: Expr
     dtype: str
 
+    def __post_init__(self) -> None:
+        _cache_hash(self)
+
+    def __hash__(self) -> int:
+        return self._hash  # type: ignore[attr-defined]
+
 
 @dataclass(frozen=True)
 class Store:
@@ -92,6 +138,12 @@ class Store:
     arg: int
     index: Expr
     value: Expr
+
+    def __post_init__(self) -> None:
+        _cache_hash(self)
+
+    def __hash__(self) -> int:
+        return self._hash  # type: ignore[attr-defined]
 
 
 @dataclass(frozen=True)
@@ -234,8 +286,40 @@ def _check_node(k: Kernel, e: Expr, ndim: int) -> None:
             raise InvalidArgument(f"kernel {k.name}: bad op {e.op!r}/{len(e.args)}")
     if isinstance(e, Reduce) and (e.op not in REDUCE_OPS or not k.rshape):
         raise InvalidArgument(f"kernel {k.name}: bad reduction {e.op!r}")
-    if isinstance(e, Const) and not isinstance(e.value, (int, float, bool)):
-        raise InvalidArgument(f"kernel {k.name}: bad constant {e.value!r}")
+    if isinstance(e, Const):
+        problem = const_problem(e.value, e.dtype)
+        if problem:
+            raise InvalidArgument(f"kernel {k.name}: constant {e.value!r} of {e.dtype}: "
+                                  f"{problem}"[:300])
+
+
+#: the values each integer dtype holds (the range the bounds proof assumes for it)
+INT_RANGE = {
+    "int64": (-(1 << 63), (1 << 63) - 1), "int32": (-(1 << 31), (1 << 31) - 1),
+    "int16": (-(1 << 15), (1 << 15) - 1), "int8": (-128, 127), "uint8": (0, 255),
+    "bool": (0, 1),
+}
+
+
+def const_problem(value: Any, dtype: str) -> str:
+    """Why `value` cannot be a literal of `dtype` ("" when it can)."""
+    if not isinstance(value, (int, float, bool)):
+        return "not a number"
+    if dtype == "bool":
+        return "" if isinstance(value, bool) else "a bool constant must be true or false"
+    if isinstance(value, bool):
+        return "a bool value in a non-bool constant"
+    if dtype in FLOAT_DTYPES:
+        if isinstance(value, int) and not INT_RANGE["int64"][0] <= value <= INT_RANGE["int64"][1]:
+            return "overflows int64"
+        return ""
+    if not isinstance(value, int):
+        # NaN, inf and fractions have no integer meaning; the proof needs an exact value.
+        return "not an integer"
+    lo, hi = INT_RANGE[dtype]
+    if not lo <= value <= hi:
+        return f"overflows {dtype} (range [{lo}, {hi}])"
+    return ""
 
 
 _NODE_TYPES = {c.__name__: c for c in (Const, Idx, Load, Op, Reduce, Store, Arg, Kernel)}
@@ -266,7 +350,10 @@ def from_json(obj: Any, depth: int = 0) -> Any:
     if isinstance(obj, dict):
         t = obj.get("t")
         if t == "float":
-            return float(obj.get("v"))
+            v = obj.get("v")
+            if set(obj) != {"t", "v"} or v not in ("nan", "inf", "-inf"):
+                raise ProgramError(f"bad special float {v!r}"[:200])
+            return float(v)
         cls = _NODE_TYPES.get(t)
         if cls is None:
             raise ProgramError(f"unknown IR node type {t!r}")

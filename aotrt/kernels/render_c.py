@@ -5,9 +5,25 @@ Half-precision values are computed in float, as Inductor does, and rounded on st
 
 from __future__ import annotations
 
-from typing import Sequence
+import copy
+import re
+from typing import Any, Sequence
 
 from aotrt.kernels import ir
+
+#: codes a cpu kernel stores in its library's `aotrt_error` flag (contract C2)
+KERNEL_ERRORS: dict[int, str] = {1: "integer division or modulo by zero"}
+
+
+def symbol(index: int) -> str:
+    """The exported name of kernel `index` of a library: aotrt's own, never the file's."""
+    return f"aotrt_k{index}"
+
+
+def _label(name: Any) -> str:
+    # The file's kernel name only ever lands in a comment, and only its harmless characters.
+    return re.sub(r"[^0-9A-Za-z_]", "_", str(name))[:80]
+
 
 COMPUTE_TYPE = {
     "float32": "float", "float16": "float", "bfloat16": "float",
@@ -30,8 +46,10 @@ _UNARY_FLOAT = {
                  "0.044715f * ({0}) * ({0}) * ({0})))))",
     "silu": "(({0}) / (1.0f + expf(-({0}))))",
 }
+# Integer arithmetic wraps through uint64_t: signed overflow is undefined in C and CUDA, and
+# the bounds proof (bounds.py) models exactly this wrapping.
 _UNARY_INT = {
-    "neg": "(-{0})", "abs": "llabs({0})", "relu": "(({0}) > 0 ? ({0}) : 0)",
+    "neg": "((int64_t)(0ULL - (uint64_t)({0})))", "abs": "aot_iabs({0})", "relu": "(({0}) > 0 ? ({0}) : 0)",
     "sign": "(int64_t)((({0}) > 0) - (({0}) < 0))", "not": "(!({0}))",
     "bitwise_not": "(~({0}))", "isnan": "false", "isinf": "false",
     "floor": "({0})", "ceil": "({0})", "round": "({0})", "trunc": "({0})",
@@ -44,12 +62,14 @@ _BINARY_FLOAT = {
     "minimum": "aot_fminf({0}, {1})", "atan2": "atan2f({0}, {1})",
 }
 _BINARY_INT = {
-    "add": "(({0}) + ({1}))", "sub": "(({0}) - ({1}))", "mul": "(({0}) * ({1}))",
-    "truncdiv": "(({0}) / ({1}))", "floordiv": "aot_floordiv({0}, {1})",
-    "mod": "aot_mod_py({0}, {1})", "fmod": "(({0}) % ({1}))",
+    "add": "((int64_t)((uint64_t)({0}) + (uint64_t)({1})))",
+    "sub": "((int64_t)((uint64_t)({0}) - (uint64_t)({1})))",
+    "mul": "((int64_t)((uint64_t)({0}) * (uint64_t)({1})))",
+    "truncdiv": "aot_tdiv({0}, {1})", "floordiv": "aot_floordiv({0}, {1})",
+    "mod": "aot_mod_py({0}, {1})", "fmod": "aot_fmod({0}, {1})",
     "maximum": "(({0}) > ({1}) ? ({0}) : ({1}))", "minimum": "(({0}) < ({1}) ? ({0}) : ({1}))",
     "bitwise_and": "(({0}) & ({1}))", "bitwise_or": "(({0}) | ({1}))",
-    "bitwise_xor": "(({0}) ^ ({1}))", "shl": "(({0}) << ({1}))", "shr": "(({0}) >> ({1}))",
+    "bitwise_xor": "(({0}) ^ ({1}))", "shl": "aot_shl({0}, {1})", "shr": "aot_shr({0}, {1})",
     "pow": "aot_ipow({0}, {1})",
 }
 _NARROW_INT = {"int32": "int32_t", "int16": "int16_t", "int8": "int8_t", "uint8": "uint8_t"}
@@ -60,7 +80,11 @@ _LOGICAL = {"and": "&&", "or": "||", "xor": "!="}
 class CStyleRenderer:
     """Shared C-like rendering; targets override the hooks at the bottom."""
 
-    #: helpers shared by every C-like target; `{q}` is the function qualifier
+    #: helpers shared by every C-like target; `{q}` is the function qualifier. Integer
+    #: division never traps: a zero divisor gives 0 after AOT_DIV0() (the target's error
+    #: report), x / -1 is -x wrapping (INT64_MIN / -1 == INT64_MIN, as torch), x % -1 is 0.
+    #: Shifts and powers follow torch (ATen's lshift/rshift/powi); floats become integers
+    #: saturating, NaN giving 0.
     HELPERS = r"""
 {q} float aot_fmaxf(float a, float b) { return (a != a || a > b) ? a : b; }
 {q} float aot_fminf(float a, float b) { return (a != a || a < b) ? a : b; }
@@ -71,33 +95,55 @@ class CStyleRenderer:
   if (m != 0.0f && ((b < 0.0f) != (m < 0.0f))) d -= 1.0f;
   if (d == 0.0f) return copysignf(0.0f, a / b);
   float f = floorf(d); return (d - f > 0.5f) ? f + 1.0f : f; }
-{q} int64_t aot_floordiv(int64_t a, int64_t b) { int64_t q = a / b;
+{q} int64_t aot_f2i(float x) { return x != x ? 0 : x >= 9223372036854775808.0f ? INT64_MAX
+  : x < -9223372036854775808.0f ? INT64_MIN : (int64_t)x; }
+{q} int64_t aot_iabs(int64_t a) { return a < 0 ? (int64_t)(0ULL - (uint64_t)a) : a; }
+{q} int64_t aot_tdiv(int64_t a, int64_t b) { if (b == 0) { AOT_DIV0(); return 0; }
+  if (b == -1) return (int64_t)(0ULL - (uint64_t)a); return a / b; }
+{q} int64_t aot_floordiv(int64_t a, int64_t b) { if (b == 0) { AOT_DIV0(); return 0; }
+  if (b == -1) return (int64_t)(0ULL - (uint64_t)a); int64_t q = a / b;
   return (a % b != 0 && ((a < 0) != (b < 0))) ? q - 1 : q; }
-{q} int64_t aot_mod_py(int64_t a, int64_t b) { int64_t r = a % b;
+{q} int64_t aot_fmod(int64_t a, int64_t b) { if (b == 0) { AOT_DIV0(); return 0; }
+  return b == -1 ? 0 : a % b; }
+{q} int64_t aot_mod_py(int64_t a, int64_t b) { if (b == 0) { AOT_DIV0(); return 0; }
+  if (b == -1) return 0; int64_t r = a % b;
   return (r != 0 && ((r < 0) != (b < 0))) ? r + b : r; }
-{q} int64_t aot_ipow(int64_t a, int64_t b) { int64_t r = 1;
-  while (b > 0) { if (b & 1) r *= a; a *= a; b >>= 1; } return r; }
+{q} int64_t aot_shl(int64_t a, int64_t b) {
+  return (b < 0 || b >= 64) ? 0 : (int64_t)((uint64_t)a << b); }
+{q} int64_t aot_shr(int64_t a, int64_t b) { return a >> ((b < 0 || b >= 63) ? 63 : b); }
+{q} int64_t aot_ipow(int64_t a, int64_t b) {
+  if (b < 0) return a == 1 ? 1 : a == -1 ? ((b & 1) ? -1 : 1) : 0;
+  uint64_t r = 1, x = (uint64_t)a;
+  while (b > 0) { if (b & 1) r *= x; x *= x; b >>= 1; } return (int64_t)r; }
 """
 
     def render(self, kernels: Sequence[ir.Kernel]) -> str:
         """Source text of one library holding all `kernels`."""
-        parts = [self.preamble()]
-        for k in kernels:
-            parts.append(self.render_kernel(k))
+        # A device shares one renderer between threads: per-kernel state (lines, scope,
+        # interned keys) lives in a copy of it for this call.
+        worker = copy.copy(self)
+        parts = [worker.preamble()]
+        for i, k in enumerate(kernels):
+            parts.append(worker.render_kernel(k, i))
         return "\n".join(parts)
 
     # -- expression rendering -----------------------------------------------------------------
 
-    def render_kernel(self, k: ir.Kernel) -> str:
-        """Source text of one kernel.
+    def render_kernel(self, k: ir.Kernel, index: int = 0) -> str:
+        """Source text of one kernel, exported as `symbol(index)`.
 
         Stores whose index or value depends on a reduce coordinate (softmax, layer norm
         outputs) run in a loop over the reduce domain after the reductions they use.
         """
         self._k = k
+        self._symbol = symbol(index)
         self._lines: list[str] = []
         self._count = 0
-        scope: dict[ir.Expr, str] = {}
+        # Subexpressions are cached by a structural key interned per node (linear on deep or
+        # shared IR; constants keyed bit for bit, so -0.0 is not 0.0).
+        self._ids: dict[int, int] = {}
+        self._intern: dict[tuple, int] = {}
+        scope: dict[int, str] = {}
         self._emit(1, f"const int64_t i = {self.flat_index()};")
         for line in self.decompose("i", k.shape, 0):
             self._emit(1, line)
@@ -117,9 +163,12 @@ class CStyleRenderer:
         return self.wrap_kernel(k, "\n".join(self._lines))
 
     def _store(self, st: ir.Store, scope: dict, depth: int) -> None:
-        idx = self._expr(st.index, scope, depth)
+        idx = self._as_int(self._expr(st.index, scope, depth), st.index.dtype)
         val = self._expr(st.value, scope, depth)
-        self._emit(depth, self.store(self._k.args[st.arg].dtype, st.arg, idx, val))
+        dtype = self._k.args[st.arg].dtype
+        if st.value.dtype in ir.FLOAT_DTYPES and dtype not in ir.FLOAT_DTYPES:
+            val = self.cast(val, st.value.dtype, dtype)   # never C's UB float conversion
+        self._emit(depth, self.store(dtype, st.arg, idx, val))
 
     def _open_rloop(self, depth: int, var: str) -> None:
         rn = 1
@@ -150,28 +199,75 @@ class CStyleRenderer:
     def _emit(self, depth: int, text: str) -> None:
         self._lines.append("  " * depth + text)
 
-    def _expr(self, e: ir.Expr, scope: dict, depth: int) -> str:
-        if e in scope:
-            return scope[e]
+    def _key(self, e: ir.Expr) -> int:
+        """The interned structural key of `e` (equal keys: the same value, bit for bit)."""
+        ids = self._ids
+        if id(e) in ids:
+            return ids[id(e)]
+        stack = [e]
+        while stack:
+            node = stack[-1]
+            if id(node) in ids:
+                stack.pop()
+                continue
+            missing = [c for c in ir.children(node) if id(c) not in ids]
+            if missing:
+                stack.extend(missing)
+                continue
+            stack.pop()
+            if isinstance(node, ir.Const):
+                t: tuple = ("C", *ir.const_key(node.value, node.dtype))
+            elif isinstance(node, ir.Idx):
+                t = ("I", node.dim, node.dtype)
+            elif isinstance(node, ir.Load):
+                t = ("L", node.arg, node.dtype, ids[id(node.index)])
+            elif isinstance(node, ir.Op):
+                t = ("O", node.op, node.dtype, *(ids[id(c)] for c in node.args))
+            elif isinstance(node, ir.Reduce):
+                t = ("R", node.op, node.dtype, ids[id(node.body)])
+            else:
+                raise TypeError(f"unknown IR node {node!r}")
+            ids[id(node)] = self._intern.setdefault(t, len(self._intern))
+        return ids[id(e)]
+
+    def _text(self, e: ir.Expr, scope: dict) -> str:
         if isinstance(e, ir.Const):
             return self.literal(e.value, e.dtype)
         if isinstance(e, ir.Idx):
             return f"d{e.dim}"
-        ctype = COMPUTE_TYPE[e.dtype]
-        if isinstance(e, ir.Load):
-            idx = self._expr(e.index, scope, depth)
-            text = self.load(e.dtype, e.arg, idx)
-        elif isinstance(e, ir.Op):
-            args = [self._expr(a, scope, depth) for a in e.args]
-            text = self.op(e, args)
-        elif isinstance(e, ir.Reduce):
-            text = self._reduce(e, scope, depth)
-        else:
-            raise TypeError(f"unknown IR node {e!r}")
-        name = self._new()
-        self._emit(depth, f"const {ctype} {name} = {text};")
-        scope[e] = name
-        return name
+        return scope[self._key(e)]
+
+    def _expr(self, e: ir.Expr, scope: dict, depth: int) -> str:
+        # Iterative post-order: no Python recursion however deep the IR (a Reduce still
+        # recurses once into its own loop).
+        stack: list[tuple[ir.Expr, bool]] = [(e, False)]
+        while stack:
+            node, ready = stack.pop()
+            if isinstance(node, (ir.Const, ir.Idx)) or self._key(node) in scope:
+                continue
+            if not ready:
+                stack.append((node, True))
+                if not isinstance(node, ir.Reduce):
+                    stack.extend((c, False) for c in reversed(ir.children(node)))
+                continue
+            if isinstance(node, ir.Load):
+                idx = self._as_int(self._text(node.index, scope), node.index.dtype)
+                text = self.load(node.dtype, node.arg, idx)
+            elif isinstance(node, ir.Op):
+                text = self.op(node, [self._text(a, scope) for a in node.args])
+            elif isinstance(node, ir.Reduce):
+                text = self._reduce(node, scope, depth)
+            else:
+                raise TypeError(f"unknown IR node {node!r}")
+            name = self._new()
+            self._emit(depth, f"const {COMPUTE_TYPE[node.dtype]} {name} = {text};")
+            scope[self._key(node)] = name
+        return self._text(e, scope)
+
+    @staticmethod
+    def _as_int(text: str, dtype: str) -> str:
+        """`text` (of `dtype`) where an int64 is needed: floats convert saturating."""
+        return f"aot_f2i({text})" if dtype in ir.FLOAT_DTYPES else text
 
     def _reduce(self, e: ir.Reduce, scope: dict, depth: int) -> str:
         # Reductions used inside this one are per outer element: compute them first, once.
@@ -181,6 +277,8 @@ class CStyleRenderer:
         self._emit(depth, f"{COMPUTE_TYPE[e.dtype]} {acc} = {self.reduce_init(e.op, e.dtype)};")
         self._open_rloop(depth, f"j{acc}")
         val = self._expr(e.body, dict(scope), depth + 1)
+        if e.dtype in ir.INT_DTYPES:
+            val = self._as_int(val, e.body.dtype)
         self._emit(depth + 1, f"{acc} = {self.reduce_step(e.op, e.dtype, acc, val)};")
         self._emit(depth, "}")
         return acc
@@ -198,6 +296,9 @@ class CStyleRenderer:
     def reduce_step(self, op: str, dtype: str, acc: str, val: str) -> str:
         """Expression folding `val` into accumulator `acc`."""
         f = dtype in ir.FLOAT_DTYPES
+        if op in ("sum", "prod") and dtype in ir.INT_DTYPES:
+            sym = "+" if op == "sum" else "*"          # wraps, like every integer op
+            return f"(int64_t)((uint64_t){acc} {sym} (uint64_t)({val}))"
         if op == "sum":
             return f"{acc} + {val}"
         if op == "prod":
@@ -215,15 +316,23 @@ class CStyleRenderer:
         if e.op == "cast":
             return self.cast(args[0], e.args[0].dtype, e.dtype)
         if e.op == "where":
-            return f"(({args[0]}) ? ({args[1]}) : ({args[2]}))"
+            a, b = args[1], args[2]
+            if e.dtype in ir.INT_DTYPES:
+                a, b = self._as_int(a, e.args[1].dtype), self._as_int(b, e.args[2].dtype)
+            return f"(({args[0]}) ? ({a}) : ({b}))"
         src = e.args[0].dtype
         if e.op in _COMPARE:
             return f"(({args[0]}) {_COMPARE[e.op]} ({args[1]}))"
         if e.op in _LOGICAL and src == "bool":
-            return f"(({args[0]}) {_LOGICAL[e.op]} ({args[1]}))"
-        if e.op in ("bitwise_and", "bitwise_or", "bitwise_xor") and src == "bool":
+            # truth values of both sides (xor as != must not compare 1 with 5)
+            a, b = (t if x.dtype == "bool" else f"(({t}) != 0)" for t, x in zip(args, e.args))
+            return f"(({a}) {_LOGICAL[e.op]} ({b}))"
+        if e.op in ("bitwise_and", "bitwise_or", "bitwise_xor") and all(
+                x.dtype == "bool" for x in e.args):
             sym = {"bitwise_and": "&&", "bitwise_or": "||", "bitwise_xor": "!="}[e.op]
             return f"(({args[0]}) {sym} ({args[1]}))"
+        if e.op == "bitwise_not" and src == "bool" and e.dtype == "bool":
+            return f"(!({args[0]}))"
         if e.op in ("isnan", "isinf") and src not in ir.FLOAT_DTYPES:
             return "false"
         floaty = e.dtype in ir.FLOAT_DTYPES or (e.op in ("isnan", "isinf"))
@@ -231,14 +340,29 @@ class CStyleRenderer:
             _BINARY_FLOAT if floaty else _BINARY_INT)
         if e.op not in table:
             raise ir.InvalidArgument(f"op {e.op} is not defined for {e.dtype}")
+        # Operands take the op's kind first: integer arithmetic inside a float op would be
+        # C's (trapping, overflowing) one, and a float in an integer op an UB conversion.
+        if floaty:
+            args = [a if x.dtype in ir.FLOAT_DTYPES else f"((float)({a}))"
+                    for a, x in zip(args, e.args)]
+        else:
+            args = [self._as_int(a, x.dtype) for a, x in zip(args, e.args)]
         return self.fn_name(table[e.op]).format(*args)
 
     def cast(self, x: str, src: str, dst: str) -> str:
         """Conversion of a computed value between dtypes."""
         if dst == "bool":
             return f"(({x}) != 0)"
-        if dst in _NARROW_INT and src != dst:
-            # wrap like a store would, so a cast inside an expression means what torch's does
+        if src in ir.FLOAT_DTYPES and dst not in ir.FLOAT_DTYPES:
+            # C's conversion of an out-of-range float is undefined: saturate (NaN -> 0) to
+            # int64, then wrap into a narrower type as an integer cast does.
+            wide = f"aot_f2i({x})"
+            if dst in _NARROW_INT:
+                return f"((int64_t)({_NARROW_INT[dst]})({wide}))"
+            return wide
+        if dst in _NARROW_INT:
+            # wrap like a store would, so a cast inside an expression means what torch's does;
+            # even from its own dtype: a narrow-typed op is computed in int64 and may be outside
             return f"((int64_t)({_NARROW_INT[dst]})(int64_t)({x}))"
         if dst in ("float16", "bfloat16") and src != dst:
             return self.round_to(f"((float)({x}))", dst)
@@ -326,8 +450,12 @@ def _direct_reduces(roots: list[ir.Expr]) -> list[ir.Reduce]:
 
 def _uses_rdim(st: ir.Store, nouter: int) -> bool:
     stack: list[ir.Expr] = [st.index, st.value]
+    seen: set[int] = set()      # shared subexpressions once (a DAG is not a tree)
     while stack:
         e = stack.pop()
+        if id(e) in seen:
+            continue
+        seen.add(id(e))
         if isinstance(e, ir.Idx) and e.dim >= nouter:
             return True
         stack.extend(_children(e))
@@ -349,6 +477,8 @@ static inline float aot_bf16_to_f(uint16_t v) { uint32_t u = (uint32_t)v << 16; 
 static inline uint16_t aot_f_to_bf16(float f) { uint32_t u; memcpy(&u, &f, 4);
   if ((u & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((u >> 16) | 0x40);
   u += 0x7fffu + ((u >> 16) & 1u); return (uint16_t)(u >> 16); }
+int32_t aotrt_error = 0;
+#define AOT_DIV0() __atomic_store_n(&aotrt_error, 1, __ATOMIC_RELAXED)
 """ + self.HELPERS.replace("{q}", "static inline")
 
     def flat_index(self) -> str:
@@ -363,6 +493,9 @@ static inline uint16_t aot_f_to_bf16(float f) { uint32_t u; memcpy(&u, &f, 4);
 
     def load(self, dtype: str, arg: int, idx: str) -> str:
         """Typed read with widening to the compute type."""
+        if dtype == "bool":
+            # Any byte may sit in a bool argument; reading it as C bool is undefined.
+            return f"(((const uint8_t *)P[{arg}])[{idx}] != 0)"
         raw = f"((const {STORAGE_TYPE_C[dtype]} *)P[{arg}])[{idx}]"
         if dtype == "bfloat16":
             return f"aot_bf16_to_f({raw})"
@@ -378,5 +511,6 @@ static inline uint16_t aot_f_to_bf16(float f) { uint32_t u; memcpy(&u, &f, 4);
     def wrap_kernel(self, k: ir.Kernel, body: str) -> str:
         """A function looping over [begin, end) of the outer elements."""
         inner = "\n".join("  " + line for line in body.splitlines())
-        return (f"void {k.name}(char **P, int64_t begin, int64_t end) {{\n"
+        return (f"/* kernel {_label(k.name)} */\n"
+                f"void {self._symbol}(char **P, int64_t begin, int64_t end) {{\n"
                 f"  for (int64_t it = begin; it < end; it++) {{\n{inner}\n  }}\n}}\n")

@@ -16,7 +16,7 @@ from __future__ import annotations
 import os
 
 from aotrt.kernels import ir
-from aotrt.kernels.render_c import COMPUTE_TYPE, CStyleRenderer
+from aotrt.kernels.render_c import COMPUTE_TYPE, CStyleRenderer, _label
 
 #: threads per block of every generated kernel
 BLOCK = 256
@@ -45,6 +45,7 @@ typedef unsigned char uint8_t;
 #define NAN __int_as_float(0x7fffffff)
 #define INT64_MIN (-9223372036854775807LL - 1LL)
 #define INT64_MAX 9223372036854775807LL
+#define AOT_DIV0() ((void)0)
 static __device__ __forceinline__ float aot_h2f(uint16_t h) {
   float f; asm("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"(h)); return f; }
 static __device__ __forceinline__ uint16_t aot_f2h(float f) {
@@ -62,11 +63,13 @@ _WARP = r"""
 static __device__ __forceinline__ float aot_warp_sum(float v) {
   for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(AOT_FULL, v, o); return v; }
 static __device__ __forceinline__ int64_t aot_warp_sum(int64_t v) {
-  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(AOT_FULL, v, o); return v; }
+  for (int o = 16; o > 0; o >>= 1)
+    v = (int64_t)((uint64_t)v + (uint64_t)__shfl_xor_sync(AOT_FULL, v, o)); return v; }
 static __device__ __forceinline__ float aot_warp_prod(float v) {
   for (int o = 16; o > 0; o >>= 1) v *= __shfl_xor_sync(AOT_FULL, v, o); return v; }
 static __device__ __forceinline__ int64_t aot_warp_prod(int64_t v) {
-  for (int o = 16; o > 0; o >>= 1) v *= __shfl_xor_sync(AOT_FULL, v, o); return v; }
+  for (int o = 16; o > 0; o >>= 1)
+    v = (int64_t)((uint64_t)v * (uint64_t)__shfl_xor_sync(AOT_FULL, v, o)); return v; }
 static __device__ __forceinline__ float aot_warp_max(float v) {
   for (int o = 16; o > 0; o >>= 1) v = aot_fmaxf(v, __shfl_xor_sync(AOT_FULL, v, o));
   return v; }
@@ -131,11 +134,11 @@ class CudaRenderer(CStyleRenderer):
             return BLOCK
         return 32 if rn >= WARP_REDUCE_MIN else 1
 
-    def render_kernel(self, k: ir.Kernel) -> str:
+    def render_kernel(self, k: ir.Kernel, index: int = 0) -> str:
         """One kernel; remembers how many threads share one outer element."""
         self._lanes = self.lanes(k)
         self._warp = self._lanes > 1
-        return super().render_kernel(k)
+        return super().render_kernel(k, index)
 
     def flat_index(self) -> str:
         """The grid-stride loop variable."""
@@ -183,6 +186,9 @@ class CudaRenderer(CStyleRenderer):
 
     def load(self, dtype: str, arg: int, idx: str) -> str:
         """Typed read widened to the compute type."""
+        if dtype == "bool":
+            # Any byte may sit in a bool argument; reading it as bool is undefined.
+            return f"(((const uint8_t *)p{arg})[{idx}] != 0)"
         raw = f"((const {STORAGE_TYPE_CUDA[dtype]} *)p{arg})[{idx}]"
         if dtype == "float16":
             return f"aot_h2f({raw})"
@@ -215,5 +221,6 @@ class CudaRenderer(CStyleRenderer):
             head = ("  const int64_t step = (int64_t)gridDim.x * blockDim.x;\n"
                     "  for (int64_t it = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;"
                     " it < n; it += step) {\n")
-        return (f'extern "C" __global__ void __launch_bounds__({BLOCK}) {k.name}({params}) {{\n'
-                f"{head}{inner}\n  }}\n}}\n")
+        return (f"/* kernel {_label(k.name)} */\n"
+                f'extern "C" __global__ void __launch_bounds__({BLOCK}) {self._symbol}({params}) '
+                f"{{\n{head}{inner}\n  }}\n}}\n")

@@ -373,6 +373,11 @@ class KernelLibrary(ABC):
             raise InvalidArgument("kernels: duplicate kernel names")
         self.device = device
         self.kernels = {k.name: k for k in kernels}
+        from aotrt.kernels.render_c import symbol
+
+        # Contract C1: kernel i of the rendered source is exported as symbol(i); the file's
+        # names are labels only.
+        self.symbols: dict[str, str] = {k.name: symbol(i) for i, k in enumerate(kernels)}
         self.closed = False
         self.source = device.renderer.render(kernels)
         self._compile()

@@ -325,7 +325,8 @@ def test_rendered_source_has_the_cpu_signature():
     k = ir.Kernel("sig_check", (4,), (), (ir.Arg("float32", "w"),),
                   (ir.Store(0, ir.Idx(0), ir.const(1.0, "float32")),))
     src = CRenderer().render([k])
-    assert "void sig_check(char **P, int64_t begin, int64_t end)" in src
+    assert "void aotrt_k0(char **P, int64_t begin, int64_t end)" in src
+    assert "void sig_check" not in src and "/* kernel sig_check */" in src
     assert "aot_bf16_to_f" in src and "#include <math.h>" in src
 
 

@@ -134,8 +134,10 @@ def test_lanes_choose_warp_for_long_reductions() -> None:
 
 def test_render_has_kernel_signatures() -> None:
     src = CudaRenderer().render(ALL_KERNELS)
-    assert 'extern "C" __global__ void __launch_bounds__(256) silu_bcast(char* p0, char* p1, ' \
+    # Contract C1: kernel i is exported as aotrt_k{i}; its name is only a comment.
+    assert 'extern "C" __global__ void __launch_bounds__(256) aotrt_k0(char* p0, char* p1, ' \
            'char* p2, int64_t n)' in src
+    assert "/* kernel silu_bcast */" in src and "void __launch_bounds__(256) silu_bcast" not in src
     assert "aot_warp_sum" in src and "#include" not in src
 
 
