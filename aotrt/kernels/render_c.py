@@ -49,7 +49,8 @@ _UNARY_FLOAT = {
 # Integer arithmetic wraps through uint64_t: signed overflow is undefined in C and CUDA, and
 # the bounds proof (bounds.py) models exactly this wrapping.
 _UNARY_INT = {
-    "neg": "((int64_t)(0ULL - (uint64_t)({0})))", "abs": "aot_iabs({0})", "relu": "(({0}) > 0 ? ({0}) : 0)",
+    "neg": "((int64_t)(0ULL - (uint64_t)({0})))", "abs": "aot_iabs({0})",
+    "relu": "(({0}) > 0 ? ({0}) : 0)",
     "sign": "(int64_t)((({0}) > 0) - (({0}) < 0))", "not": "(!({0}))",
     "bitwise_not": "(~({0}))", "isnan": "false", "isinf": "false",
     "floor": "({0})", "ceil": "({0})", "round": "({0})", "trunc": "({0})",
