@@ -186,7 +186,12 @@ class Delegate:
             label = f"instruction #{i} {op}" + (f" {what}" if what else "") + \
                 (f" [{src}]" if src else "")
             if op == "kernel":
-                step = _Step(_KERNEL, lib.kernel(ins["name"]), tuple(ins["args"]), None, {}, label)
+                # Resolved once: arena/constant views become pointers and access records now;
+                # each run patches in only the views rooted at its inputs and outputs.
+                args = tuple(ins["args"])
+                launch = lib.kernel(ins["name"]).prepare([self._static[t] for t in args])
+                step = _Step(_KERNEL, launch, tuple(args[i] for i in launch.per_run), None, {},
+                             label)
             elif op == "library":
                 ops = ops if ops is not None else library_ops()
                 fn = ops.get(ins["fn"])
@@ -520,7 +525,7 @@ class Delegate:
         for step in self._steps:
             stream.label = step.label
             if step.kind == _KERNEL:
-                step.target(stream, *[h[t] for t in step.a])
+                step.target.launch(stream, [h[t] for t in step.a])
             elif step.kind == _LIBRARY:
                 step.target(stream, [h[t] for t in step.a],
                             [None if t is None else h[t] for t in step.b], **step.params)

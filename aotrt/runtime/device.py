@@ -16,7 +16,7 @@ from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Callable, Iterator, Sequence
 
-from aotrt.errors import AotrtError, DeviceError, HazardError, InvalidArgument
+from aotrt.errors import AotrtError, DeviceError, HazardError, InvalidArgument, Unsupported
 from aotrt.kernels import ir
 from aotrt.kernels.bounds import kernel_accesses
 from aotrt.runtime import hazards
@@ -279,10 +279,14 @@ class KernelFunction(ABC):
 
     def bind(self, slot: int, handle: "Handle") -> None:
         """Bind a view to argument `slot` (as its allocation plus byte offset)."""
-        from aotrt.runtime.tensor import Handle
-
         if not isinstance(slot, int) or not 0 <= slot < len(self._bound):
             raise InvalidArgument(f"slot: {slot!r} out of range for kernel {self.name}")
+        self._check_arg(slot, handle)
+        self._bound[slot] = handle
+
+    def _check_arg(self, slot: int, handle: "Handle") -> None:
+        from aotrt.runtime.tensor import Handle
+
         if not isinstance(handle, Handle):
             raise InvalidArgument(f"arg {slot}: expected a Handle, got {type(handle).__name__}")
         if handle.state != "live":
@@ -294,7 +298,6 @@ class KernelFunction(ABC):
         if handle.device is not self.library.device:
             raise InvalidArgument(f"arg {slot}: handle is on {handle.device.name}, kernel on "
                                   f"{self.library.device.name}")
-        self._bound[slot] = handle
 
     def __call__(self, stream: Stream, *args: "Handle", label: str = "") -> int:
         """Bind `args` in order and dispatch over the kernel's whole grid on `stream`."""
@@ -321,31 +324,110 @@ class KernelFunction(ABC):
                 raise InvalidArgument(f"kernel {self.name}: argument {i} is not bound")
             if h.state != "live":
                 raise HazardError(f"kernel {self.name}: argument {i} is a {h.state} handle")
-        accesses = []
-        for i, (a, h, rng) in enumerate(zip(self.kernel.args, bound, self._bounds)):
-            if rng is None:
-                continue  # never touched (an empty iteration space)
-            if rng == "float" or h.alloc is None:
-                raise InvalidArgument(f"arg {i}: kernel {self.name} indexes it at "
-                                      f"{'a non-integer index' if h.alloc else 'no memory'}")
-            # The kernel's own index range, not the view's: it is what the code touches.
-            isz = h.dtype.itemsize
-            start, end = h.byte_offset + rng[0] * isz, h.byte_offset + (rng[1] + 1) * isz
-            if start < 0 or end > h.alloc.nbytes:
-                raise InvalidArgument(
-                    f"arg {i}: kernel {self.name} touches bytes [{start}, {end}) of "
-                    f"{h.alloc.describe()}, outside its [0, {h.alloc.nbytes})")
-            if "r" in a.mode:
-                accesses.append(Access(h.alloc, start, end, False))
-            if "w" in a.mode:
-                accesses.append(Access(h.alloc, start, end, True))
+        accesses: list[Access] = []
+        for i, h in enumerate(bound):
+            accesses.extend(self._arg_accesses(i, h))
         if n == 0:
             return stream.recorded_seq
         return stream.record(accesses, self._work(bound, n), label or f"kernel {self.name}")
 
+    def _arg_accesses(self, i: int, h: "Handle") -> list[Access]:
+        """The accesses the kernel's code makes through argument `i` bound to `h`."""
+        a, rng = self.kernel.args[i], self._bounds[i]
+        if rng is None:
+            return []  # never touched (an empty iteration space)
+        if rng == "float" or h.alloc is None:
+            raise InvalidArgument(f"arg {i}: kernel {self.name} indexes it at "
+                                  f"{'a non-integer index' if h.alloc else 'no memory'}")
+        # The kernel's own index range, not the view's: it is what the code touches.
+        isz = h.dtype.itemsize
+        start, end = h.byte_offset + rng[0] * isz, h.byte_offset + (rng[1] + 1) * isz
+        if start < 0 or end > h.alloc.nbytes:
+            raise InvalidArgument(
+                f"arg {i}: kernel {self.name} touches bytes [{start}, {end}) of "
+                f"{h.alloc.describe()}, outside its [0, {h.alloc.nbytes})")
+        out = []
+        if "r" in a.mode:
+            out.append(Access(h.alloc, start, end, False))
+        if "w" in a.mode:
+            out.append(Access(h.alloc, start, end, True))
+        return out
+
+    def prepare(self, static: Sequence["Handle | None"]) -> "PreparedLaunch":
+        """A launch over the whole grid resolved now: `static` holds a handle per slot (None:
+        a per-run slot, given to each `PreparedLaunch.launch`), checked and turned into
+        pointers and access records once."""
+        if len(static) != len(self._bound):
+            raise InvalidArgument(f"kernel {self.name} takes {len(self._bound)} arguments, "
+                                  f"got {len(static)}")
+        accesses: list[list[Access] | None] = []
+        addrs: list[int] = []
+        per_run: list[int] = []
+        for i, h in enumerate(static):
+            if h is None:
+                per_run.append(i)
+                addrs.append(0)
+                accesses.append(None)
+                continue
+            self._check_arg(i, h)
+            accesses.append(self._arg_accesses(i, h))
+            addrs.append(h.address)
+        return PreparedLaunch(self, tuple(per_run), addrs, accesses)
+
+    def _work_addresses(self, addrs: list[int], n: int) -> Any:
+        """The device work of one dispatch from argument addresses (devices override it)."""
+        raise Unsupported(f"kernel {self.name}: this device has no prepared launches")
+
     @abstractmethod
     def _work(self, bound: list["Handle"], n: int) -> Any:
         """The device work of one dispatch over `n` outer elements."""
+
+
+class PreparedLaunch:
+    """A kernel launch built once (KernelFunction.prepare): the static arguments' pointers
+    and access records are precomputed; `launch` patches in only the per-run slots."""
+
+    __slots__ = ("fn", "per_run", "_addrs", "_slot_accesses", "_accesses", "_work", "_label",
+                 "_n")
+
+    def __init__(self, fn: KernelFunction, per_run: tuple[int, ...], addrs: list[int],
+                 accesses: list[list[Access] | None]) -> None:
+        self.fn = fn
+        self.per_run = per_run
+        self._addrs = addrs
+        # Per slot (None: per-run), so a launch records them in slot order, as dispatch does.
+        self._slot_accesses = accesses
+        self._accesses = [a for acc in accesses if acc for a in acc]
+        self._n = fn.kernel.numel
+        self._label = f"kernel {fn.name}"
+        # All arguments static: one work object serves every run (it reads no run state).
+        self._work = fn._work_addresses(addrs, self._n) if not per_run and self._n else None
+
+    def launch(self, stream: Stream, handles: Sequence["Handle"] = ()) -> int:
+        """Queue the kernel on `stream` with `handles` in the per-run slots, in order."""
+        fn = self.fn
+        if stream.device is not fn.library.device:
+            raise InvalidArgument(f"stream: {stream!r} is not on {fn.library.device.name}")
+        if fn.library.closed:
+            raise InvalidArgument(f"kernel {fn.name}: its library is closed")
+        if len(handles) != len(self.per_run):
+            raise InvalidArgument(f"kernel {fn.name}: {len(self.per_run)} per-run arguments, "
+                                  f"got {len(handles)}")
+        if not self.per_run:
+            if self._work is None:
+                return stream.recorded_seq
+            return stream.record(self._accesses, self._work, self._label)
+        slot_acc = list(self._slot_accesses)
+        # A fresh address list per launch: queued work of an earlier run may not have run yet.
+        addrs = list(self._addrs)
+        for slot, h in zip(self.per_run, handles):
+            fn._check_arg(slot, h)
+            slot_acc[slot] = fn._arg_accesses(slot, h)
+            addrs[slot] = h.address
+        accesses = [a for acc in slot_acc if acc for a in acc]
+        if self._n == 0:
+            return stream.recorded_seq
+        return stream.record(accesses, fn._work_addresses(addrs, self._n), self._label)
 
 
 def arg_bounds(kernel: ir.Kernel) -> list[Any]:

@@ -672,20 +672,56 @@ def test_two_delegates_of_one_program_share_nothing_they_close() -> None:
 
 def test_closed_delegates_library_refuses_its_kernels() -> None:
     m = aotrt.load(_const_program(4.5, "Refuse"))
-    fn = m._steps[0].target
+    launch = m._steps[0].target          # the run plan's prepared launch
+    fn = launch.fn
     lib = fn.library
     m.close()
     assert lib.closed
     with pytest.raises(InvalidArgument, match="closed"):
         lib.kernel("k_leak")
+    stream = aotrt.runtime.device.get_device("cpu").default_stream()
     with pytest.raises(InvalidArgument, match="closed"):
-        fn.dispatch(aotrt.runtime.device.get_device("cpu").default_stream())
+        fn.dispatch(stream)
+    with pytest.raises(InvalidArgument, match="closed"):
+        launch.launch(stream, [])
 
 
 def test_unreferenced_delegate_releases_its_library() -> None:
     m = aotrt.load(_const_program(5.75, "Gc"))
     m.run(rand([8], seed=73))
-    lib = m._steps[0].target.library
+    lib = m._steps[0].target.fn.library
     del m
     gc.collect()
     assert lib.closed and lib.loaded.closed
+
+
+# -- the run plan (issue #9 item 1) ------------------------------------------------------------
+
+
+def test_run_launches_the_plan_built_at_load(monkeypatch: pytest.MonkeyPatch,
+                                             device: str) -> None:
+    """run() never binds or dispatches a kernel: the launches were prepared at load, and only
+    the per-run slots (views of inputs and outputs) are checked and resolved per run."""
+    from aotrt.runtime.device import KernelFunction
+
+    prog = seed_program()
+    m = aotrt.load(prog, device=device)
+    kernel_args = [ins["args"] for ins in prog.instructions if ins["op"] == "kernel"]
+    per_run = sum(1 for args in kernel_args for t in args
+                  if prog.tensors[t]["root"] in ("input", "output"))
+    assert 0 < per_run < sum(len(a) for a in kernel_args)   # both kinds of slot are covered
+
+    def refuse(*a: Any, **k: Any) -> None:
+        raise AssertionError("run() bound or dispatched a kernel")
+    monkeypatch.setattr(KernelFunction, "bind", refuse)
+    monkeypatch.setattr(KernelFunction, "dispatch", refuse)
+    resolved = []
+    orig = KernelFunction._arg_accesses
+    monkeypatch.setattr(KernelFunction, "_arg_accesses",
+                        lambda self, i, h: resolved.append(i) or orig(self, i, h))
+    xs = [rand([12, 7], seed=s) for s in (80, 81, 82)]
+    results = [m.run(x) for x in xs]          # queued back to back; each run its own outputs
+    assert len(resolved) == 3 * per_run
+    for x, outs in zip(xs, results):
+        check(outs, seed_reference(prog, x), "float32")
+    m.close()

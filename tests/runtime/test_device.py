@@ -14,7 +14,7 @@ from aotrt.runtime import shims
 from aotrt.runtime.device import (Device, Stream, StreamOptions, SyncKind, cuda_available,
                                   default_device, get_device, parse_device)
 from tests.conftest import make_stream
-from tests.support import copy_kernel, iota, iota_kernel, kernel_fn, upload
+from tests.support import affine_kernel, copy_kernel, iota, iota_kernel, kernel_fn, rand, upload
 
 # -- registry ---------------------------------------------------------------------------------
 
@@ -599,4 +599,102 @@ def test_dispatch_refuses_a_kernel_that_would_touch_bytes_outside_the_allocation
     stream.commit_and_wait()
     np.testing.assert_array_equal(fits.numpy(), iota([12, 16]))
     for h in (small, big, tail, fits):
+        shims.delete_tensor_object(h)
+
+
+# -- prepared launches (a run plan's kernel steps) --------------------------------------------
+
+
+def _recording(stream: Stream) -> list[list]:
+    """Wrap `stream.record` so the test sees every command's access records."""
+    seen: list[list] = []
+    record = stream.record
+
+    def spy(accesses, work, label=""):
+        seen.append(list(accesses))
+        return record(accesses, work, label)
+    stream.record = spy
+    return seen
+
+
+@pytest.mark.parametrize("static_slot", [0, 1, None])
+def test_prepared_launch_matches_dispatch_with_the_same_access_records(dev, stream, owner,
+                                                                       static_slot):
+    fn = kernel_fn(dev, affine_kernel([4, 6], [6, 1], [1, 4], 2.0, -1.0))
+    src = shims.empty_strided([4, 6], None, "float32", dev)
+    # A view at an offset, so the records carry the view's byte offset.
+    dst_base = shims.empty_strided([32], None, "float32", dev)
+    dst = shims.reinterpret_tensor(dst_base, [6, 4], [4, 1], 8)
+    x = rand([4, 6], seed=3)
+    upload(src, x)
+    handles = [src, dst]
+    static = [h if i == static_slot or static_slot is None else None
+              for i, h in enumerate(handles)]
+    launch = fn.prepare(static)
+    assert launch.per_run == tuple(i for i, h in enumerate(static) if h is None)
+    seen = _recording(stream)
+    fn(stream, src, dst)
+    launch.launch(stream, [handles[i] for i in launch.per_run])
+    del stream.record
+    assert len(seen) == 2 and seen[0] == seen[1] and len(seen[0]) == 2
+    stream.commit_and_wait()
+    np.testing.assert_allclose(dev.read(dst_base)[8:].reshape(6, 4), x.T * 2 - 1, rtol=1e-6)
+    for h in (dst, dst_base, src):
+        shims.delete_tensor_object(h)
+
+
+def test_prepared_launch_patches_the_per_run_slots_of_every_queued_launch(dev, owner):
+    """Launches queued before any of them runs each keep their own per-run pointers."""
+    s = make_stream(dev, "deferred")
+    with dev.stream_guard(s):
+        src = shims.empty_strided([16], None, "float32", dev)
+        dsts = [shims.empty_strided([16], None, "float32", dev) for _ in range(3)]
+        fn = kernel_fn(dev, affine_kernel([16], [1], [1], 3.0, 0.5))
+        x = rand([16], seed=4)
+        upload(src, x)
+        s.commit_and_wait()
+        launch = fn.prepare([src, None])
+        for d in dsts:
+            launch.launch(s, [d])
+        also = fn.prepare([src, dsts[0]])          # all static: one work object, run twice
+        also.launch(s)
+        also.launch(s)
+        assert s.recorded_seq - s.submitted_seq == 5
+        s.commit_and_wait()
+        for d in dsts:
+            np.testing.assert_allclose(dev.read(d), x * 3 + 0.5, rtol=1e-6)
+        for h in (*dsts, src):
+            shims.delete_tensor_object(h)
+    s.close()
+
+
+def test_prepare_and_launch_refuse_what_dispatch_refuses(dev, stream, owner):
+    k = affine_kernel([8], [1], [1], 1.0, 7.0)
+    lib = dev.kernel_library([k])
+    fn = lib.kernel(k.name)
+    good = shims.empty_strided([8], None, "float32", dev)
+    small = shims.empty_strided([4], None, "float32", dev)
+    wrong = shims.empty_strided([8], None, "int32", dev)
+    with pytest.raises(InvalidArgument, match="takes 2 arguments, got 1"):
+        fn.prepare([good])
+    with pytest.raises(InvalidArgument, match="arg 0: .* wants float32, got int32"):
+        fn.prepare([wrong, None])
+    with pytest.raises(InvalidArgument, match="arg 0: .* touches bytes"):
+        fn.prepare([small, None])
+    launch = fn.prepare([good, None])
+    with pytest.raises(InvalidArgument, match="1 per-run arguments, got 0"):
+        launch.launch(stream, [])
+    with pytest.raises(InvalidArgument, match="arg 1: .* wants float32, got int32"):
+        launch.launch(stream, [wrong])
+    with pytest.raises(InvalidArgument, match="arg 1: .* touches bytes"):
+        launch.launch(stream, [small])
+    gone = shims.empty_strided([8], None, "float32", dev)
+    shims.delete_tensor_object(gone)
+    with pytest.raises(HazardError, match="argument 1 is a"):
+        launch.launch(stream, [gone])
+    assert stream.is_empty
+    lib.close()
+    with pytest.raises(InvalidArgument, match="library is closed"):
+        launch.launch(stream, [good])
+    for h in (good, small, wrong):
         shims.delete_tensor_object(h)

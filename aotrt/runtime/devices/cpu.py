@@ -136,7 +136,10 @@ class CpuKernelFunction(KernelFunction):
         library.loaded.function(self._symbol)     # look it up now: a missing one fails here
 
     def _work(self, bound: list[Handle], n: int) -> Any:
-        ptrs = (ctypes.c_void_p * max(len(bound), 1))(*[h.address for h in bound])
+        return self._work_addresses([h.address for h in bound], n)
+
+    def _work_addresses(self, addrs: list[int], n: int) -> Any:
+        ptrs = (ctypes.c_void_p * max(len(addrs), 1))(*addrs)
         # The work holds the loaded library, never a ctypes function: a call after close
         # is refused instead of jumping into unmapped code. It holds the library object too,
         # so the garbage collector never closes a library whose work is still queued.

@@ -349,10 +349,13 @@ class CudaKernelFunction(KernelFunction):
         self._lanes = CudaRenderer.lanes(kernel)
 
     def _work(self, bound: list[Handle], n: int) -> Any:
+        return self._work_addresses([h.address for h in bound], n)
+
+    def _work_addresses(self, addrs: list[int], n: int) -> Any:
         dev: CudaDevice = self.library.device
         cfg = dev.launch_config(n * self._lanes)
         # Typed scalars: the kernel reads 8-byte pointers and an int64 count.
-        args: list[Any] = [np.uint64(h.address) for h in bound]
+        args: list[Any] = [np.uint64(a) for a in addrs]
         args.append(np.int64(n))
         kern = self._kern
 
