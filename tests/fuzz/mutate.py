@@ -468,10 +468,15 @@ def mutate_entries(rng: random.Random, entries: dict) -> dict:
     if field == "dtype":
         e["dtype"] = rng.choice(list(_ST_CODE.values()) + ["F64", "I128", ["F32"], 3, None])
     elif field == "shape":
-        e["shape"] = rng.choice([[], [0], [2**31], [2**62], [-1], e["shape"] + [1],
-                                 e["shape"][::-1], [1.5], "x"])
+        # An earlier mutation of the same entry may have left any value here.
+        shape = e["shape"] if isinstance(e.get("shape"), list) else []
+        e["shape"] = rng.choice([[], [0], [2**31], [2**62], [-1], shape + [1],
+                                 shape[::-1], [1.5], "x"])
     else:
-        b0, b1 = e["data_offsets"]
+        offs = e.get("data_offsets")
+        ok = isinstance(offs, list) and len(offs) == 2 and all(
+            isinstance(v, int) and not isinstance(v, bool) for v in offs)
+        b0, b1 = offs if ok else (0, 4)
         e["data_offsets"] = rng.choice([[b0, b1 + 1], [b0 + 1, b1 + 1], [b1, b0], [0, b1 - b0],
                                         [b0, 2**63], [-8, b1], [b0], [b0, b1, 0]])
     return entries
