@@ -6,6 +6,8 @@ a second allocation object over the same bytes.
 
 from __future__ import annotations
 
+import os
+
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -221,13 +223,30 @@ class Handle:
 
 
 def _host(make: Any, sizes: tuple[int, ...], dtype: Any) -> np.ndarray:
-    """`make()`, with host memory exhaustion told as OutOfMemory naming the size."""
+    """`make()`, with host memory exhaustion told as OutOfMemory naming the size.
+
+    A copy larger than the machine's physical memory is refused before it is made: where the
+    kernel overcommits, numpy's allocation would succeed and the process would be killed
+    while filling it (seen on a 128 GB host for an 8 TB broadcast copy).
+    """
+    itemsize = getattr(dtype, "itemsize", 1)
+    nbytes = numel_of(sizes) * itemsize
+    if nbytes > _physical_memory():
+        raise OutOfMemory(f"host copy of {nbytes} bytes ({list(sizes)} x {itemsize}) does not "
+                          f"fit in host memory")
     try:
         return make()
     except MemoryError:
-        itemsize = getattr(dtype, "itemsize", 1)
-        raise OutOfMemory(f"host copy of {numel_of(sizes) * itemsize} bytes ({list(sizes)} x "
-                          f"{itemsize}) does not fit in host memory") from None
+        raise OutOfMemory(f"host copy of {nbytes} bytes ({list(sizes)} x {itemsize}) does not "
+                          f"fit in host memory") from None
+
+
+def _physical_memory() -> int:
+    """Bytes of physical memory of this machine (no limit where the OS does not say)."""
+    try:
+        return os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    except (ValueError, OSError, AttributeError):
+        return 1 << 62
 
 
 def check_live(h: Any, name: str) -> None:
