@@ -176,6 +176,8 @@ class LoadedLibrary:
             raise CompileError(f"{path.name} defines no aotrt_error flag") from None
         self._cv = threading.Condition()
         self._busy = 0
+        self._inside = threading.local()    # per thread: how many calls of ours it is in
+        self._unmap_on_exit = False
         self.closed = False
 
     def function(self, symbol: str) -> Any:
@@ -205,6 +207,8 @@ class LoadedLibrary:
             if flag is None:
                 raise InvalidArgument(f"kernel {label}: its library is closed")
             self._busy += 1
+            self._inside.depth = getattr(self._inside, "depth", 0) + 1
+        handle = None
         try:
             fn(ptrs, 0, n)
             code = flag.value
@@ -213,7 +217,12 @@ class LoadedLibrary:
         finally:
             with self._cv:
                 self._busy -= 1
+                self._inside.depth -= 1
+                if self._unmap_on_exit and self._busy == 0:
+                    handle = self._release_locked()
                 self._cv.notify_all()
+            if handle is not None:
+                _ctypes.dlclose(handle)
         if code:
             raise InvalidArgument(f"kernel {label}: {_kernel_error(code)}")
 
@@ -224,17 +233,30 @@ class LoadedLibrary:
             if self._dll is None:
                 return True
             self.closed = True
+            if getattr(self._inside, "depth", 0):
+                # Closed from inside one of our own calls (a finalizer that ran there):
+                # waiting would wait for ourselves, so the last call out unmaps instead.
+                self._unmap_on_exit = True
+                return False
             if not self._cv.wait_for(lambda: self._busy == 0, timeout=timeout):
                 log.warning("%s: a kernel still runs after %.0f s; the library stays mapped",
                             self.path.name, timeout)
+                self._unmap_on_exit = True      # the last call out unmaps it
                 return False
-            handle = self._dll._handle
-            # Drop every ctypes object of the library before its code goes away.
-            self._fns.clear()
-            self._flag = None
-            self._dll = None
+            if self._dll is None:
+                return True                     # the last call out already unmapped it
+            handle = self._release_locked()
         _ctypes.dlclose(handle)
         return True
+
+    def _release_locked(self) -> int:
+        """Forget every ctypes object of the library (its code is about to go); the handle."""
+        handle = self._dll._handle
+        self._fns.clear()
+        self._flag = None
+        self._dll = None
+        self._unmap_on_exit = False
+        return handle
 
 
 def _kernel_error(code: int) -> str:
