@@ -70,7 +70,8 @@ def main() -> int:
                 name, kinds = meta.get(r["id"], ("?", "?"))
                 state["bad"].append({"id": r["id"], "seed_program": name, "kinds": kinds,
                                      "outcome": r["outcome"], "stage": r.get("stage"),
-                                     "detail": r.get("detail", "")[:400]})
+                                     "detail": r.get("detail", "")[:400],
+                                     "stacks": r.get("stacks", "")})
         state["chunks"][str(c0)] = dict(counts)
         state["seconds"] += time.time() - t0
         state_path.write_text(json.dumps(state))

@@ -12,6 +12,7 @@ not model). A dead or hung worker is replaced and the harness goes on.
 from __future__ import annotations
 
 import base64
+import faulthandler
 import json
 import os
 import select
@@ -134,6 +135,10 @@ def _overflow() -> None:
     ctypes.memmove(buf, p + 16, 8)
 
 
+#: seconds after which a worker dumps its threads' stacks for the mutant it still runs
+STACKS_AFTER_S = 45.0
+
+
 def worker_main() -> None:
     """Read {"id", "data", "seed"} lines on stdin, write {"id", ...result} lines."""
     out = os.fdopen(os.dup(1), "w", buffering=1)
@@ -153,7 +158,11 @@ def worker_main() -> None:
             time.sleep(3600)
         if os.environ.get("AOTRT_FUZZ_PROBES") == "1" and data == SAN_PROBE:
             _overflow()
+        # A mutant still running after this long leaves every thread's stack in the log,
+        # so that a timeout says where it was stuck (the runtime or the harness).
+        faulthandler.dump_traceback_later(STACKS_AFTER_S, exit=False)
         r = judge(data, msg["seed"])
+        faulthandler.cancel_dump_traceback_later()
         r["id"] = msg["id"]
         r["seconds"] = round(time.perf_counter() - t0, 4)
         out.write(json.dumps(r) + "\n")
@@ -257,9 +266,11 @@ def run_jobs(jobs: Iterable[dict[str, Any]], workers: int = 2, timeout: float = 
                         pool[i] = Worker(env, log_dir, i)
                 if res is None and w.busy is not None and now - w.t0 > timeout:
                     job = w.busy
+                    stacks = w.log_tail()[-1500:]
                     w.stop()
                     res = {"id": job["id"], "outcome": "hang",
-                           "detail": f"no answer within {timeout} s"}
+                           "detail": f"no answer within {timeout} s",
+                           "stacks": stacks}
                     pool[i] = Worker(env, log_dir, i)
                 if res is not None:
                     yield res
