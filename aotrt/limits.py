@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, fields
 
-from aotrt.errors import InvalidArgument
+from aotrt.errors import InvalidArgument, ProgramError
 
 GiB = 1 << 30
 
@@ -61,3 +61,13 @@ class Limits:
 DEFAULT = Limits()
 
 __all__ = ["Limits", "DEFAULT"]
+
+
+def within(value: int, limits: Limits, field: str, what: str) -> None:
+    """Refuse `value` over `limits.<field>`, saying how a caller who trusts it raises it."""
+    cap = getattr(limits, field)
+    if value > cap:
+        shown = f"{value}" if value < 1 << 80 else f"more than 2**80"
+        raise ProgramError(f"{what}: {shown} exceeds the load limit {field}={cap} "
+                           f"(docs/limits.md); to load it anyway, raise the limit: "
+                           f"aotrt.load(..., limits=aotrt.Limits({field}=...))")

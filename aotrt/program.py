@@ -22,7 +22,9 @@ import numpy as np
 from aotrt import dtypes
 from aotrt.errors import AotrtError, InvalidArgument, ProgramError, Unsupported
 from aotrt.kernels import ir
-from aotrt.limits import DEFAULT as DEFAULT_LIMITS, Limits
+from aotrt.analysis import (Write, affine_index, first_unwritten, kernel_cost, tree_size,
+                            uses_reduce_dim)
+from aotrt.limits import DEFAULT as DEFAULT_LIMITS, Limits, within
 from aotrt.runtime.tensor import contiguous_strides, is_packed
 from aotrt.runtime.tensor import numel_of as numel
 from aotrt.kernels.bounds import kernel_accesses, walk as _walk
@@ -132,16 +134,6 @@ def _limits(limits: Any) -> Limits:
     return limits
 
 
-def _within(value: int, limits: Limits, field: str, what: str) -> None:
-    """Refuse `value` over `limits.<field>`, saying how a caller who trusts it raises it."""
-    cap = getattr(limits, field)
-    if value > cap:
-        shown = f"{value}" if value < 1 << 80 else f"more than 2**80"
-        raise ProgramError(f"{what}: {shown} exceeds the load limit {field}={cap} "
-                           f"(docs/limits.md); to load it anyway, raise the limit: "
-                           f"aotrt.load(..., limits=aotrt.Limits({field}=...))")
-
-
 def extent(sizes: Sequence[int], strides: Sequence[int], itemsize: int) -> tuple[int, int]:
     """[lo, hi) bytes relative to element 0 that a view with non-negative strides touches."""
     if numel(sizes) == 0:
@@ -246,7 +238,7 @@ class Program:
         arena = _dict(doc["arena"], "arena", {"nbytes"})
         kernels = []
         # Counted before the kernels are parsed: each one is a compile unit.
-        _within(len(_list(doc["kernels"], "kernels")), lim, "max_kernels", "kernels")
+        within(len(_list(doc["kernels"], "kernels")), lim, "max_kernels", "kernels")
         for i, kj in enumerate(doc["kernels"]):
             kernels.append(_parse_kernel(kj, f"kernels[{i}]"))
         prov = doc["provenance"]
@@ -395,8 +387,8 @@ class _Validator:
         self.lim = limits
         #: elementary steps of one run (docs/limits.md), summed over the instructions
         self.work = 0
-        #: output index -> the byte sets instructions write into it (see _Write)
-        self.writes: dict[int, list[_Write]] = {}
+        #: output index -> the byte sets instructions write into it (see aotrt.analysis.Write)
+        self.writes: dict[int, list[Write]] = {}
         #: kernel name -> kernel_accesses(kernel), computed once however many use it
         self.accesses: dict[str, list] = {}
         #: kernel name -> _store_forms(kernel), likewise
@@ -417,17 +409,17 @@ class _Validator:
         _int(p.arena_nbytes, "arena.nbytes")
         self.roots = p.root_nbytes()
         lim = self.lim
-        _within(sum(sum(v) for v in self.roots.values()), lim, "max_memory_bytes",
+        within(sum(sum(v) for v in self.roots.values()), lim, "max_memory_bytes",
                 "memory bytes (arena + constants + inputs + outputs)")
-        _within(len(_list(p.kernels, "kernels")), lim, "max_kernels", "kernels")
-        _within(len(_list(p.instructions, "instructions")), lim, "max_instructions",
+        within(len(_list(p.kernels, "kernels")), lim, "max_kernels", "kernels")
+        within(len(_list(p.instructions, "instructions")), lim, "max_instructions",
                 "instructions")
         self.tensors = [self._tensor(t, f"tensors[{i}]") for i, t in enumerate(
             _list(p.tensors, "tensors"))]
         self._kernels()
         for i, ins in enumerate(_list(p.instructions, "instructions")):
             self._instruction(ins, i)
-        _within(self.work, lim, "max_work", "work of one run (elementary steps)")
+        within(self.work, lim, "max_work", "work of one run (elementary steps)")
         self._outputs_tensors()
         self._coverage()
         # The file must round-trip through JSON exactly as the delegate will see it. The
@@ -525,8 +517,8 @@ class _Validator:
             self.kernel_by_name[k.name] = k
             n, iters = kernel_cost(k, self.lim.max_kernel_iterations)
             nodes += n
-            _within(nodes, self.lim, "max_ir_nodes", f"kernels[{i}] {k.name}: IR nodes so far")
-            _within(iters, self.lim, "max_kernel_iterations",
+            within(nodes, self.lim, "max_ir_nodes", f"kernels[{i}] {k.name}: IR nodes so far")
+            within(iters, self.lim, "max_kernel_iterations",
                     f"kernels[{i}] {k.name}: loop iterations")
             self.iterations[k.name] = iters
 
@@ -613,7 +605,7 @@ class _Validator:
                 if c < 0:           # the same set of elements, walked the other way
                     start += c * (n - 1) * dt.itemsize
                 dims.append((n, abs(c) * dt.itemsize))
-            self._wrote(index, _Write(start, dims, dt.itemsize))
+            self._wrote(index, Write(start, dims, dt.itemsize))
 
     def _store_forms(self, k: ir.Kernel) -> list[tuple[int, Any]]:
         """(argument, affine form or None) of each store, computed once per kernel."""
@@ -652,7 +644,7 @@ class _Validator:
             _json_value(value, f"{w}.params.{key}")
         cost = self._library_check(fn, out_ids, in_ids, params, w)
         self.work += cost.work
-        _within(cost.scratch_bytes, self.lim, "max_scratch_bytes", f"{w} {fn}: scratch bytes")
+        within(cost.scratch_bytes, self.lim, "max_scratch_bytes", f"{w} {fn}: scratch bytes")
         for tid in out_ids:
             self._wrote_view(tid)
 
@@ -683,9 +675,9 @@ class _Validator:
         if root != "output" or numel(sz) == 0:
             return
         dims = [(n, s * dt.itemsize) for n, s in zip(sz, st) if n > 1 and s != 0]
-        self._wrote(index, _Write(off, dims, dt.itemsize))
+        self._wrote(index, Write(off, dims, dt.itemsize))
 
-    def _wrote(self, index: int, write: "_Write") -> None:
+    def _wrote(self, index: int, write: Write) -> None:
         self.writes.setdefault(index, []).append(write)
 
     def _coverage(self) -> None:
@@ -695,7 +687,7 @@ class _Validator:
             if nbytes == 0:
                 continue
             where = f"outputs[{k}] {self.outputs[k][0]!r}"
-            first = _first_unwritten(self.writes.get(k, []), nbytes, self.lim, where)
+            first = first_unwritten(self.writes.get(k, []), nbytes, self.lim, where)
             if first is not None:
                 raise _fail(where, f"byte {first} of its {nbytes} is never written by any "
                                    f"instruction (kernel stores count only where their index "
@@ -740,220 +732,6 @@ _KNOWN_PARAMS = frozenset({
     "beta", "alpha", "stride", "padding", "dilation", "transposed", "output_padding", "groups",
     "dropout_p", "is_causal", "scale", "enable_gqa", "k", "dim", "largest", "sorted",
     "kernel_size", "ceil_mode", "output_size", "scale_factors"})
-
-
-class _Write:
-    """The bytes one instruction writes into an output: {start + sum(i_d * stride_d) + b}
-    for 0 <= i_d < n_d and 0 <= b < itemsize; strides are >= 0 (bytes)."""
-
-    __slots__ = ("start", "dims", "itemsize")
-
-    def __init__(self, start: int, dims: list[tuple[int, int]], itemsize: int) -> None:
-        self.start = start
-        # Dims of one element or stride 0 add no bytes; the byte dim comes first.
-        self.dims = sorted([(itemsize, 1)] + [(n, s) for n, s in dims if n > 1 and s > 0],
-                           key=lambda d: d[1])
-        self.itemsize = itemsize
-
-    def end(self) -> int:
-        """One past the last byte."""
-        return self.start + sum((n - 1) * s for n, s in self.dims) + 1
-
-    def dense(self) -> bool:
-        """Whether the set is the whole interval [start, end())."""
-        want = 1
-        for n, s in self.dims:
-            if s != want:
-                return False
-            want = n * s
-        return True
-
-    def count(self) -> int:
-        """Bytes visited when marking (with repeats where dims overlap)."""
-        c = 1
-        for n, _ in self.dims:
-            c *= n
-        return c
-
-
-def _first_unwritten(writes: list[_Write], nbytes: int, lim: Limits,
-                     where: str) -> int | None:
-    """The first byte of [0, nbytes) that no write covers (None: all are written). Dense
-    writes are merged as intervals; the rest are marked in a byte map by numpy strides."""
-    inside = [w for w in writes if w.start >= 0 and w.end() <= nbytes]
-    spans = sorted((w.start, w.end()) for w in inside if w.dense())
-    reach = 0
-    for a, b in spans:
-        if a > reach:
-            break
-        reach = max(reach, b)
-    if reach >= nbytes:
-        return None
-    sparse = [w for w in inside if not w.dense()]
-    if not sparse:
-        return reach
-    _within(nbytes, lim, "max_coverage_bytes", f"{where}: bytes to map (its writes are not "
-                                               f"whole views)")
-    seen = np.zeros(nbytes, dtype=np.bool_)
-    for a, b in spans:
-        seen[a:b] = True
-    for w in sparse:
-        # Heavily overlapping strides would cost far more than the bytes they cover:
-        # skipping a write only ever refuses more (sound).
-        if w.count() > 16 * nbytes + (1 << 20):
-            continue
-        shape = tuple(n for n, _ in w.dims)
-        strides = tuple(s for _, s in w.dims)
-        view = np.lib.stride_tricks.as_strided(seen[w.start:], shape, strides, writeable=True)
-        view[...] = True
-    if seen.all():
-        return None
-    return int(np.argmin(seen))
-
-
-def uses_reduce_dim(st: ir.Store, nouter: int) -> bool:
-    """Whether a store's index or value reads a reduce dim outside a Reduce body (then the
-    renderers run it inside a loop over the reduce domain)."""
-    stack: list[Any] = [st.index, st.value]
-    seen: set[int] = set()
-    while stack:
-        e = stack.pop()
-        if id(e) in seen:
-            continue
-        seen.add(id(e))
-        if isinstance(e, ir.Idx) and e.dim >= nouter:
-            return True
-        if not isinstance(e, ir.Reduce):
-            stack.extend(ir.children(e))
-    return False
-
-
-def affine_index(e: ir.Expr, ndim: int) -> tuple[dict[int, int], int] | None:
-    """`e` as sum(coef[d] * Idx(d)) + c0 over outer dims d < ndim, exactly as int64 computes
-    it, or None when it is not of that form. Only int64 add, sub, neg, mul by a constant and
-    int64 casts of int64 values: these wrap modulo 2**64 like the integers, so a result that
-    lies in range equals the true affine value."""
-    memo: dict[int, Any] = {}
-    stack: list[tuple[Any, bool]] = [(e, False)]
-    big = 1 << 64
-    while stack:
-        node, ready = stack.pop()
-        if id(node) in memo:
-            continue
-        kids = ir.children(node) if isinstance(node, ir.Op) else ()
-        if not ready and kids:
-            stack.append((node, True))
-            stack.extend((c, False) for c in kids if id(c) not in memo)
-            continue
-        memo[id(node)] = _affine_node(node, ndim, [memo[id(c)] for c in kids], big)
-    return memo[id(e)]
-
-
-def _affine_node(e: Any, ndim: int, args: list, big: int) -> Any:
-    if getattr(e, "dtype", None) != "int64":
-        return None
-    if isinstance(e, ir.Idx):
-        return ({e.dim: 1}, 0) if e.dim < ndim else None
-    if isinstance(e, ir.Const):
-        v = e.value
-        return ({}, v) if isinstance(v, int) and not isinstance(v, bool) else None
-    if not isinstance(e, ir.Op) or any(a is None for a in args):
-        return None
-    if e.op == "cast" and len(args) == 1 and e.args[0].dtype == "int64":
-        return args[0]
-    if e.op == "neg" and len(args) == 1:
-        out = ({d: -c for d, c in args[0][0].items()}, -args[0][1])
-    elif e.op in ("add", "sub") and len(args) == 2:
-        sign = 1 if e.op == "add" else -1
-        (ca, a0), (cb, b0) = args
-        co = dict(ca)
-        for d, c in cb.items():
-            co[d] = co.get(d, 0) + sign * c
-        out = ({d: c for d, c in co.items() if c}, a0 + sign * b0)
-    elif e.op == "mul" and len(args) == 2:
-        (ca, a0), (cb, b0) = args
-        if ca and cb:
-            return None
-        (co, c0), m = ((ca, a0), b0) if not cb else ((cb, b0), a0)
-        out = ({d: c * m for d, c in co.items() if c * m}, c0 * m)
-    else:
-        return None
-    # Beyond 2**64 the final value cannot be an index of a view: give up (sound).
-    if abs(out[1]) >= big or any(abs(c) >= big for c in out[0].values()):
-        return None
-    return out
-
-
-def kernel_cost(k: ir.Kernel, cap: int) -> tuple[int, int]:
-    """(distinct IR nodes, loop iterations) of a kernel, in time linear in its nodes.
-
-    Iterations: the outer elements, each running every Reduce's loop over the reduce domain
-    (and one more for stores that use reduce dims); a Reduce nested in another's body runs
-    once per enclosing iteration (rnumel ** depth).
-    Saturates just above `cap`, so no power is ever computed in full.
-    """
-    order: list[Any] = []       # post-order: operands before users
-    done: set[int] = set()
-    stack: list[tuple[Any, bool]] = [(s, False) for s in k.stores]
-    while stack:
-        node, ready = stack.pop()
-        if id(node) in done:
-            continue
-        if not ready:
-            stack.append((node, True))
-            stack.extend((c, False) for c in ir.children(node) if id(c) not in done)
-            continue
-        done.add(id(node))
-        order.append(node)
-    # depth: the most Reduce nodes on a path from a store down to the node, itself included.
-    depth: dict[int, int] = {}
-    for node in reversed(order):
-        d = depth.get(id(node), 0) + (1 if isinstance(node, ir.Reduce) else 0)
-        depth[id(node)] = d
-        for c in ir.children(node):
-            if depth.get(id(c), 0) < d:
-                depth[id(c)] = d
-    rn = max(numel(k.rshape), 1)
-    per = 1
-    if any(uses_reduce_dim(st, len(k.shape)) for st in k.stores):
-        per += rn               # the loop of the stores inside the reduce domain
-    for node in order:
-        if isinstance(node, ir.Reduce):
-            per += _sat_pow(rn, depth[id(node)], cap + 1)
-            if per > cap:
-                break
-    outer = numel(k.shape)
-    total = 0 if outer == 0 else outer * per if per <= cap else cap + 1
-    return len(order), min(total, cap + 1)
-
-
-def tree_size(k: ir.Kernel, cap: int) -> int:
-    """Nodes of a kernel's IR written out as a tree (what to_json makes), saturating just
-    above `cap`; linear in the distinct nodes however much they are shared."""
-    size: dict[int, int] = {}
-    stack: list[tuple[Any, bool]] = [(s, False) for s in k.stores]
-    while stack:
-        node, ready = stack.pop()
-        if id(node) in size:
-            continue
-        kids = ir.children(node)
-        if not ready:
-            stack.append((node, True))
-            stack.extend((c, False) for c in kids if id(c) not in size)
-            continue
-        size[id(node)] = min(1 + sum(size[id(c)] for c in kids), cap + 1)
-    return min(sum(size[id(s)] for s in k.stores), cap + 1)
-
-
-def _sat_pow(base: int, exp: int, ceiling: int) -> int:
-    if base <= 1:
-        return base if exp else 1
-    out = 1
-    for _ in range(exp):
-        out *= base
-        if out >= ceiling:
-            return ceiling
-    return out
 
 
 _EXPR_TYPES = (ir.Const, ir.Idx, ir.Load, ir.Op, ir.Reduce)
