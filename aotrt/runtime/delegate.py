@@ -15,7 +15,6 @@ import logging
 import os
 import threading
 import time
-import weakref
 from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping, Sequence
 
@@ -26,7 +25,7 @@ from aotrt.dtypes import DType
 from aotrt.errors import AotrtError, InvalidArgument, Unsupported
 from aotrt.limits import Limits
 from aotrt.program import Program, extent
-from aotrt.runtime import dlpack, shims
+from aotrt.runtime import dlpack, finalize, shims
 from aotrt.runtime.device import (Device, KernelLibrary, Stream, StreamOptions, default_device,
                                   get_device)
 from aotrt.runtime.hazards import Access
@@ -117,7 +116,7 @@ class Delegate:
         self._graph: _Graph | None = None
         # What close() (or the garbage collector, for a delegate never closed) tears down.
         self._res = _Resources(self._owner)
-        self._closer = weakref.finalize(self, _teardown, self._res)
+        self._closer = finalize.finalizer(self, _teardown, self._res)
         try:
             self._init(check_hazards)
         except BaseException:

@@ -7,13 +7,12 @@ collected) and no DLPack consumer still holds it. Host access waits for pending 
 
 from __future__ import annotations
 
-import weakref
 from typing import Any
 
 import numpy as np
 
 from aotrt.dtypes import DType
-from aotrt.runtime import dlpack, shims
+from aotrt.runtime import dlpack, finalize, shims
 from aotrt.runtime.memory import PROCESS_OWNER, owner_scope
 from aotrt.runtime.tensor import Handle, check_live
 
@@ -32,7 +31,7 @@ class Tensor:
         """Take ownership of a live handle (internal: delegates make Tensors)."""
         check_live(handle, "handle")
         self._handle = handle
-        self._finalizer = weakref.finalize(self, _delete_quietly, handle)
+        self._finalizer = finalize.finalizer(self, _delete_quietly, handle)
 
     @classmethod
     def from_numpy(cls, array: Any, device: Any = "cpu") -> "Tensor":

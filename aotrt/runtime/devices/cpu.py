@@ -24,7 +24,7 @@ import numpy as np
 from aotrt.errors import AotrtError, CompileError, DeviceError, InvalidArgument, OutOfMemory
 from aotrt.kernels import ir
 from aotrt.kernels.render_c import CRenderer
-from aotrt.runtime import hazards
+from aotrt.runtime import finalize, hazards
 from aotrt.runtime.device import (Block, Device, KernelFunction, KernelLibrary, Stream,
                                   StreamOptions)
 from aotrt.runtime.tensor import Handle
@@ -72,6 +72,8 @@ class CpuStream(Stream):
         self._worker.start()
 
     def _run(self) -> None:
+        # Finalizers the collector starts here go to the reaper (runtime/finalize.py).
+        finalize.mark_worker_thread()
         while True:
             batch = self._queue.get()
             try:
@@ -281,7 +283,7 @@ class CpuKernelLibrary(KernelLibrary):
                 self.loaded = LoadedLibrary(self.path)
             except OSError as e2:
                 raise CompileError(f"cannot load the kernel library {self.path}: {e2}") from None
-        self._closer = weakref.finalize(self, self.loaded.close)
+        self._closer = finalize.finalizer(self, self.loaded.close)
         # At exit a daemon stream may still run a kernel: unmapping then buys nothing.
         self._closer.atexit = False
 
