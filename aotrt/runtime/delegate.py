@@ -26,8 +26,8 @@ from aotrt.errors import AotrtError, InvalidArgument, Unsupported
 from aotrt.limits import Limits
 from aotrt.program import Program, extent
 from aotrt.runtime import dlpack, finalize, shims
-from aotrt.runtime.device import (Device, KernelLibrary, Stream, StreamOptions, default_device,
-                                  get_device)
+from aotrt.runtime.device import (Command, Device, KernelLibrary, Stream, StreamOptions,
+                                  default_device, get_device)
 from aotrt.runtime.hazards import Access
 from aotrt.runtime.memory import PROCESS_OWNER, Allocation, Owner, owner_scope
 from aotrt.runtime.public import Tensor
@@ -83,13 +83,25 @@ class _Step:
     b: Any
     params: dict
     label: str
+    # The step's commands, validated and built once at load, when it touches no per-run view.
+    planned: tuple[Command, ...] | None = None
+
+    def tensor_ids(self) -> list[int]:
+        """The program tensors the step reads or writes that a run may rebind."""
+        if self.kind == _KERNEL:
+            return list(self.a)         # only the per-run slots (the rest is resolved)
+        if self.kind == _LIBRARY:
+            return [t for t in (*self.a, *self.b) if t is not None]
+        if self.kind == _COPY:
+            return [self.a, self.b]
+        return [self.a]
 
 
 class Delegate:
     """A program loaded on a device: `run` it as often as needed, then `close` it."""
 
     def __init__(self, program: Program, device: Any = None, check_hazards: bool = False,
-                 cuda_graph: bool = False, limits: Limits | None = None) -> None:
+                 cuda_graph: bool | None = None, limits: Limits | None = None) -> None:
         """Validate `program` within `limits` (aotrt.Limits; None: the defaults) and load it
         onto `device` (None: cuda if present, else cpu)."""
         if not isinstance(program, Program):
@@ -99,9 +111,12 @@ class Delegate:
         program.validate(limits)
         if not isinstance(check_hazards, bool):
             raise InvalidArgument(f"check_hazards: expected a bool, got {check_hazards!r}")
-        if not isinstance(cuda_graph, bool):
-            raise InvalidArgument(f"cuda_graph: expected a bool, got {cuda_graph!r}")
+        if cuda_graph is not None and not isinstance(cuda_graph, bool):
+            raise InvalidArgument(f"cuda_graph: expected a bool or None, got {cuda_graph!r}")
         dev = get_device(default_device() if device is None else device)
+        if cuda_graph and not dev.supports_graphs:
+            raise InvalidArgument(f"cuda_graph: the {dev.name} device cannot replay graphs; "
+                                  f"leave cuda_graph unset or False there")
         t0 = time.perf_counter()
         self.program = program
         self.device: Device = dev
@@ -111,8 +126,9 @@ class Delegate:
         self._lock = threading.Lock()
         self._static: list[Handle | None] = []
         self._steps: list[_Step] = []
-        # CUDA graph replay (cuda only): captured on the first run, over static buffers.
-        self._graph_mode = cuda_graph and dev.name == "cuda"
+        # Graph replay: captured on the first run, over static buffers. Every program is
+        # static today (fixed shapes), so a device with graphs replays one unless told not to.
+        self._graph_mode = dev.supports_graphs if cuda_graph is None else cuda_graph
         self._graph: _Graph | None = None
         # What close() (or the garbage collector, for a delegate never closed) tears down.
         self._res = _Resources(self._owner)
@@ -203,7 +219,22 @@ class Delegate:
                 step = _Step(_COPY, None, ins["dst"], ins["src"], {}, label)
             else:
                 step = _Step(_FILL, None, ins["dst"], ins["byte"], {}, label)
+            self._plan(step)
             self._steps.append(step)
+
+    def _plan(self, step: _Step) -> None:
+        """Validate and build a step whose views are all static once, now (the run plan):
+        each run then only queues its commands again."""
+        if any(self._static[t] is None for t in step.tensor_ids()):
+            return
+        stream = self._stream
+        with stream.planning() as cmds:
+            stream.label = step.label
+            try:
+                self._run_step(step, self._static)
+            finally:
+                stream.label = ""
+        step.planned = tuple(cmds)
 
     # -- run ----------------------------------------------------------------------------------
 
@@ -313,7 +344,7 @@ class Delegate:
         lo, hi = np.lib.array_utils.byte_bounds(arr) if hasattr(np.lib, "array_utils") else \
             np.byte_bounds(arr)
         strides = [s // isz if s % isz == 0 else None for s in arr.strides]
-        direct = (self.device.name == "cpu" and arr.flags.aligned and None not in strides
+        direct = (self.device.host_addressable and arr.flags.aligned and None not in strides
                   and spec.layout_matches(strides))
         ptr = arr.__array_interface__["data"][0]
         if direct:
@@ -523,15 +554,24 @@ class Delegate:
         stream = self._stream
         for step in self._steps:
             stream.label = step.label
-            if step.kind == _KERNEL:
-                step.target.launch(stream, [h[t] for t in step.a])
-            elif step.kind == _LIBRARY:
-                step.target(stream, [h[t] for t in step.a],
-                            [None if t is None else h[t] for t in step.b], **step.params)
-            elif step.kind == _COPY:
-                stream.copy(h[step.a], h[step.b])
+            if step.planned is not None:
+                for cmd in step.planned:
+                    stream.replay(cmd)
             else:
-                stream.fill(h[step.a], step.b)
+                self._run_step(step, h)
+
+    def _run_step(self, step: _Step, h: Sequence[Handle | None]) -> None:
+        """Validate, build and queue one step over the views `h` (by tensor id)."""
+        stream = self._stream
+        if step.kind == _KERNEL:
+            step.target.launch(stream, [h[t] for t in step.a])
+        elif step.kind == _LIBRARY:
+            step.target(stream, [h[t] for t in step.a],
+                        [None if t is None else h[t] for t in step.b], **step.params)
+        elif step.kind == _COPY:
+            stream.copy(h[step.a], h[step.b])
+        else:
+            stream.fill(h[step.a], step.b)
 
     def _cleanup(self, temps: list[Handle], failed: bool) -> None:
         """Delete every per-run handle; after a failure, first finish what was queued."""
@@ -686,11 +726,13 @@ def _host_view(imp: dlpack.Imported) -> np.ndarray:
 
 
 def load(prog_or_path: Any, device: Any = None, check_hazards: bool = False,
-         cuda_graph: bool = False, limits: Limits | None = None) -> Delegate:
+         cuda_graph: bool | None = None, limits: Limits | None = None) -> Delegate:
     """Load a Program (or a .aotp path) as a Delegate on `device` (None: cuda if present).
 
-    `cuda_graph=True` (cuda only) captures the whole run as one CUDA graph on the first run
-    and replays it afterwards: inputs are copied into static buffers and outputs out of them.
+    On a device that supports graphs (cuda) the whole run is captured as one CUDA graph on
+    the first run and replayed afterwards (inputs are copied into static buffers and outputs
+    out of them); `cuda_graph=False` opts out. `cuda_graph=True` on a device without graphs
+    is an InvalidArgument.
     `limits` (aotrt.Limits, docs/limits.md) is the load-time budget; None: the defaults.
     """
     if isinstance(prog_or_path, Program):

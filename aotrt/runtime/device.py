@@ -66,6 +66,15 @@ class StreamOptions:
 
 
 @dataclass(frozen=True)
+class Command:
+    """One recorded command, kept for replay: what it touches, its device work, its label."""
+
+    accesses: tuple[Access, ...]
+    work: Any
+    label: str
+
+
+@dataclass(frozen=True)
 class Block:
     """Raw memory from a device: an address, a capacity and whatever keeps it alive."""
 
@@ -97,9 +106,30 @@ class Stream(ABC):
         self.label = ""
         self.closed = False
         self._lock = threading.RLock()
+        self._plan: list[Command] | None = None
 
     def __repr__(self) -> str:
         return f"<{self.device.name} stream {self.id}>"
+
+    @contextlib.contextmanager
+    def planning(self) -> Iterator[list[Command]]:
+        """Within the block, `record` keeps each command in the yielded list instead of
+        queuing it, so a caller can validate and build work once and `replay` it many times.
+        The stream must not be shared with another thread while it plans (a delegate plans
+        its own stream at load)."""
+        with self._lock:
+            self._check_open()
+            if self._plan is not None:
+                raise InvalidArgument(f"stream: {self!r} is already planning")
+            self._plan = plan = []
+        try:
+            yield plan
+        finally:
+            self._plan = None
+
+    def replay(self, cmd: Command) -> int:
+        """Queue a command kept by `planning`; the hazard checker sees it as a new one."""
+        return self.record(cmd.accesses, cmd.work, cmd.label)
 
     # -- recording ----------------------------------------------------------------------------
 
@@ -107,6 +137,10 @@ class Stream(ABC):
         """Queue one command that touches `accesses`; returns its sequence number."""
         with self._lock:
             self._check_open()
+            if self._plan is not None:
+                # Planned, not queued: the checks and the bookkeeping happen at each replay.
+                self._plan.append(Command(tuple(accesses), work, label))
+                return self.recorded_seq
             # The stream's label names the program instruction being run (set by delegates);
             # keep it in front of the command's own label so a HazardError names both.
             if self.label:
@@ -502,6 +536,10 @@ class Device(ABC):
 
     name: str = ""
     renderer: Any = None
+    #: can capture a stream's work once and replay it as one graph (begin/end_capture)
+    supports_graphs: bool = False
+    #: its memory is host memory: a host pointer can be bound as a view without a copy
+    host_addressable: bool = False
 
     def __init__(self) -> None:
         from aotrt.runtime.memory import Memory

@@ -726,3 +726,48 @@ def test_run_launches_the_plan_built_at_load(monkeypatch: pytest.MonkeyPatch,
     for x, outs in zip(xs, results):
         check(outs, seed_reference(prog, x), "float32")
     m.close()
+
+
+# -- the run plan (issues 8 and 9): static steps are validated and built once, at load -----
+
+
+def test_static_steps_are_built_at_load_and_only_replayed(monkeypatch: pytest.MonkeyPatch) -> None:
+    """addmm and the cat copies touch only arena and constant views: their op is called
+    once, at load; each run replays the commands built then and still matches."""
+    ops = dict(delegate_mod.library_ops())
+    calls = {"mm": 0, "addmm": 0}
+
+    def counting(name: str) -> Any:
+        real = ops[name]
+
+        def op(stream: Any, outs: list, ins: list, **params: Any) -> int:
+            calls[name] += 1
+            return real(stream, outs, ins, **params)
+        return op
+    ops["mm"], ops["addmm"] = counting("mm"), counting("addmm")
+    monkeypatch.setattr(delegate_mod, "library_ops", lambda: ops)
+    prog = seed_program()
+    with aotrt.load(prog, check_hazards=True) as m:
+        kinds = [(s.kind, s.planned is not None) for s in m._steps]
+        assert calls == {"mm": 0, "addmm": 1}
+        for seed in range(3):
+            x = rand([12, 7], seed=60 + seed)
+            check(m.run(x), seed_reference(prog, x), "float32")
+    # mm reads the input x: per run; addmm: built once; nested kernel writes an output.
+    assert calls == {"mm": 3, "addmm": 1}
+    # mm (reads x), addmm, copy to y, kernel into z, the two cat copies, copy to cat, nested
+    assert [p for _, p in kinds] == [False, True, False, False, True, True, False, False]
+    assert kinds[1][0] == delegate_mod._LIBRARY and kinds[4][0] == delegate_mod._COPY
+
+
+def test_cuda_graph_is_refused_on_a_device_without_graphs() -> None:
+    dev = aotrt.runtime.device.get_device("cpu")
+    assert not dev.supports_graphs and dev.host_addressable
+    with pytest.raises(InvalidArgument, match="cpu device cannot replay graphs"):
+        aotrt.load(seed_program(), device="cpu", cuda_graph=True)
+    with pytest.raises(InvalidArgument, match="cuda_graph: expected a bool or None"):
+        aotrt.load(seed_program(), device="cpu", cuda_graph="yes")
+    for graph in (None, False):
+        with aotrt.load(seed_program(), device="cpu", cuda_graph=graph) as m:
+            x = rand([12, 7], seed=72)
+            check(m.run(x), seed_reference(seed_program(), x), "float32")

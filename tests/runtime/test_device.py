@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 
 from aotrt.errors import DeviceError, HazardError, InvalidArgument
+from aotrt import dtypes
 from aotrt.runtime import shims
 from aotrt.runtime.device import (Device, Stream, StreamOptions, SyncKind, cuda_available,
                                   default_device, get_device, parse_device)
@@ -698,3 +699,34 @@ def test_prepare_and_launch_refuse_what_dispatch_refuses(dev, stream, owner):
         launch.launch(stream, [good])
     for h in (good, small, wrong):
         shims.delete_tensor_object(h)
+
+
+# -- planning: record once, replay many (the delegate's run plan) ---------------------------
+
+
+def test_planning_keeps_commands_and_replay_queues_them() -> None:
+    from aotrt.runtime.device import get_device
+    dev = get_device("cpu")
+    s = dev.create_stream(StreamOptions(check_hazards=True))
+    try:
+        src = shims.empty_strided([4], [1], dtypes.float32, dev)
+        dst = shims.empty_strided([4], [1], dtypes.float32, dev)
+        dev.write(src, np.arange(4, dtype=np.float32))
+        with s.planning() as cmds:
+            seq = s.copy(dst, src)
+            with pytest.raises(InvalidArgument, match="already planning"):
+                with s.planning():
+                    pass
+        assert seq == 0 and s.recorded_seq == 0 and len(cmds) == 1
+        assert [a.write for a in cmds[0].accesses] == [False, True]
+        for _ in range(2):
+            s.replay(cmds[0])
+        assert s.recorded_seq == 2
+        s.commit_and_wait()
+        np.testing.assert_array_equal(dst.numpy(), np.arange(4, dtype=np.float32))
+        shims.delete_tensor_object(src)
+        with pytest.raises(HazardError, match="copy uses freed allocation"):
+            s.replay(cmds[0])
+        shims.delete_tensor_object(dst)
+    finally:
+        s.close()

@@ -424,6 +424,7 @@ class CpuDevice(Device):
     """Host memory and host execution behind the device protocol."""
 
     name = "cpu"
+    host_addressable = True
     renderer = CRenderer()
 
     def __init__(self) -> None:

@@ -403,6 +403,7 @@ class CudaDevice(Device):
     """GPU 0 through cuda.core: stream-ordered memory, NVRTC kernels, CUDA graphs."""
 
     name = "cuda"
+    supports_graphs = True
     renderer = CudaRenderer()
     #: DLPack device of this device's memory (kDLCUDA, ordinal 0)
     dlpack_device = (2, 0)
