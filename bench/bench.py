@@ -160,10 +160,45 @@ def time_aotrt(d: Any, inputs: tuple, iters: int, warmup: int) -> tuple[float, A
 
 
 def rel_err(got, ref) -> float:
+    """Relative L2 error of `got` against `ref` in float64 (inf when `got` is not finite)."""
     g, r = got.double(), ref.double()
     if not bool(g.isfinite().all()):
         return float("inf")
     return float((g - r).norm() / r.norm().clamp_min(1e-30))
+
+
+def parts(name: str, out) -> dict:
+    """The output split where one norm would hide errors: YOLOv8n's [1, 84, N] rows are 4 box
+    coordinates (hundreds of pixels) and 80 class scores (0..1), so they are judged apart."""
+    if name == "yolov8n":
+        return {"boxes": out[:, :4], "scores": out[:, 4:]}
+    return {"out": out}
+
+
+def errors(name: str, got, ref32) -> dict:
+    """Per part: relative error of a runner's output against the fp32 eager reference."""
+    g, r = parts(name, got.to(ref32.device)), parts(name, ref32)
+    return {k: rel_err(g[k], r[k]) for k in r}
+
+
+def fp32_reference(m, inputs: tuple):
+    """The model's output in float32 eager (a float32 copy of the fp16 module) on the same
+    inputs: the reference every runner, eager fp16 included, is judged against."""
+    import copy
+
+    import torch
+
+    m32 = copy.deepcopy(m).float()
+    ins32 = tuple(x.float() if x.is_floating_point() else x for x in inputs)
+    prev = torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32
+    torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = False
+    try:
+        with torch.no_grad():
+            out = m32(*ins32)
+    finally:
+        torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = prev
+    del m32
+    return out
 
 
 # -- one model ------------------------------------------------------------------------------------
@@ -180,6 +215,8 @@ def run_model(name: str, runners: list[str], iters: int, warmup: int,
     with torch.no_grad():
         ref = m(*inputs)
     res["output_shape"] = list(ref.shape)
+    ref32 = fp32_reference(m, inputs)
+    res["eager_fp16_err"] = errors(name, ref, ref32)
 
     def record(runner: str, fn: Callable[[], dict]) -> None:
         torch.cuda.synchronize()
@@ -195,15 +232,18 @@ def run_model(name: str, runners: list[str], iters: int, warmup: int,
         if partial_path:
             with open(partial_path, "w") as f:
                 json.dump(res, f)
+        errs = " ".join(f"{k} {v:.2e}" for k, v in r.get("err_fp32", {}).items())
         print(f"  {name:22s} {runner:24s} " + (
-            f"{r['ms']:8.3f} ms  err {r.get('rel_err', 0):.2e}" if r.get("ok")
+            f"{r['ms']:8.3f} ms  err vs fp32 {errs or '-'}" if r.get("ok")
             else "FAILED " + r["error"][:300]), flush=True)
 
     if "eager" in runners:
         def eager() -> dict:
             with torch.no_grad():
                 ms = time_torch(lambda: m(*inputs), iters, warmup)
-            return {"ms": ms, "peak_bytes": torch.cuda.max_memory_allocated()}
+                out = m(*inputs)
+            return {"ms": ms, "peak_bytes": torch.cuda.max_memory_allocated(),
+                    "err_fp32": errors(name, out, ref32)}
         record("eager", eager)
 
     prog_box: dict = {}
@@ -250,9 +290,10 @@ def run_model(name: str, runners: list[str], iters: int, warmup: int,
                 ms, out = time_aotrt(d, inputs, iters, warmup)
                 got = torch.from_dlpack(out[0])
                 err = rel_err(got, ref)
+                err32 = errors(name, got, ref32)
                 pool = dev.mempool_stats()
                 return {"ms": ms, "load_s": load_s, "first_run_s": first_run_s,
-                        "rel_err": err, "peak_bytes": pool["used_high"],
+                        "rel_err": err, "err_fp32": err32, "peak_bytes": pool["used_high"],
                         "pool_reserved_high": pool["reserved_high"],
                         "runtime_peak_raw_bytes": dev.memory.peak_raw_bytes}
             finally:
@@ -275,6 +316,7 @@ def run_model(name: str, runners: list[str], iters: int, warmup: int,
                 out = cm(*inputs)
                 err = rel_err(out, ref)
             return {"ms": ms, "compile_s": compile_s, "rel_err": err,
+                    "err_fp32": errors(name, out, ref32),
                     "peak_bytes": torch.cuda.max_memory_allocated()}
         record(runner, compiled)
     return res

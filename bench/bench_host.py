@@ -1,6 +1,7 @@
-"""Host time per instruction of Delegate.run() on the cpu device (issue #9 item 1).
+"""Host time per instruction of Delegate.run(), without graphs (issue #9 item 1).
 
-    .venv/bin/python bench/bench_host.py [--instructions 200] [--iters 200] [--hazards]
+    .venv/bin/python bench/bench_host.py [--device cpu|cuda] [--instructions 200]
+        [--iters 200] [--hazards]
 
 A chain of small float32 kernels (numel 1..64, so a kernel's own work is negligible and the
 time is the Python around it): x -> k0 -> t0 -> k1 -> t1 ... -> y, every intermediate in the
@@ -75,10 +76,11 @@ def main() -> None:
     ap.add_argument("--instructions", type=int, default=200)
     ap.add_argument("--iters", type=int, default=200)
     ap.add_argument("--hazards", action="store_true")
+    ap.add_argument("--device", default="cpu")
     a = ap.parse_args()
     prog = chain_program(a.instructions)
     t0 = time.perf_counter()
-    d = aotrt.load(prog, device="cpu", check_hazards=a.hazards)
+    d = aotrt.load(prog, device=a.device, check_hazards=a.hazards, cuda_graph=False)
     load_s = time.perf_counter() - t0
     x = np.random.default_rng(0).standard_normal(64).astype(np.float32)
     got = np.asarray(d.run(x)[0]).astype(np.float64)
@@ -96,7 +98,7 @@ def main() -> None:
         d.stream.commit_and_wait()
         times.append(time.perf_counter() - t)
     med, hmed = statistics.median(times), statistics.median(host)
-    print(f"| {n_ins} | {'on' if a.hazards else 'off'} | {med * 1e3:.2f} | "
+    print(f"| {a.device} | {n_ins} | {'on' if a.hazards else 'off'} | {med * 1e3:.2f} | "
           f"{med / n_ins * 1e6:.1f} | {min(times) / n_ins * 1e6:.1f} | "
           f"{hmed / n_ins * 1e6:.1f} | {load_s:.2f} | "
           f"{os.getloadavg()[0]:.2f} | {err:.1e} |")

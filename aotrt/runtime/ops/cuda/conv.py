@@ -1,4 +1,5 @@
-"""Convolution on cuda: cuDNN for half types, else im2col (or col2im) around cuBLASLt GEMMs."""
+"""Convolution on cuda: cuDNN for every float dtype, else im2col (or col2im) around cuBLASLt
+GEMMs."""
 
 from __future__ import annotations
 
@@ -121,6 +122,10 @@ def _cudnn_conv(dnn: _Dnn, out: Handle, x: Handle, w: Handle, bias: Handle | Non
             g.validate()
             g.build_operation_graph()
             g.create_execution_plans([cudnn.heur_mode.A, cudnn.heur_mode.FALLBACK])
+            if out.dtype.name == "float32":
+                # Tensor-core engines run float32 as TF32 (10-bit mantissa), which misses
+                # float32 accuracy: keep the engines that compute in float32.
+                g.deselect_numeric_notes([cudnn.numerical_note.TENSOR_CORE])
             g.check_support()
             g.build_plans()
             entry = dnn.graphs[key] = (g, X, W, B, Y, int(g.get_workspace_size()))
@@ -164,8 +169,9 @@ def _cudnn_conv(dnn: _Dnn, out: Handle, x: Handle, w: Handle, bias: Handle | Non
 def make_conv(out: Handle, x: Handle, w: Handle, bias: Handle | None, p: Any) -> Work:
     """aten.convolution (1-D/2-D, strided, padded, dilated, grouped, transposed) on cuda.
 
-    Half types go through cuDNN; float32 through im2col + a float32 cuBLASLt GEMM, because
-    cuDNN may pick TF32 tensor-core engines for float32, which miss float32 accuracy.
+    Every float dtype goes through cuDNN (float32 on engines without tensor cores, whose TF32
+    would miss float32 accuracy); im2col + a cuBLASLt GEMM serves what cuDNN refuses, and
+    col2im transposed convolutions.
     """
     dev = out.device
     if out.dtype.name not in _CUDA_TYPE:
@@ -179,7 +185,7 @@ def make_conv(out: Handle, x: Handle, w: Handle, bias: Handle | None, p: Any) ->
     if p.transposed:
         return _gemm_col2im_conv(out, w, bias, p, xb, ob)
     dnn = _get_dnn(dev)
-    if dnn is not None and out.dtype.name != "float32":
+    if dnn is not None:
         try:
             return _cudnn_conv(dnn, out, x, w, bias, p, xb, ob)
         except Exception as e:  # noqa: BLE001 - any refusal: the GEMM path still works
