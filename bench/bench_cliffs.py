@@ -19,8 +19,9 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from bench.bench import rel_err, time_aotrt, time_torch  # noqa: E402
+from bench import rel_err, time_aotrt, time_torch  # noqa: E402  (bench/bench.py)
 
 MODELS = ["mobilenet_v2", "efficientnet_b0", "convnext_tiny", "regnet_y_400mf", "resnet18"]
 

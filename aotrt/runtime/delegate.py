@@ -619,6 +619,11 @@ class Delegate:
         return f"<aotrt.Delegate {self.name} {state}>"
 
     @property
+    def uses_graph(self) -> bool:
+        """True when runs replay one captured graph (the default where the device has them)."""
+        return self._graph_mode
+
+    @property
     def owner(self) -> Owner:
         """The Owner of everything this delegate made."""
         return self._owner

@@ -706,7 +706,8 @@ def test_run_launches_the_plan_built_at_load(monkeypatch: pytest.MonkeyPatch,
     from aotrt.runtime.device import KernelFunction
 
     prog = seed_program()
-    m = aotrt.load(prog, device=device)
+    m = aotrt.load(prog, device=device, cuda_graph=False)   # the launches, not a graph
+    assert not m.uses_graph
     kernel_args = [ins["args"] for ins in prog.instructions if ins["op"] == "kernel"]
     per_run = sum(1 for args in kernel_args for t in args
                   if prog.tensors[t]["root"] in ("input", "output"))
@@ -769,5 +770,6 @@ def test_cuda_graph_is_refused_on_a_device_without_graphs() -> None:
         aotrt.load(seed_program(), device="cpu", cuda_graph="yes")
     for graph in (None, False):
         with aotrt.load(seed_program(), device="cpu", cuda_graph=graph) as m:
+            assert not m.uses_graph
             x = rand([12, 7], seed=72)
             check(m.run(x), seed_reference(seed_program(), x), "float32")

@@ -489,6 +489,22 @@ def test_delegate_runs_on_cuda_with_and_without_graphs(graph) -> None:
             assert rel_err(got.cpu().numpy(), m(xc.cpu()).detach().numpy()) < 1e-4
 
 
+@needs_gpu
+def test_delegate_replays_a_graph_by_default() -> None:
+    """A static program on cuda replays one CUDA graph unless cuda_graph=False."""
+    torch, m, prog = _small_program()
+    import aotrt
+
+    with aotrt.load(prog, device="cuda") as d:
+        assert d.uses_graph
+        x = torch.randn(2, 3, 16, 16)
+        for _ in range(2):
+            (out,) = d.run(x.numpy())
+            assert rel_err(np.asarray(out), m(x).detach().numpy()) < 1e-4
+    with aotrt.load(prog, device="cuda", cuda_graph=False) as d:
+        assert not d.uses_graph
+
+
 # -- library lifetime, cache, int64 grids (issue 7, items 6, 9, 10) --------------------------
 
 
