@@ -18,17 +18,22 @@ __all__ = ["export"]
 
 
 def export(model: Any, example_inputs: Sequence[Any], *, kwargs: dict[str, Any] | None = None,
-           name: str | None = None, strict: bool = False) -> Program:
+           name: str | None = None, strict: bool = False, layout: str = "auto") -> Program:
     """Export `model` traced on `example_inputs` (static shapes) into a validated Program.
 
+    `layout` lays out the activations: "channels_last" (NHWC activations, KRSC weights),
+    "contiguous", or "auto": channels-last when the model has 2-D convolutions and the
+    default device prefers it (aotrt/export/layout.py). Inputs and outputs keep the example's and torch's layouts.
     Raises aotrt.errors.Unsupported, naming the op and the model's source line, for anything
     the runtime cannot run; nothing unsupported is left to fail at run time.
     """
     from aotrt.export.capture import capture
+    from aotrt.export.layout import for_layout
     from aotrt.export.lower import lower, runs_whole
 
     t0 = time.perf_counter()
-    ep = capture(model, example_inputs, kwargs=kwargs, strict=strict, runs_whole=runs_whole)
+    traced = for_layout(model, layout)
+    ep = capture(traced, example_inputs, kwargs=kwargs, strict=strict, runs_whole=runs_whole)
     t1 = time.perf_counter()
     prog = lower(ep, name or type(model).__name__)
     log.info("exported %s: capture %.2fs, lowering %.2fs, %d instructions, %d kernels",

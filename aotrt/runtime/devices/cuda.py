@@ -404,6 +404,7 @@ class CudaDevice(Device):
 
     name = "cuda"
     supports_graphs = True
+    prefers_channels_last = True     # cuDNN's engines are NHWC
     renderer = CudaRenderer()
     #: DLPack device of this device's memory (kDLCUDA, ordinal 0)
     dlpack_device = (2, 0)

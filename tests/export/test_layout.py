@@ -1,0 +1,92 @@
+"""Tests for aotrt/export/layout.py: channels-last export of convolution networks."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+import torch.nn as nn
+
+import aotrt
+from aotrt.errors import InvalidArgument
+from aotrt.export import layout
+from tests.support import rel_err
+
+
+class Block(nn.Module):
+    """conv-bn-relu, a depthwise conv, a residual add, max pooling, then a linear head."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv = nn.Conv2d(3, 8, 3, padding=1)
+        self.bn = nn.BatchNorm2d(8)
+        self.dw = nn.Conv2d(8, 8, 3, padding=1, groups=8)
+        self.pool = nn.MaxPool2d(2)
+        self.head = nn.Linear(8 * 4 * 4, 5)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = torch.relu(self.bn(self.conv(x)))
+        y = self.pool(y + self.dw(y))
+        return self.head(y.flatten(1))
+
+
+def _model() -> nn.Module:
+    torch.manual_seed(0)
+    m = Block().eval()
+    with torch.no_grad():
+        m.bn.running_mean.uniform_(-0.5, 0.5)
+        m.bn.running_var.uniform_(0.5, 1.5)
+    return m
+
+
+def _nhwc_tensors(prog: aotrt.Program) -> int:
+    """How many 4-D arena tensors with more than one channel have the channel innermost."""
+    return sum(1 for t in prog.tensors if t["root"] == "arena" and len(t["sizes"]) == 4
+               and t["sizes"][1] > 1 and t["strides"][1] == 1)
+
+
+@pytest.mark.parametrize("which", ["channels_last", "contiguous"])
+def test_layouts_match_eager(which: str) -> None:
+    m = _model()
+    x = torch.randn(2, 3, 8, 8)
+    before = [p.stride() for p in m.parameters()]
+    with torch.no_grad():
+        prog = aotrt.export(m, (x,), layout=which)
+    assert [p.stride() for p in m.parameters()] == before     # the caller's module is kept
+    assert prog.inputs[0]["strides"] == [192, 64, 8, 1]          # inputs stay as given
+    if which == "channels_last":
+        assert _nhwc_tensors(prog) >= 3
+    else:
+        assert _nhwc_tensors(prog) == 0
+    with aotrt.load(prog, device="cpu", check_hazards=True) as d:
+        for seed in range(2):
+            xs = torch.randn(2, 3, 8, 8, generator=torch.Generator().manual_seed(seed))
+            with torch.no_grad():
+                ref = m.double()(xs.double()).numpy()
+                m.float()
+            got = np.asarray(d.run(xs.numpy())[0]).astype(np.float64)
+            assert rel_err(got, ref) < 1e-5
+
+
+def test_auto_follows_the_default_device(monkeypatch: pytest.MonkeyPatch) -> None:
+    from aotrt.runtime.device import get_device
+
+    m = _model()
+    cpu = get_device("cpu")
+    assert not cpu.prefers_channels_last
+    monkeypatch.setattr(layout, "auto_channels_last", lambda model: False)
+    assert layout.for_layout(m, "auto") is m
+    monkeypatch.setattr(layout, "auto_channels_last", lambda model: True)
+    cl = layout.for_layout(m, "auto")
+    assert cl is not m and cl.conv.weight.is_contiguous(memory_format=torch.channels_last)
+    assert layout.for_layout(nn.Linear(2, 2), "contiguous").weight.is_contiguous()
+
+
+def test_auto_needs_a_conv2d_and_a_device_that_prefers_it() -> None:
+    assert layout.has_conv2d(_model()) and not layout.has_conv2d(nn.Linear(2, 2))
+    assert not layout.auto_channels_last(nn.Linear(2, 2))
+
+
+def test_unknown_layout_is_refused() -> None:
+    with pytest.raises(InvalidArgument, match="layout: expected one of"):
+        aotrt.export(_model(), (torch.randn(1, 3, 8, 8),), layout="nhwc")
