@@ -1,7 +1,7 @@
 """On the GPU machine: GPU time per kernel of one aotrt run (CUPTI through torch.profiler),
 next to torch.compile's, for one benchmark model.
 
-    python3 scripts/cuda_profile.py gpt2_1x256
+    python3 scripts/cuda_profile.py gpt2_1x256 [auto|channels_last|contiguous] [--no-compile]
 """
 
 from __future__ import annotations
@@ -34,8 +34,15 @@ def kernel_table(prof, title: str) -> None:
 
 
 name = sys.argv[1] if len(sys.argv) > 1 else "gpt2_1x256"
+layout = sys.argv[2] if len(sys.argv) > 2 else "auto"
 m, inputs = bench.build(name)
-prog = aotrt.export(m, inputs)
+prog = aotrt.export(m, inputs, layout=layout)
+convs = [ins for ins in prog.instructions if ins.get("fn") == "convolution"]
+nhwc = sum(1 for ins in convs if prog.tensors[ins["outs"][0]]["strides"][1] == 1)
+print(f"layout {layout}: {nhwc} of {len(convs)} convolutions write channels-last")
+for ins in convs[:3]:
+    print("  x/w/out strides", [prog.tensors[t]["strides"] for t in
+                                (ins["ins"][0], ins["ins"][1], ins["outs"][0])])
 with aotrt.load(prog, device="cuda") as d:
     for _ in range(3):
         d.run(*inputs)
@@ -45,6 +52,8 @@ with aotrt.load(prog, device="cuda") as d:
             d.run(*inputs)
         d.stream.commit_and_wait()
     kernel_table(prof, f"aotrt {name}")
+if "--no-compile" in sys.argv:
+    sys.exit(0)
 cm = torch.compile(m)
 with torch.no_grad():
     for _ in range(3):
