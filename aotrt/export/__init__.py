@@ -32,8 +32,8 @@ def export(model: Any, example_inputs: Sequence[Any], *, kwargs: dict[str, Any] 
     from aotrt.export.lower import lower, runs_whole
 
     t0 = time.perf_counter()
-    traced = for_layout(model, layout)
-    ep = capture(traced, example_inputs, kwargs=kwargs, strict=strict, runs_whole=runs_whole)
+    traced, traced_inputs = for_layout(model, example_inputs, layout)
+    ep = capture(traced, traced_inputs, kwargs=kwargs, strict=strict, runs_whole=runs_whole)
     t1 = time.perf_counter()
     prog = lower(ep, name or type(model).__name__)
     log.info("exported %s: capture %.2fs, lowering %.2fs, %d instructions, %d kernels",

@@ -3,9 +3,11 @@
 cuDNN's convolution engines work in NHWC; fed NCHW activations it transposes around every
 convolution (half of ResNet-50's GPU time on the H200, issue #9). The lowering lays every
 compute result out as torch.export's meta strides, and torch keeps a channels-last layout
-through convolutions and pointwise ops, so exporting a channels-last copy of the module
-gives NHWC activations and KRSC weights end to end, with the caller's inputs still NCHW
-(the first convolution reads them as they are).
+through convolutions and pointwise ops. So the module is traced as a channels-last copy
+(KRSC weights) on channels-last copies of its 4-D example inputs: with NCHW inputs, torch
+2.11's meta convolution on cuda gives NCHW outputs even for channels-last weights (seen on
+the H200; torch 2.14 on cpu gives NHWC). The program's inputs keep row-major specs (the
+lowering binds inputs row-major whatever the example's strides), so callers still pass NCHW.
 """
 
 from __future__ import annotations
@@ -36,16 +38,28 @@ def auto_channels_last(model: torch.nn.Module) -> bool:
     return has_conv2d(model) and get_device(default_device()).prefers_channels_last
 
 
-def for_layout(model: Any, layout: str) -> Any:
-    """The module to trace for `layout`: a channels-last copy (for "auto", see
-    `auto_channels_last`), or the module itself. The caller's module is never changed."""
+def for_layout(model: Any, example_inputs: Any, layout: str) -> tuple[Any, Any]:
+    """The module and example inputs to trace for `layout`: channels-last copies (for "auto",
+    see `auto_channels_last`), or the caller's own. The caller's objects are never changed."""
     if layout not in LAYOUTS:
         raise InvalidArgument(f"layout: expected one of {list(LAYOUTS)}, got {layout!r}")
     if not isinstance(model, torch.nn.Module) or layout == "contiguous":
-        return model
+        return model, example_inputs
     if layout == "auto" and not auto_channels_last(model):
-        return model
-    return copy.deepcopy(model).to(memory_format=torch.channels_last)
+        return model, example_inputs
+    traced = copy.deepcopy(model).to(memory_format=torch.channels_last)
+    if isinstance(example_inputs, torch.Tensor):
+        return traced, _channels_last(example_inputs)
+    if isinstance(example_inputs, (tuple, list)):
+        return traced, type(example_inputs)(_channels_last(x) for x in example_inputs)
+    return traced, example_inputs
+
+
+def _channels_last(x: Any) -> Any:
+    """A channels-last copy of a 4-D floating tensor; anything else as it is."""
+    if isinstance(x, torch.Tensor) and x.dim() == 4 and x.is_floating_point():
+        return x.contiguous(memory_format=torch.channels_last)
+    return x
 
 
 __all__ = ["LAYOUTS", "auto_channels_last", "for_layout", "has_conv2d"]

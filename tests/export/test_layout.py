@@ -74,12 +74,18 @@ def test_auto_follows_the_default_device(monkeypatch: pytest.MonkeyPatch) -> Non
     m = _model()
     cpu = get_device("cpu")
     assert not cpu.prefers_channels_last
+    x, ids = torch.randn(1, 3, 8, 8), torch.arange(4)
     monkeypatch.setattr(layout, "auto_channels_last", lambda model: False)
-    assert layout.for_layout(m, "auto") is m
+    assert layout.for_layout(m, (x,), "auto")[0] is m
     monkeypatch.setattr(layout, "auto_channels_last", lambda model: True)
-    cl = layout.for_layout(m, "auto")
+    cl, (xc, ic) = layout.for_layout(m, (x, ids), "auto")
     assert cl is not m and cl.conv.weight.is_contiguous(memory_format=torch.channels_last)
-    assert layout.for_layout(nn.Linear(2, 2), "contiguous").weight.is_contiguous()
+    # Traced on a channels-last copy of a 4-D input (torch 2.11's cuda meta convolution
+    # follows the input's layout), the caller's tensor untouched; other inputs as given.
+    assert xc.is_contiguous(memory_format=torch.channels_last) and x.is_contiguous()
+    assert ic is ids
+    lin = nn.Linear(2, 2)
+    assert layout.for_layout(lin, (x,), "contiguous") == (lin, (x,))
 
 
 def test_auto_needs_a_conv2d_and_a_device_that_prefers_it() -> None:
