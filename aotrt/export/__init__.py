@@ -32,10 +32,10 @@ def export(model: Any, example_inputs: Sequence[Any], *, kwargs: dict[str, Any] 
     from aotrt.export.lower import lower, runs_whole
 
     t0 = time.perf_counter()
-    traced, traced_inputs = for_layout(model, example_inputs, layout)
-    ep = capture(traced, traced_inputs, kwargs=kwargs, strict=strict, runs_whole=runs_whole)
+    traced, channels_last = for_layout(model, layout)
+    ep = capture(traced, example_inputs, kwargs=kwargs, strict=strict, runs_whole=runs_whole)
     t1 = time.perf_counter()
-    prog = lower(ep, name or type(model).__name__)
+    prog = lower(ep, name or type(model).__name__, channels_last=channels_last)
     log.info("exported %s: capture %.2fs, lowering %.2fs, %d instructions, %d kernels",
              name or type(model).__name__, t1 - t0, time.perf_counter() - t1,
              len(prog.instructions), len(prog.kernels))

@@ -1,23 +1,28 @@
 """Activation layouts chosen at export: channels-last for convolution networks.
 
 cuDNN's convolution engines work in NHWC; fed NCHW activations it transposes around every
-convolution (half of ResNet-50's GPU time on the H200, issue #9). The lowering lays every
-compute result out as torch.export's meta strides, and torch keeps a channels-last layout
-through convolutions and pointwise ops. So the module is traced as a channels-last copy
-(KRSC weights) on channels-last copies of its 4-D example inputs: with NCHW inputs, torch
-2.11's meta convolution on cuda gives NCHW outputs even for channels-last weights (seen on
-the H200; torch 2.14 on cpu gives NHWC). The program's inputs keep row-major specs (the
-lowering binds inputs row-major whatever the example's strides), so callers still pass NCHW.
+convolution (half of ResNet-50's GPU time on the H200, issue #9). Two parts:
+- the module is traced as a channels-last copy, so its convolution weights become KRSC
+  constants (the lowering keeps a constant's dense layout);
+- `propagate_channels_last` then gives 2-D convolution results, and what elementwise ops
+  and pooling compute from them, channels-last meta strides before the lowering lays out
+  buffers. torch's own propagation cannot be relied on: on the H200 (torch 2.11, cuda),
+  a channels-last module traced on channels-last inputs still came out with every
+  activation NCHW (0 of ResNet-50's 53 convolutions), where torch 2.14 on cpu gives NHWC.
+The program's inputs keep row-major specs, so callers still pass NCHW tensors.
 """
 
 from __future__ import annotations
 
 import copy
-from typing import Any
+import operator
+from typing import Any, Callable
 
 import torch
 
 from aotrt.errors import InvalidArgument
+
+aten = torch.ops.aten
 
 #: the layouts `aotrt.export(..., layout=...)` takes
 LAYOUTS = ("auto", "channels_last", "contiguous")
@@ -38,28 +43,74 @@ def auto_channels_last(model: torch.nn.Module) -> bool:
     return has_conv2d(model) and get_device(default_device()).prefers_channels_last
 
 
-def for_layout(model: Any, example_inputs: Any, layout: str) -> tuple[Any, Any]:
-    """The module and example inputs to trace for `layout`: channels-last copies (for "auto",
-    see `auto_channels_last`), or the caller's own. The caller's objects are never changed."""
+def for_layout(model: Any, layout: str) -> tuple[Any, bool]:
+    """The module to trace for `layout` and whether to lower it channels-last: a
+    channels-last copy (for "auto", see `auto_channels_last`) or the caller's own module,
+    which is never changed."""
     if layout not in LAYOUTS:
         raise InvalidArgument(f"layout: expected one of {list(LAYOUTS)}, got {layout!r}")
     if not isinstance(model, torch.nn.Module) or layout == "contiguous":
-        return model, example_inputs
+        return model, False
     if layout == "auto" and not auto_channels_last(model):
-        return model, example_inputs
-    traced = copy.deepcopy(model).to(memory_format=torch.channels_last)
-    if isinstance(example_inputs, torch.Tensor):
-        return traced, _channels_last(example_inputs)
-    if isinstance(example_inputs, (tuple, list)):
-        return traced, type(example_inputs)(_channels_last(x) for x in example_inputs)
-    return traced, example_inputs
+        return model, False
+    return copy.deepcopy(model).to(memory_format=torch.channels_last), True
 
 
-def _channels_last(x: Any) -> Any:
-    """A channels-last copy of a 4-D floating tensor; anything else as it is."""
-    if isinstance(x, torch.Tensor) and x.dim() == 4 and x.is_floating_point():
-        return x.contiguous(memory_format=torch.channels_last)
-    return x
+def channels_last_strides(sizes: tuple[int, ...]) -> tuple[int, ...]:
+    """The strides of an (N, C, H, W) tensor stored N, H, W, C."""
+    n, c, h, w = sizes
+    return (h * w * c, 1, w * c, c)
 
 
-__all__ = ["LAYOUTS", "auto_channels_last", "for_layout", "has_conv2d"]
+_POOLS = (aten.max_pool2d_with_indices.default, aten.upsample_nearest2d.vec,
+          aten.upsample_nearest2d.default)
+
+
+def propagate_channels_last(graph: torch.fx.Graph,
+                            is_pointwise: Callable[[torch.fx.Node], bool]) -> int:
+    """Give 2-D convolution results channels-last meta strides, and the same to the 4-D
+    results of elementwise ops, pooling and upsampling that read one of them; returns how
+    many nodes changed. Views, reductions and everything else keep torch's layout (the
+    lowering derives views from their base's real layout and copies where none fits)."""
+    marked: set[torch.fx.Node] = set()
+    for node in graph.nodes:
+        if node.op != "call_function":
+            continue
+        t = node.target
+        if t is aten.convolution.default:
+            w = node.args[1].meta.get("val") if isinstance(node.args[1], torch.fx.Node) else None
+            take = (isinstance(w, torch.Tensor) and w.dim() == 4 and not node.args[6])
+        elif t in _POOLS or is_pointwise(node):
+            take = any(a in marked for a in node.all_input_nodes[:1 if t in _POOLS else None])
+        elif t is operator.getitem:
+            take = node.args[0] in marked
+        else:
+            take = False
+        if take and _relayout(node):
+            marked.add(node)
+    return len(marked)
+
+
+def _relayout(node: torch.fx.Node) -> bool:
+    """Swap a node's 4-D floating meta value(s) for channels-last ones; False if it has
+    none to swap."""
+    val = node.meta.get("val")
+
+    def cl(v: Any) -> Any:
+        if isinstance(v, torch.Tensor) and v.dim() == 4 and v.numel() > 0:
+            return torch.empty_strided(tuple(v.shape), channels_last_strides(tuple(v.shape)),
+                                       dtype=v.dtype, device="meta")
+        return v
+    if isinstance(val, torch.Tensor):
+        if val.dim() != 4 or not val.is_floating_point() or val.numel() == 0:
+            return False
+        node.meta["val"] = cl(val)
+        return True
+    if isinstance(val, (tuple, list)) and val and isinstance(val[0], torch.Tensor):
+        node.meta["val"] = type(val)(cl(v) for v in val)
+        return True
+    return False
+
+
+__all__ = ["LAYOUTS", "auto_channels_last", "channels_last_strides", "for_layout", "has_conv2d",
+           "propagate_channels_last"]

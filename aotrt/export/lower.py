@@ -44,7 +44,7 @@ from torch.export.graph_signature import InputKind, OutputKind
 
 from aotrt import dtypes
 from aotrt.errors import AotrtError, InvalidArgument, Unsupported
-from aotrt.export import fuse
+from aotrt.export import fuse, layout
 from aotrt.kernels import ir
 from aotrt.program import Program, ProgramBuilder
 from aotrt.runtime.tensor import is_packed
@@ -567,8 +567,9 @@ class Lowering:
     """Lower one ExportedProgram (core ATen) into a Program."""
 
     def __init__(self, ep: torch.export.ExportedProgram, name: str = "module",
-                 fold_limit: int = 1 << 16) -> None:
+                 fold_limit: int = 1 << 16, channels_last: bool = False) -> None:
         self.ep = ep
+        self.channels_last = channels_last
         self.gm = ep.graph_module
         self.graph = ep.graph
         self.name = name
@@ -600,6 +601,9 @@ class Lowering:
         self._remove_noops()
         self._fold_batch_norms()
         self.graph.eliminate_dead_code()
+        if self.channels_last:
+            n = layout.propagate_channels_last(self.graph, is_pointwise)
+            log.debug("channels-last: %d nodes laid out NHWC", n)
         self._propagate_constants()
         self._check_supported()
         units = self._schedule()
@@ -1745,6 +1749,8 @@ def runs_whole(node: torch.fx.Node) -> bool:
         return False
 
 
-def lower(ep: torch.export.ExportedProgram, name: str = "module") -> Program:
-    """Lower a decomposed ExportedProgram into a validated Program."""
-    return Lowering(ep, name).run()
+def lower(ep: torch.export.ExportedProgram, name: str = "module",
+          channels_last: bool = False) -> Program:
+    """Lower a decomposed ExportedProgram into a validated Program (`channels_last`: lay
+    2-D convolution activations out NHWC, aotrt/export/layout.py)."""
+    return Lowering(ep, name, channels_last=channels_last).run()

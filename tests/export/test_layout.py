@@ -72,20 +72,61 @@ def test_auto_follows_the_default_device(monkeypatch: pytest.MonkeyPatch) -> Non
     from aotrt.runtime.device import get_device
 
     m = _model()
-    cpu = get_device("cpu")
-    assert not cpu.prefers_channels_last
-    x, ids = torch.randn(1, 3, 8, 8), torch.arange(4)
+    assert not get_device("cpu").prefers_channels_last
     monkeypatch.setattr(layout, "auto_channels_last", lambda model: False)
-    assert layout.for_layout(m, (x,), "auto")[0] is m
+    assert layout.for_layout(m, "auto") == (m, False)
     monkeypatch.setattr(layout, "auto_channels_last", lambda model: True)
-    cl, (xc, ic) = layout.for_layout(m, (x, ids), "auto")
-    assert cl is not m and cl.conv.weight.is_contiguous(memory_format=torch.channels_last)
-    # Traced on a channels-last copy of a 4-D input (torch 2.11's cuda meta convolution
-    # follows the input's layout), the caller's tensor untouched; other inputs as given.
-    assert xc.is_contiguous(memory_format=torch.channels_last) and x.is_contiguous()
-    assert ic is ids
+    cl, lower_cl = layout.for_layout(m, "auto")
+    assert lower_cl and cl is not m
+    assert cl.conv.weight.is_contiguous(memory_format=torch.channels_last)
+    assert m.conv.weight.is_contiguous()                 # the caller's module is kept
     lin = nn.Linear(2, 2)
-    assert layout.for_layout(lin, (x,), "contiguous") == (lin, (x,))
+    assert layout.for_layout(lin, "contiguous") == (lin, False)
+
+
+def test_lowering_lays_out_nhwc_whatever_torch_propagated() -> None:
+    """torch 2.11 on cuda traced channels-last modules with NCHW activations; simulate that
+    with a row-major capture: the lowering's pass still makes the activations NHWC."""
+    from aotrt.export.capture import capture
+    from aotrt.export.lower import lower, runs_whole
+
+    m = _model()
+    x = torch.randn(2, 3, 8, 8)
+    with torch.no_grad():
+        ep = capture(m, (x,), runs_whole=runs_whole)
+        plain = lower(ep, "plain")
+        ep = capture(m, (x,), runs_whole=runs_whole)
+        prog = lower(ep, "nhwc", channels_last=True)
+    assert _nhwc_tensors(plain) == 0 and _nhwc_tensors(prog) >= 3
+    convs = [i for i in prog.instructions if i.get("fn") == "convolution"]
+    assert all(prog.tensors[i["outs"][0]]["strides"][1] == 1 for i in convs)
+    with aotrt.load(prog, device="cpu", check_hazards=True) as d:
+        xs = torch.randn(2, 3, 8, 8, generator=torch.Generator().manual_seed(5))
+        with torch.no_grad():
+            ref = m.double()(xs.double()).numpy()
+            m.float()
+        got = np.asarray(d.run(xs.numpy())[0]).astype(np.float64)
+    assert rel_err(got, ref) < 1e-5
+
+
+def test_propagation_stops_at_views_and_reductions() -> None:
+    """Only convolutions and what elementwise ops or pooling compute from them change."""
+    from aotrt.export.capture import capture
+    from aotrt.export.lower import is_pointwise, runs_whole
+
+    with torch.no_grad():
+        ep = capture(_model(), (torch.randn(2, 3, 8, 8),), runs_whole=runs_whole)
+    n = layout.propagate_channels_last(ep.graph, is_pointwise)
+    assert n >= 4
+    for node in ep.graph.nodes:
+        v = node.meta.get("val")
+        if not isinstance(v, torch.Tensor) or v.dim() != 4 or node.op != "call_function":
+            continue
+        nhwc = v.stride()[1] == 1 and v.shape[1] > 1
+        if node.target is torch.ops.aten.convolution.default:
+            assert nhwc, node
+        if node.target in (torch.ops.aten.view.default, torch.ops.aten.mean.dim):
+            assert not nhwc, node
 
 
 def test_auto_needs_a_conv2d_and_a_device_that_prefers_it() -> None:

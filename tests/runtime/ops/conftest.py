@@ -32,7 +32,7 @@ NP = {"float32": np.dtype(np.float32), "float16": np.dtype(np.float16),
       "bfloat16": np.dtype(ml_dtypes.bfloat16), "int64": np.dtype(np.int64),
       "int32": np.dtype(np.int32), "bool": np.dtype(np.bool_)}
 TOL = {"float32": 1e-4, "float16": 2e-2, "bfloat16": 2e-2}
-LAYOUTS = ("packed", "offset", "strided", "transposed")
+LAYOUTS = ("packed", "offset", "strided", "transposed", "channels_last")
 
 
 def geometry(shape: tuple[int, ...], layout: str) -> tuple[tuple[int, ...], int]:
@@ -47,6 +47,12 @@ def geometry(shape: tuple[int, ...], layout: str) -> tuple[tuple[int, ...], int]
     if layout == "transposed":
         rev = contiguous_strides(tuple(reversed(shape)))
         return tuple(reversed(rev)), 2
+    if layout == "channels_last":
+        # NHWC, aligned at offset 0: what a channels-last export gives cuDNN directly
+        if len(shape) != 4:
+            return contiguous_strides(shape), 0
+        n, c, h, w = shape
+        return (h * w * c, 1, w * c, c), 0
     raise ValueError(layout)
 
 
