@@ -1,0 +1,65 @@
+"""Every CUDA source aotrt ships compiles with NVRTC, on a machine without a GPU (CI).
+
+NVRTC needs no device, so a broken kernel fails here instead of waiting for the next GPU
+run (issue #9, tests): the library ops' own kernels (aotrt/runtime/ops/cuda/common.py),
+the device's copy/fill helpers (aotrt/runtime/devices/cuda.py) and the CUDA renderer's
+output for the fuzzer's seed programs (integer, division, cast, reduction and softmax
+kernels; aotrt/kernels/render_cuda.py).
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from aotrt.errors import CompileError
+from aotrt.kernels.render_cuda import CudaRenderer
+from tests.fuzz.mutate import SEEDS
+
+cuda_mod = pytest.importorskip("aotrt.runtime.devices.cuda")
+common = pytest.importorskip("aotrt.runtime.ops.cuda.common")
+
+ARCHS = ("sm_90", "sm_80")
+
+
+def _nvrtc_ok() -> bool:
+    try:
+        cuda_mod.compile_source('extern "C" __global__ void k() {}', "sm_90")
+        return True
+    except CompileError:
+        return False
+
+
+pytestmark = pytest.mark.skipif(not _nvrtc_ok(), reason="NVRTC is not installed here")
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_library_op_kernels_compile(arch: str) -> None:
+    code = cuda_mod.compile_source(common._KERNELS, arch, "library op kernels")
+    for name in ("aot_maxpool_float16", "aot_topk_int64", "aot_col2im_float32"):
+        assert name.encode() in code
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_copy_fill_helpers_compile(arch: str) -> None:
+    assert len(cuda_mod.compile_source(cuda_mod._COPY_SOURCE, arch, "copy/fill")) > 1000
+
+
+@pytest.mark.parametrize("seed", sorted(SEEDS))
+def test_rendered_seed_programs_compile(seed: str) -> None:
+    prog = SEEDS[seed]()
+    if not prog.kernels:
+        pytest.skip(f"seed {seed} has no kernels")
+    kernels = list(prog.kernels.values()) if isinstance(prog.kernels, dict) else \
+        list(prog.kernels)
+    src = CudaRenderer().render(kernels)
+    code = cuda_mod.compile_source(src, "sm_90", f"seed {seed}")
+    for i in range(len(kernels)):
+        assert f"aotrt_k{i}".encode() in code
+
+
+def test_a_broken_kernel_fails_with_its_log() -> None:
+    bad = common._KERNELS.replace("AOT_TOPK(aot_topk_uint8, unsigned char)",
+                                  "AOT_TOPK(aot_topk_uint8, no_such_type)")
+    with pytest.raises(CompileError) as info:
+        cuda_mod.compile_source(bad, "sm_90", "library op kernels")
+    assert "no_such_type" in info.value.log
