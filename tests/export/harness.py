@@ -86,8 +86,9 @@ class Report:
 def check_module(model: torch.nn.Module, make_inputs: MakeInputs, dtype: torch.dtype,
                  tol: float | None = None, runs: int = 2, seed: int = 0,
                  roundtrip: bool = True, prepare: Callable[[torch.nn.Module], None] | None = None,
-                 ) -> Report:
-    """Export `model` in `dtype`, run it `runs` times on fresh inputs, compare with eager.
+                 device: str = "cpu") -> Report:
+    """Export `model` in `dtype`, run it `runs` times on `device` on fresh inputs, compare
+    with eager.
 
     Raises AssertionError (pytest's failure) naming the output and the error.
     """
@@ -106,7 +107,7 @@ def check_module(model: torch.nn.Module, make_inputs: MakeInputs, dtype: torch.d
             prog = aotrt.Program.load(path)
     ref_model = copy.deepcopy(model).double()
     report = Report(prog)
-    with aotrt.load(prog, device="cpu", check_hazards=True) as dlg:
+    with aotrt.load(prog, device=device, check_hazards=True) as dlg:
         for _ in range(runs):
             inputs = make_inputs(gen, dtype)
             with torch.no_grad():

@@ -1,5 +1,6 @@
-"""End-to-end: export modules, run them on the cpu device with the hazard checker on, and
-compare with eager (float64 reference, fresh random inputs each run).
+"""End-to-end: export modules, run them on every device present (cpu, and cuda where there is
+a GPU) with the hazard checker on, and compare with eager (float64 reference, fresh random
+inputs each run).
 
 Covers behaviors.md §5 (float32 and bfloat16), the seed repros (the last-dim cat included),
 YOLO blocks, a GPT-2 block, a Whisper-style conv1d stem, real models from ultralytics,
@@ -18,6 +19,7 @@ import torch
 import aotrt
 from aotrt.runtime.device import get_device
 from tests.export import modules as M
+from tests.conftest import DEVICES
 from tests.export.harness import check_module, count_ops, randn, rel_err
 
 DTYPES = [pytest.param(torch.float32, id="float32"), pytest.param(torch.bfloat16, id="bfloat16")]
@@ -27,37 +29,41 @@ def _tol(case: M.Case, dtype: torch.dtype) -> float | None:
     return None if case.tol is None else case.tol.get(dtype)
 
 
-def _run(case: M.Case, dtype: torch.dtype) -> None:
+def _run(case: M.Case, dtype: torch.dtype, device: str) -> None:
     torch.manual_seed(0)
-    check_module(case.build(), case.make_inputs, dtype, tol=_tol(case, dtype))
+    check_module(case.build(), case.make_inputs, dtype, tol=_tol(case, dtype), device=device)
 
 
+@pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("case", M.REGISTRY, ids=lambda c: c.name)
-def test_registry(case: M.Case, dtype: torch.dtype) -> None:
+def test_registry(case: M.Case, dtype: torch.dtype, device: str) -> None:
     """behaviors.md §5 entries (reduced sizes are noted in tests/export/modules.py)."""
-    _run(case, dtype)
+    _run(case, dtype, device)
 
 
+@pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("case", M.SEEDS, ids=lambda c: c.name)
-def test_seed_repros(case: M.Case, dtype: torch.dtype) -> None:
+def test_seed_repros(case: M.Case, dtype: torch.dtype, device: str) -> None:
     """The seeds' chunk/cat/nested-view modules; the last-dim cat passes too."""
-    _run(case, dtype)
+    _run(case, dtype, device)
 
 
+@pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("case", M.YOLO_BLOCKS, ids=lambda c: c.name)
-def test_yolo_blocks(case: M.Case, dtype: torch.dtype) -> None:
+def test_yolo_blocks(case: M.Case, dtype: torch.dtype, device: str) -> None:
     """C2f, SPPF (+ upsample and cat) and the Detect head with DFL."""
-    _run(case, dtype)
+    _run(case, dtype, device)
 
 
+@pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("case", M.BLOCKS, ids=lambda c: c.name)
-def test_blocks(case: M.Case, dtype: torch.dtype) -> None:
+def test_blocks(case: M.Case, dtype: torch.dtype, device: str) -> None:
     """A GPT-2 block (sdpa and written-out attention) and a Whisper-style conv1d stem."""
-    _run(case, dtype)
+    _run(case, dtype, device)
 
 
 # ---------------------------------------------------------------------------------------------
