@@ -70,6 +70,18 @@ def reference(x: np.ndarray, n: int) -> np.ndarray:
     return y.astype(np.float64)
 
 
+def torchvision_program(name: str, size: int) -> tuple[Program, np.ndarray]:
+    """A torchvision classifier exported row-major at batch 1, and an input for it."""
+    import torch
+    import torchvision
+
+    torch.manual_seed(0)
+    m = getattr(torchvision.models, name)(weights=None).eval()
+    x = torch.randn(1, 3, size, size)
+    with torch.no_grad():
+        return aotrt.export(m, (x,), layout="contiguous"), x.numpy()
+
+
 def main() -> None:
     """Time run() and print one markdown table row."""
     ap = argparse.ArgumentParser()
@@ -77,7 +89,12 @@ def main() -> None:
     ap.add_argument("--iters", type=int, default=200)
     ap.add_argument("--hazards", action="store_true")
     ap.add_argument("--device", default="cpu")
+    ap.add_argument("--torchvision", help="time this torchvision model instead of the chain")
+    ap.add_argument("--size", type=int, default=64, help="input size of --torchvision")
     a = ap.parse_args()
+    if a.torchvision:
+        model_row(a)
+        return
     prog = chain_program(a.instructions)
     t0 = time.perf_counter()
     d = aotrt.load(prog, device=a.device, check_hazards=a.hazards, cuda_graph=False)
@@ -102,6 +119,29 @@ def main() -> None:
           f"{med / n_ins * 1e6:.1f} | {min(times) / n_ins * 1e6:.1f} | "
           f"{hmed / n_ins * 1e6:.1f} | {load_s:.2f} | "
           f"{os.getloadavg()[0]:.2f} | {err:.1e} |")
+    d.close()
+
+
+def model_row(a: argparse.Namespace) -> None:
+    """Host time of run() on a real model: the time until run() returns (everything queued)
+    and until its work is done, per instruction; prints one markdown table row."""
+    prog, x = torchvision_program(a.torchvision, a.size)
+    d = aotrt.load(prog, device=a.device, check_hazards=a.hazards, cuda_graph=False)
+    for _ in range(5):
+        d.run(x)
+        d.stream.commit_and_wait()
+    times, host = [], []
+    for _ in range(a.iters):
+        t = time.perf_counter()
+        d.run(x)
+        host.append(time.perf_counter() - t)
+        d.stream.commit_and_wait()
+        times.append(time.perf_counter() - t)
+    n_ins = len(prog.instructions)
+    hmed, med = statistics.median(host), statistics.median(times)
+    print(f"| {a.device} | {a.torchvision} {a.size}x{a.size} | {n_ins} | "
+          f"{'on' if a.hazards else 'off'} | {hmed * 1e3:.2f} | {hmed / n_ins * 1e6:.1f} | "
+          f"{med * 1e3:.2f} | {os.getloadavg()[0]:.2f} |")
     d.close()
 
 
