@@ -149,7 +149,8 @@ class Stream(ABC):
             for acc in accesses:
                 if acc.alloc.freed:
                     raise HazardError(f"{label} uses freed allocation {acc.alloc.describe()}")
-            self.hazards.on_command(list(accesses), label)
+            if self.hazards.enabled:      # off, the checker costs nothing per command
+                self.hazards.on_command(list(accesses), label)
             self.recorded_seq += 1
             seq = self.recorded_seq
             for acc in accesses:
