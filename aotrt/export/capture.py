@@ -93,7 +93,9 @@ def _avg_pool2d(x: torch.Tensor, kernel_size: Any, stride: Any = (), padding: An
     else:
         ch = _window_counts(h, kh, sh, ph, oh, count_include_pad, x.device)
         cw = _window_counts(wd, kw, sw, pw, ow, count_include_pad, x.device)
-        out = s / (ch[:, None] * cw[None, :]).to(x.dtype)
+        # Counts in float32: bfloat16 rounds integers above 256 (a 17x17 window).
+        counts = (ch[:, None] * cw[None, :]).to(torch.float32)
+        out = (s / counts).to(x.dtype)
     return out if x.dim() == 4 else out.squeeze(0)
 
 

@@ -568,6 +568,9 @@ def _pool_cases() -> list[Case]:
         Case("avg_pool2d_rect_ceil_div", lambda: AvgPool((3, 2), (2, 3), (1, 1), True, True, 4),
              inputs((1, 3, 9, 10))),
         Case("avg_pool2d_default_stride", lambda: AvgPool(3), inputs((1, 3, 7, 9))),
+        # windows of up to 17x17 = 289 elements: counts above bfloat16's exact integers
+        Case("avg_pool2d_k17_ceil_nopad", lambda: AvgPool(17, 4, 8, True, False),
+             inputs((1, 2, 21, 19))),
         Case("avg_pool2d_unbatched_ceil", lambda: AvgPool(3, 2, 1, True, False),
              inputs((3, 8, 9))),
         Case("avg_pool2d_stride1_ceil", lambda: AvgPool(3, 1, 1, True, False),
