@@ -2,7 +2,9 @@
 
 `scaled_dot_product_attention`, `layer_norm` and `linear` stay whole because the runtime has
 a library op or a generated kernel for each that beats their decompositions (sdpa's becomes
-a dozen ops with a mask guard; linear's a permute plus addmm).
+a dozen ops with a mask guard; linear's a permute plus addmm). FFTs of real inputs whose real
+or imaginary part is taken become DFT matrix products (aotrt.export.fft): the runtime has no
+complex dtype.
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ import torch
 import torch.fx
 
 from aotrt.errors import InvalidArgument, Unsupported
+from aotrt.export.fft import rewrite_real_ffts
 
 log = logging.getLogger(__name__)
 
@@ -165,6 +168,7 @@ def capture(model: torch.nn.Module, example_inputs: Sequence[Any],
         raise Unsupported(f"decomposing {type(model).__name__} to core ATen failed: "
                           f"{type(e).__name__}: {e}") from e
     log.debug("decomposed: %d nodes", len(ep.graph.nodes))
+    rewrite_real_ffts(ep.graph_module, decomposition_table())
     if runs_whole is not None:
         ep = decompose_unsupported(ep, runs_whole)
     return ep

@@ -1,6 +1,6 @@
 """Modules for the end-to-end tests: the behaviors.md §5 registry, the seed repros, YOLO
 blocks (written ultralytics-style), a GPT-2 block, a Whisper-style conv1d stem, and the
-coverage forms of issue #10 (avg_pool2d flags, sort, 3-D convolution).
+coverage forms of issue #10 (avg_pool2d flags, sort, 3-D convolution, real parts of FFTs).
 
 Each case is a `Case(name, build, make_inputs, tol)`; `build()` returns a fresh module,
 `make_inputs(gen, dtype)` fresh random inputs. Sizes are kept small for a 2-core CI machine;
@@ -691,4 +691,38 @@ CONV3D: list[Case] = [
     Case("conv_transpose3d", lambda: nn.ConvTranspose3d(4, 6, 3, 2, 1, output_padding=1),
          inputs((1, 4, 3, 4, 5))),
     Case("conv3d_bn_relu_stem", Conv3dBNReLU, inputs((1, 3, 4, 16, 16))),
+]
+
+
+class FFTPart(nn.Module):
+    """A part (real and/or imaginary) of an FFT of a computed real tensor, as FNet takes."""
+
+    def __init__(self, fft: Callable[[torch.Tensor], torch.Tensor], part: str = "real") -> None:
+        super().__init__()
+        self.fft, self.part = fft, part
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        f = self.fft(x * 1.5)
+        if self.part == "both":
+            return torch.cat([f.real, f.imag], dim=-1)
+        return f.real if self.part == "real" else f.imag
+
+
+#: float32 only: torch has no bfloat16 FFT on cpu
+FFTS: list[Case] = [
+    Case("fftn_real_fnet", lambda: FFTPart(lambda x: torch.fft.fftn(x, dim=(1, 2))),
+         inputs((2, 16, 24))),
+    Case("fft_last_dim_imag", lambda: FFTPart(torch.fft.fft, "imag"), inputs((3, 40))),
+    Case("ifft_ortho_dim0_real", lambda: FFTPart(lambda x: torch.fft.ifft(x, dim=0,
+                                                                          norm="ortho")),
+         inputs((12, 5))),
+    Case("fft2_forward_norm_both", lambda: FFTPart(lambda x: torch.fft.fft2(x, norm="forward"),
+                                                   "both"), inputs((2, 9, 10))),
+    Case("rfft_both", lambda: FFTPart(torch.fft.rfft, "both"), inputs((4, 15))),
+    Case("rfftn_imag", lambda: FFTPart(lambda x: torch.fft.rfftn(x, dim=(0, 2)), "imag"),
+         inputs((6, 3, 8))),
+    Case("fft_of_fft_real", lambda: FFTPart(lambda x: torch.fft.fft(torch.fft.fft(x, dim=0),
+                                                                    dim=1)), inputs((7, 6))),
+    Case("fftn_real_long", lambda: FFTPart(lambda x: torch.fft.fftn(x, dim=(1, 2))),
+         inputs((1, 128, 64))),
 ]

@@ -94,6 +94,13 @@ def test_conv3d(case: M.Case, dtype: torch.dtype) -> None:
     _run(case, dtype)
 
 
+@pytest.mark.parametrize("case", M.FFTS, ids=lambda c: c.name)
+def test_fft_parts(case: M.Case) -> None:
+    """Real/imaginary parts of fft, ifft, fft2, fftn, rfft, rfftn (norms, dims, nested) of
+    real tensors, as DFT matrix products; float32 only (no bfloat16 FFT in torch on cpu)."""
+    _run(case, torch.float32)
+
+
 # ---------------------------------------------------------------------------------------------
 # real models (random weights, built from configs)
 
@@ -178,6 +185,19 @@ def test_resnet18() -> None:
     model = tv.models.resnet18()
     M._randomize_bn(model)
     check_module(model, lambda g, dt: (randn(g, dt, 1, 3, 64, 64),), torch.float32, runs=1)
+
+
+@pytest.mark.models
+def test_fnet_model() -> None:
+    """transformers FNetModel, small config: fftn(...).real over sequence and hidden dims."""
+    tr = _hf("transformers")
+    cfg = tr.FNetConfig(vocab_size=100, hidden_size=32, num_hidden_layers=2,
+                        intermediate_size=64, max_position_embeddings=64,
+                        use_tpu_fourier_optimizations=False)
+    torch.manual_seed(0)
+    model = tr.FNetModel(cfg).eval()
+    check_module(model, lambda g, dt: (torch.randint(0, 100, (2, 16), generator=g),),
+                 torch.float32, runs=2)
 
 
 @pytest.mark.models
