@@ -2,7 +2,9 @@
 
 `scaled_dot_product_attention`, `layer_norm` and `linear` stay whole because the runtime has
 a library op or a generated kernel for each that beats their decompositions (sdpa's becomes
-a dozen ops with a mask guard; linear's a permute plus addmm).
+a dozen ops with a mask guard; linear's a permute plus addmm). FFTs of real inputs whose real
+or imaginary part is taken become DFT matrix products (aotrt.export.fft): the runtime has no
+complex dtype.
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ import torch
 import torch.fx
 
 from aotrt.errors import InvalidArgument, Unsupported
+from aotrt.export.fft import rewrite_real_ffts
 
 log = logging.getLogger(__name__)
 
@@ -35,10 +38,32 @@ def decomposition_table() -> dict[Any, Any]:
     return table
 
 
+def _pool_out_size(size: int, k: int, s: int, p: int, ceil_mode: bool) -> int:
+    """aten's pooling_output_shape: with ceil_mode, a last window must start inside the
+    input or its left padding."""
+    out = (size + 2 * p - k + ((s - 1) if ceil_mode else 0)) // s + 1
+    if ceil_mode and (out - 1) * s >= size + p:
+        out -= 1
+    return out
+
+
+def _window_counts(size: int, k: int, s: int, p: int, out: int, count_include_pad: bool,
+                   device: torch.device) -> torch.Tensor:
+    """Per output position along one dim, the elements aten's avg_pool2d divides by: the
+    window clipped to the padded input (count_include_pad) or to the input itself."""
+    start = torch.arange(out, device=device) * s - p
+    end = torch.clamp(start + k, max=size + p)  # the ceil_mode overhang never counts
+    if count_include_pad:
+        return end - start
+    return torch.clamp(end, max=size) - torch.clamp(start, min=0)
+
+
 def _avg_pool2d(x: torch.Tensor, kernel_size: Any, stride: Any = (), padding: Any = 0,
                 ceil_mode: bool = False, count_include_pad: bool = True,
                 divisor_override: int | None = None) -> Any:
-    """avg_pool2d as a depthwise convolution with a ones kernel (ceil_mode not handled)."""
+    """avg_pool2d, every form: a depthwise convolution with a ones kernel over the input
+    zero-padded (on the right and bottom also for ceil_mode's last windows), divided by
+    divisor_override or by each window's count, as aten's cpu kernel does."""
     def pair(v: Any, default: tuple[int, int]) -> tuple[int, int]:
         if v is None or (isinstance(v, (list, tuple)) and len(v) == 0):
             return default
@@ -48,21 +73,32 @@ def _avg_pool2d(x: torch.Tensor, kernel_size: Any, stride: Any = (), padding: An
     kh, kw = pair(kernel_size, (1, 1))
     sh, sw = pair(stride, (kh, kw))
     ph, pw = pair(padding, (0, 0))
-    if ceil_mode or x.dim() not in (3, 4):
+    if x.dim() not in (3, 4):
         return NotImplemented
     x4 = x if x.dim() == 4 else x.unsqueeze(0)
-    c = x4.shape[1]
+    c, h, wd = x4.shape[1], x4.shape[2], x4.shape[3]
+    oh = _pool_out_size(h, kh, sh, ph, ceil_mode)
+    ow = _pool_out_size(wd, kw, sw, pw, ceil_mode)
+    # ceil_mode: zeros past the right padding so that the last (partial) windows exist.
+    eh = max((oh - 1) * sh + kh - (h + 2 * ph), 0)
+    ew = max((ow - 1) * sw + kw - (wd + 2 * pw), 0)
+    if eh or ew:
+        x4 = torch.nn.functional.pad(x4, [pw, pw + ew, ph, ph + eh])
+        conv_pad = [0, 0]
+    else:
+        conv_pad = [ph, pw]
     w = torch.ones(c, 1, kh, kw, dtype=x.dtype, device=x.device)
-    s = aten.convolution(x4, w, None, [sh, sw], [ph, pw], [1, 1], False, [0, 0], c)
+    s = aten.convolution(x4, w, None, [sh, sw], conv_pad, [1, 1], False, [0, 0], c)
     if divisor_override:
         out = s / divisor_override
-    elif count_include_pad or (ph == 0 and pw == 0):
-        out = s / (kh * kw)
+    elif not (eh or ew) and (count_include_pad or (ph == 0 and pw == 0)):
+        out = s / (kh * kw)  # every window is whole
     else:
-        ones = torch.ones(1, 1, x4.shape[2], x4.shape[3], dtype=x.dtype, device=x.device)
-        counts = aten.convolution(ones, torch.ones(1, 1, kh, kw, dtype=x.dtype, device=x.device),
-                                  None, [sh, sw], [ph, pw], [1, 1], False, [0, 0], 1)
-        out = s / counts
+        ch = _window_counts(h, kh, sh, ph, oh, count_include_pad, x.device)
+        cw = _window_counts(wd, kw, sw, pw, ow, count_include_pad, x.device)
+        # Counts in float32: bfloat16 rounds integers above 256 (a 17x17 window).
+        counts = (ch[:, None] * cw[None, :]).to(torch.float32)
+        out = (s / counts).to(x.dtype)
     return out if x.dim() == 4 else out.squeeze(0)
 
 
@@ -132,6 +168,7 @@ def capture(model: torch.nn.Module, example_inputs: Sequence[Any],
         raise Unsupported(f"decomposing {type(model).__name__} to core ATen failed: "
                           f"{type(e).__name__}: {e}") from e
     log.debug("decomposed: %d nodes", len(ep.graph.nodes))
+    rewrite_real_ffts(ep.graph_module, decomposition_table())
     if runs_whole is not None:
         ep = decompose_unsupported(ep, runs_whole)
     return ep

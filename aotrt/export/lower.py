@@ -15,8 +15,9 @@ of one `Buf` (an arena intermediate, an input, an output or a constant).
 - Functional scatters (slice/select/diagonal_scatter, index_put) mutate their base in place
   when no older alias of its Buf is read later; otherwise they write a copy.
 - Pointwise and reduction nodes go to aotrt.export.fuse (partition + build_kernel, which
-  sees the views' real strides); GEMMs, convolution, attention, topk, pooling and nearest
-  upsampling become library instructions (aotrt.runtime.ops).
+  sees the views' real strides); GEMMs, convolution, attention, topk (and sort, as a topk
+  of the whole dim), pooling and nearest upsampling become library instructions
+  (aotrt.runtime.ops).
 - Batch norm (eval) folds into the convolution before it; subgraphs of constants fold into
   program constants (growing a constant only up to `fold_limit` elements).
 - Outputs own their memory: a whole row-major arena Buf becomes the output root; anything
@@ -1584,8 +1585,8 @@ def _float_inputs(lw: Lowering, node: torch.fx.Node) -> None:
 
 def _conv_check(lw: Lowering, node: torch.fx.Node) -> None:
     _float_inputs(lw, node)
-    if meta_val(node.args[1]).dim() not in (3, 4):
-        raise unsupported(node, "only 1-D and 2-D convolutions are supported")
+    if meta_val(node.args[1]).dim() not in (3, 4, 5):
+        raise unsupported(node, "only 1-D, 2-D and 3-D convolutions are supported")
 
 
 def _topk_check(lw: Lowering, node: torch.fx.Node) -> None:
@@ -1667,6 +1668,26 @@ def _topk_params(node: torch.fx.Node) -> dict[str, Any]:
             "sorted": bool(_arg(node, 4, "sorted", True))}
 
 
+def _sort_params(node: torch.fx.Node) -> dict[str, Any]:
+    """aten.sort as the topk library op with k = the dim's size. The runtime's topk is a
+    stable sort on every device (ties in ascending index order, NaN largest), which is
+    torch.sort(stable=True) ascending and descending; for stable=False torch leaves the order
+    of ties unspecified, and the stable order is one of its valid answers."""
+    x = meta_val(node.args[0])
+    if node.target == aten.sort.stable:
+        dim, descending = node.kwargs.get("dim", -1), node.kwargs.get("descending", False)
+    else:
+        dim, descending = _arg(node, 1, "dim", -1), _arg(node, 2, "descending", False)
+    dim = int(dim)
+    k = x.shape[dim] if x.dim() else 1
+    return {"k": int(k), "dim": dim, "largest": bool(descending), "sorted": True}
+
+
+def _sort_check(lw: Lowering, node: torch.fx.Node) -> None:
+    if meta_val(node.args[0]).dtype == torch.bool:
+        raise unsupported(node, "sort of a bool tensor")
+
+
 def _pool_params(node: torch.fx.Node) -> dict[str, Any]:
     def ints(v: Any) -> list[int]:
         return [int(x) for x in v] if isinstance(v, (list, tuple)) else [int(v)]
@@ -1717,6 +1738,8 @@ LIBRARY: dict[Any, LibOp] = {
                                            _arg(n, 3, "attn_mask", None)],
                         _sdpa_params).lower, _sdpa_check),
     aten.topk.default: LibOp("topk", _lower_multi("topk", _topk_params, False), _topk_check),
+    aten.sort.default: LibOp("topk", _lower_multi("topk", _sort_params, False), _sort_check),
+    aten.sort.stable: LibOp("topk", _lower_multi("topk", _sort_params, False), _sort_check),
     aten.max_pool2d_with_indices.default: LibOp(
         "max_pool2d", _lower_multi("max_pool2d", _pool_params, True), _float_inputs),
     aten.upsample_nearest2d.vec: LibOp(

@@ -1,5 +1,6 @@
 """Modules for the end-to-end tests: the behaviors.md §5 registry, the seed repros, YOLO
-blocks (written ultralytics-style), a GPT-2 block and a Whisper-style conv1d stem.
+blocks (written ultralytics-style), a GPT-2 block, a Whisper-style conv1d stem, and the
+coverage forms of issue #10 (avg_pool2d flags, sort, 3-D convolution, real parts of FFTs).
 
 Each case is a `Case(name, build, make_inputs, tol)`; `build()` returns a fresh module,
 `make_inputs(gen, dtype)` fresh random inputs. Sizes are kept small for a 2-core CI machine;
@@ -272,7 +273,7 @@ def _randomize_bn(m: nn.Module) -> None:
     """Give batch norms non-trivial statistics so that folding them is really tested."""
     g = torch.Generator().manual_seed(1)
     for mod in m.modules():
-        if isinstance(mod, nn.BatchNorm2d):
+        if isinstance(mod, (nn.BatchNorm2d, nn.BatchNorm3d)):
             n = mod.num_features
             mod.running_mean.copy_(torch.randn(n, generator=g) * 0.1)
             mod.running_var.copy_(torch.rand(n, generator=g) + 0.5)
@@ -493,4 +494,235 @@ BLOCKS: list[Case] = [
     Case("gpt2_block", GPT2Block, inputs((1, 16, 64))),
     Case("gpt2_block_manual_attention", GPT2BlockManualAttention, inputs((2, 16, 64))),
     Case("whisper_conv_stem", WhisperStem, inputs((1, 16, 100))),
+]
+
+
+# ---------------------------------------------------------------------------------------------
+# coverage (issue #10): avg_pool2d in every form, sort, 3-D convolution
+
+
+class AvgPool(nn.Module):
+    """F.avg_pool2d with explicit flags, after a pointwise op so that the input is computed."""
+
+    def __init__(self, kernel: Any, stride: Any = None, padding: Any = 0, ceil_mode: bool = False,
+                 count_include_pad: bool = True, divisor_override: int | None = None) -> None:
+        super().__init__()
+        self.args = (kernel, stride, padding, ceil_mode, count_include_pad, divisor_override)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return F.avg_pool2d(x * 1.5, *self.args)
+
+
+class AvgPool1d(nn.Module):
+    def __init__(self, *args: Any) -> None:
+        super().__init__()
+        self.args = args
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return F.avg_pool1d(x - 0.25, *self.args)
+
+
+class FunnelPool(nn.Module):
+    """HF Funnel's pooling of a (B, L, D) sequence: avg_pool2d over (2, 1) windows of
+    x[:, None], ceil_mode (odd L keeps its last token)."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return F.avg_pool2d(x[:, None], (2, 1), stride=(2, 1), ceil_mode=True)[:, 0]
+
+
+class ResNetDDown(nn.Module):
+    """timm's ResNet-D downsample: AvgPool2d(2, 2, ceil_mode, count_include_pad=False),
+    1x1 conv, batch norm."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.pool = nn.AvgPool2d(2, 2, ceil_mode=True, count_include_pad=False)
+        self.conv = nn.Conv2d(4, 8, 1, bias=False)
+        self.bn = nn.BatchNorm2d(8)
+        _randomize_bn(self)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.bn(self.conv(self.pool(x)))
+
+
+def _pool_cases() -> list[Case]:
+    cases = []
+    # Every flag combination: k3 s2 on 8x11 adds a ceil window in H only (with padding 1)
+    # and in both dims (without).
+    for ceil in (False, True):
+        for cip in (True, False):
+            for div in (None, 3):
+                for pad in (0, 1):
+                    name = (f"avg_pool2d_k3s2p{pad}{'_ceil' if ceil else ''}"
+                            f"{'' if cip else '_nopad'}{'_div3' if div else ''}")
+                    cases.append(Case(name, lambda p=pad, c=ceil, i=cip, d=div:
+                                      AvgPool(3, 2, p, c, i, d), inputs((2, 3, 8, 11))))
+    cases += [
+        # ceil drops the window that would start in the right padding: 5 -> 3 outputs, not 4.
+        Case("avg_pool2d_ceil_window_in_padding_dropped",
+             lambda: AvgPool(2, 2, 1, True, True), inputs((1, 2, 5, 6))),
+        Case("avg_pool2d_ceil_window_in_padding_dropped_nopad",
+             lambda: AvgPool(2, 2, 1, True, False), inputs((1, 2, 5, 6))),
+        Case("avg_pool2d_rect_ceil_nopad", lambda: AvgPool((3, 2), (2, 3), (1, 0), True, False),
+             inputs((2, 3, 9, 10))),
+        Case("avg_pool2d_rect_ceil_div", lambda: AvgPool((3, 2), (2, 3), (1, 1), True, True, 4),
+             inputs((1, 3, 9, 10))),
+        Case("avg_pool2d_default_stride", lambda: AvgPool(3), inputs((1, 3, 7, 9))),
+        # windows of up to 17x17 = 289 elements: counts above bfloat16's exact integers
+        Case("avg_pool2d_k17_ceil_nopad", lambda: AvgPool(17, 4, 8, True, False),
+             inputs((1, 2, 21, 19))),
+        Case("avg_pool2d_unbatched_ceil", lambda: AvgPool(3, 2, 1, True, False),
+             inputs((3, 8, 9))),
+        Case("avg_pool2d_stride1_ceil", lambda: AvgPool(3, 1, 1, True, False),
+             inputs((1, 2, 6, 5))),
+        Case("avg_pool1d_ceil_nopad", lambda: AvgPool1d(3, 2, 1, True, False), inputs((2, 4, 9))),
+        Case("avg_pool1d_ceil", lambda: AvgPool1d(4, 3, 2, True, True), inputs((2, 4, 11))),
+        Case("funnel_pool", FunnelPool, inputs((2, 7, 16))),
+        Case("resnet_d_down", ResNetDDown, inputs((1, 4, 7, 9))),
+    ]
+    return cases
+
+
+POOLS: list[Case] = _pool_cases()
+
+
+class Sort(nn.Module):
+    """torch.sort of a computed tensor; values and indices are outputs (optionally rounded
+    to make ties, optionally NaN above a threshold)."""
+
+    def __init__(self, dim: int = -1, descending: bool = False, stable: bool | None = None,
+                 ties: bool = False, nan: bool = False) -> None:
+        super().__init__()
+        self.dim, self.descending, self.stable = dim, descending, stable
+        self.ties, self.nan = ties, nan
+
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        y = x * 2
+        if self.ties:
+            y = torch.round(y)  # many equal values, -0.0 and 0.0 among them
+        if self.nan:
+            y = y.masked_fill(y > 2.0, float("nan"))
+        if self.stable is None:
+            r = torch.sort(y, dim=self.dim, descending=self.descending)
+        else:
+            r = torch.sort(y, dim=self.dim, descending=self.descending, stable=self.stable)
+        return r.values, r.indices
+
+
+class SortInts(nn.Module):
+    """A stable sort of int64 ids (MoE: tokens grouped by expert) and its permutation."""
+
+    def forward(self, ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        r = torch.sort(ids.flatten(), stable=True)
+        return r.values, r.indices
+
+
+class MoERouter(nn.Module):
+    """Mixtral/Qwen2-MoE-style routing through sort: softmax over expert logits, the top 2
+    by a descending sort, renormalised weights, and the expert ids argsorted per token."""
+
+    def __init__(self, d: int = 32, experts: int = 8) -> None:
+        super().__init__()
+        self.gate = nn.Linear(d, experts, bias=False)
+
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        probs = self.gate(x).softmax(dim=-1)
+        w, idx = torch.sort(probs, dim=-1, descending=True)
+        w, idx = w[..., :2], idx[..., :2]
+        order = torch.argsort(idx.flatten(), stable=True)
+        return w / w.sum(dim=-1, keepdim=True), idx, order
+
+
+def _int_ids(*shape: int) -> MakeInputs:
+    return lambda gen, dt: (torch.randint(0, 5, shape, generator=gen),)
+
+
+#: unique values (random normal): the indices are torch's whatever its tie rule
+SORTS_UNIQUE: list[Case] = [
+    Case("sort_last_dim", lambda: Sort(), inputs((4, 6, 16))),
+    Case("sort_dim0_descending", lambda: Sort(0, True), inputs((7, 5, 3))),
+    Case("sort_middle_dim", lambda: Sort(1), inputs((3, 9, 4))),
+    Case("sort_1d_descending", lambda: Sort(0, True), inputs((33,))),
+    Case("sort_stable_false", lambda: Sort(-1, True, False), inputs((5, 12))),
+    Case("moe_router_sort", MoERouter, inputs((2, 6, 32))),
+]
+
+#: ties (and NaN): stable=True fixes torch's indices
+SORTS_TIES: list[Case] = [
+    Case("sort_ties_stable", lambda: Sort(-1, False, True, ties=True), inputs((4, 40))),
+    Case("sort_ties_stable_descending", lambda: Sort(-1, True, True, ties=True),
+         inputs((4, 40))),
+    Case("sort_ties_stable_dim0_descending", lambda: Sort(0, True, True, ties=True),
+         inputs((30, 3, 2))),
+    Case("sort_ties_stable_middle_dim", lambda: Sort(1, False, True, ties=True),
+         inputs((2, 25, 3))),
+    Case("sort_nan_stable_descending", lambda: Sort(-1, True, True, nan=True),
+         inputs((6, 20))),
+    Case("sort_nan_stable", lambda: Sort(0, False, True, ties=True, nan=True),
+         inputs((20, 6))),
+    Case("sort_int64_ids_stable", SortInts, _int_ids(3, 16)),
+]
+
+
+class Conv3dBNReLU(nn.Module):
+    """r3d_18's stem: Conv3d (3, 7, 7) s(1, 2, 2) p(1, 3, 3), BatchNorm3d (folded), ReLU."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv = nn.Conv3d(3, 8, (3, 7, 7), (1, 2, 2), (1, 3, 3), bias=False)
+        self.bn = nn.BatchNorm3d(8)
+        _randomize_bn(self)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return F.relu(self.bn(self.conv(x)))
+
+
+CONV3D: list[Case] = [
+    Case("conv3d_bias", lambda: nn.Conv3d(4, 6, 3), inputs((2, 4, 5, 6, 7))),
+    Case("conv3d_strided_padded", lambda: nn.Conv3d(4, 6, 3, (2, 1, 2), (1, 0, 2)),
+         inputs((1, 4, 7, 6, 9))),
+    Case("conv3d_dilated", lambda: nn.Conv3d(3, 5, (2, 3, 3), 1, (1, 2, 1), (2, 2, 1),
+                                             bias=False), inputs((1, 3, 6, 8, 7))),
+    Case("conv3d_grouped", lambda: nn.Conv3d(6, 9, 3, 1, 1, groups=3), inputs((2, 6, 4, 5, 5))),
+    Case("conv3d_depthwise", lambda: nn.Conv3d(6, 6, 3, 2, 1, groups=6),
+         inputs((1, 6, 5, 7, 7))),
+    Case("conv3d_pointwise", lambda: nn.Conv3d(8, 4, 1), inputs((1, 8, 3, 4, 5))),
+    Case("conv3d_unbatched", lambda: nn.Conv3d(3, 4, 2), inputs((3, 4, 5, 6))),
+    Case("conv_transpose3d", lambda: nn.ConvTranspose3d(4, 6, 3, 2, 1, output_padding=1),
+         inputs((1, 4, 3, 4, 5))),
+    Case("conv3d_bn_relu_stem", Conv3dBNReLU, inputs((1, 3, 4, 16, 16))),
+]
+
+
+class FFTPart(nn.Module):
+    """A part (real and/or imaginary) of an FFT of a computed real tensor, as FNet takes."""
+
+    def __init__(self, fft: Callable[[torch.Tensor], torch.Tensor], part: str = "real") -> None:
+        super().__init__()
+        self.fft, self.part = fft, part
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        f = self.fft(x * 1.5)
+        if self.part == "both":
+            return torch.cat([f.real, f.imag], dim=-1)
+        return f.real if self.part == "real" else f.imag
+
+
+#: float32 only: torch has no bfloat16 FFT on cpu
+FFTS: list[Case] = [
+    Case("fftn_real_fnet", lambda: FFTPart(lambda x: torch.fft.fftn(x, dim=(1, 2))),
+         inputs((2, 16, 24))),
+    Case("fft_last_dim_imag", lambda: FFTPart(torch.fft.fft, "imag"), inputs((3, 40))),
+    Case("ifft_ortho_dim0_real", lambda: FFTPart(lambda x: torch.fft.ifft(x, dim=0,
+                                                                          norm="ortho")),
+         inputs((12, 5))),
+    Case("fft2_forward_norm_both", lambda: FFTPart(lambda x: torch.fft.fft2(x, norm="forward"),
+                                                   "both"), inputs((2, 9, 10))),
+    Case("rfft_both", lambda: FFTPart(torch.fft.rfft, "both"), inputs((4, 15))),
+    Case("rfftn_imag", lambda: FFTPart(lambda x: torch.fft.rfftn(x, dim=(0, 2)), "imag"),
+         inputs((6, 3, 8))),
+    Case("fft_of_fft_real", lambda: FFTPart(lambda x: torch.fft.fft(torch.fft.fft(x, dim=0),
+                                                                    dim=1)), inputs((7, 6))),
+    Case("fftn_real_long", lambda: FFTPart(lambda x: torch.fft.fftn(x, dim=(1, 2))),
+         inputs((1, 128, 64))),
 ]

@@ -67,6 +67,47 @@ def test_blocks(case: M.Case, dtype: torch.dtype, device: str) -> None:
 
 
 # ---------------------------------------------------------------------------------------------
+# coverage (issue #10)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("case", M.POOLS, ids=lambda c: c.name)
+def test_avg_pool(case: M.Case, dtype: torch.dtype) -> None:
+    """avg_pool2d/avg_pool1d in every flag combination (ceil_mode, count_include_pad,
+    divisor_override, padding), timm's ResNet-D downsample and HF Funnel's pooling."""
+    _run(case, dtype)
+
+
+@pytest.mark.parametrize("case", M.SORTS_UNIQUE, ids=lambda c: c.name)
+def test_sort(case: M.Case) -> None:
+    """sort on several dims, ascending and descending, stable or not, and MoE routing;
+    float32 only: with unique values torch's indices are fixed whatever its tie rule."""
+    _run(case, torch.float32)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("case", M.SORTS_TIES, ids=lambda c: c.name)
+def test_sort_ties(case: M.Case, dtype: torch.dtype) -> None:
+    """stable sort with ties, -0.0 and 0.0, and NaN (largest): indices equal torch's."""
+    _run(case, dtype)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("case", M.CONV3D, ids=lambda c: c.name)
+def test_conv3d(case: M.Case, dtype: torch.dtype) -> None:
+    """3-D convolution: bias, strides, padding, dilation, groups, depthwise, 1x1x1,
+    unbatched, transposed, and a folded batch norm."""
+    _run(case, dtype)
+
+
+@pytest.mark.parametrize("case", M.FFTS, ids=lambda c: c.name)
+def test_fft_parts(case: M.Case) -> None:
+    """Real/imaginary parts of fft, ifft, fft2, fftn, rfft, rfftn (norms, dims, nested) of
+    real tensors, as DFT matrix products; float32 only (no bfloat16 FFT in torch on cpu)."""
+    _run(case, torch.float32)
+
+
+# ---------------------------------------------------------------------------------------------
 # real models (random weights, built from configs)
 
 
@@ -150,6 +191,31 @@ def test_resnet18() -> None:
     model = tv.models.resnet18()
     M._randomize_bn(model)
     check_module(model, lambda g, dt: (randn(g, dt, 1, 3, 64, 64),), torch.float32, runs=1)
+
+
+@pytest.mark.models
+def test_fnet_model() -> None:
+    """transformers FNetModel, small config: fftn(...).real over sequence and hidden dims."""
+    tr = _hf("transformers")
+    cfg = tr.FNetConfig(vocab_size=100, hidden_size=32, num_hidden_layers=2,
+                        intermediate_size=64, max_position_embeddings=64,
+                        use_tpu_fourier_optimizations=False)
+    torch.manual_seed(0)
+    model = tr.FNetModel(cfg).eval()
+    check_module(model, lambda g, dt: (torch.randint(0, 100, (2, 16), generator=g),),
+                 torch.float32, runs=2)
+
+
+@pytest.mark.models
+def test_r3d_18() -> None:
+    """torchvision video r3d_18 (random weights, batch norms randomised) at 1x3x4x32x32."""
+    tv = pytest.importorskip("torchvision")
+    torch.manual_seed(0)
+    model = tv.models.video.r3d_18()
+    M._randomize_bn(model)
+    report = check_module(model, lambda g, dt: (randn(g, dt, 1, 3, 4, 32, 32),), torch.float32,
+                          runs=1, roundtrip=False)
+    assert count_ops(report.program)["library:convolution"] == 20
 
 
 # ---------------------------------------------------------------------------------------------

@@ -1,9 +1,11 @@
-"""Convolution (aten.convolution): 1-D and 2-D, strided/padded/dilated, grouped, transposed
-with output padding, optional bias, into a caller-provided output view.
+"""Convolution (aten.convolution): 1-D, 2-D and 3-D, strided/padded/dilated, grouped,
+transposed with output padding, optional bias, into a caller-provided output view.
 
-Input may be batched (N, C, *spatial) or unbatched (C, *spatial). On cpu the forward
+Input may be batched (N, C, *spatial) or unbatched (C, *spatial). On cpu every convolution
+runs as a 3-D one (1-D and 2-D get leading spatial dims of size 1, as views): the forward
 convolution is im2col through numpy stride tricks plus one batched GEMM per chunk of
 samples; the transposed one is a GEMM followed by a col2im scatter-add over kernel taps.
+On cuda, 3-D convolution is not implemented (Unsupported, at load).
 """
 
 from __future__ import annotations
@@ -11,10 +13,13 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Callable, Sequence
 
+import itertools
+import math
+
 import numpy as np
 from numpy.lib.stride_tricks import as_strided
 
-from aotrt.errors import InvalidArgument, Unsupported
+from aotrt.errors import InvalidArgument
 from aotrt.runtime.device import Stream
 from aotrt.runtime.ops import _common as c
 from aotrt.runtime.ops.cuda import conv as cuda_conv
@@ -46,9 +51,7 @@ def check_convolution(out: Any, x: Any, w: Any, bias: Any = None, stride: Any = 
     c.check_dtype(op, out, "out")
     for h, name in ((x, "x"), (w, "w")) + (((bias, "bias"),) if bias is not None else ()):
         c.check_same_dtype(op, out, "out", h, name)
-    if w.ndim == 5:
-        raise Unsupported(f"{op}: w: 3-D convolution is not supported (w is {list(w.sizes)})")
-    c.check_rank(op, w, "w", (3, 4))
+    c.check_rank(op, w, "w", (3, 4, 5))
     nd = w.ndim - 2
     if x.ndim not in (nd + 1, nd + 2):
         raise InvalidArgument(f"{op}: x: expected a {nd + 2}-D (or unbatched {nd + 1}-D) input "
@@ -114,63 +117,71 @@ def check_convolution(out: Any, x: Any, w: Any, bias: Any = None, stride: Any = 
 
 
 def _lifted(x: Any, w: Any, p: ConvParams) -> tuple[tuple[int, ...], ...]:
-    """(n, cin, h, w), (w0, w1, kh, kw), stride, padding, dilation, output_padding and
-    (ho, wo) of the 2-D batched convolution the cpu code runs."""
+    """(n, cin, d, h, w), (w0, w1, kd, kh, kw), stride, padding, dilation, output_padding and
+    (do, ho, wo) of the 3-D batched convolution the cpu code runs."""
     xs = tuple(x.sizes) if p.batched else (1,) + tuple(x.sizes)
     ws = tuple(w.sizes)
     outs = p.out_shape if p.batched else (1,) + p.out_shape
-    if len(ws) == 3:
-        return (xs[:2] + (1,) + xs[2:], ws[:2] + (1,) + ws[2:], (1,) + p.stride,
-                (0,) + p.padding, (1,) + p.dilation, (0,) + p.output_padding, (1, outs[2]))
-    return (xs, ws, p.stride, p.padding, p.dilation, p.output_padding, outs[2:])
+    one, zero = (1,) * (5 - len(ws)), (0,) * (5 - len(ws))
+    return (xs[:2] + one + xs[2:], ws[:2] + one + ws[2:], one + p.stride, zero + p.padding,
+            one + p.dilation, zero + p.output_padding, one + tuple(outs[2:]))
 
 
 def conv_cost(out: Any, x: Any, w: Any, bias: Any, p: ConvParams) -> c.OpCost:
     """Cost of the cpu convolution: its multiply-adds, element visits and loop steps; its
     scratch: float32 (and detached) input copies, the padded input, the im2col buffer or
     col2im accumulator of one chunk of samples, the chunk's result and its rounded copy."""
-    (n, cin, h, wd), (w0, w1, kh, kw), (sh, sw), (ph, pw), (dh, dw), _, (ho, wo) = \
-        _lifted(x, w, p)
+    xs, ws, stride, padding, dilation, _, out_sp = _lifted(x, w, p)
+    n, cin, sp_in = xs[0], xs[1], xs[2:]
+    w1, kernel = ws[1], ws[2:]
+    taps, n_in, n_out = math.prod(kernel), math.prod(sp_in), math.prod(out_sp)
     item = out.dtype.itemsize
     nb = bias.numel if bias is not None else 0
     work = x.numel + w.numel + nb + out.numel
     scratch = (4 + item) * (x.numel + w.numel + nb)
-    cout = out.numel // max(n * ho * wo, 1)
+    cout = out.numel // max(n * n_out, 1)
     if not p.transposed:
         cg = w1
-        step = c.rows_per_chunk(cin * kh * kw * ho * wo * 4, n)
+        step = c.rows_per_chunk(cin * taps * n_out * 4, n)
         chunks = -(-n // step)
-        work += n * cout * ho * wo * cg * kh * kw
-        if ph or pw:
-            scratch += 4 * n * cin * (h + 2 * ph) * (wd + 2 * pw)
-        res = step * cout * ho * wo
+        work += n * cout * n_out * cg * taps
+        if any(padding):
+            scratch += 4 * n * cin * math.prod(s + 2 * q for s, q in zip(sp_in, padding))
+        res = step * cout * n_out
         if cg == 1:
             scratch += 2 * 4 * res
-            work += c.PY_STEP * chunks * kh * kw
+            work += c.PY_STEP * chunks * taps
         else:
-            scratch += 4 * step * cin * kh * kw * ho * wo + 4 * res
+            scratch += 4 * step * cin * taps * n_out + 4 * res
             work += c.PY_STEP * chunks
         scratch += item * res
         return c.OpCost(work, scratch)
     og = w1
-    full_h = max((h - 1) * sh + dh * (kh - 1) + 1, ph + ho)
-    full_w = max((wd - 1) * sw + dw * (kw - 1) + 1, pw + wo)
-    step = c.rows_per_chunk((og * p.groups * kh * kw * h * wd + cin * full_h * full_w) * 4, n)
+    full = math.prod(_full_extent(sp_in, kernel, stride, padding, dilation, out_sp))
+    step = c.rows_per_chunk((og * p.groups * taps * n_in + cin * full) * 4, n)
     chunks = -(-n // step)
-    taps = n * p.groups * og * kh * kw * h * wd
-    work += taps * (cin // p.groups) + taps + n * cout * full_h * full_w
-    work += c.PY_STEP * chunks * (1 + kh * kw)
+    tap_work = n * p.groups * og * taps * n_in
+    work += tap_work * (cin // p.groups) + tap_work + n * cout * full
+    work += c.PY_STEP * chunks * (1 + taps)
     scratch += 4 * w.numel
-    scratch += 4 * step * (p.groups * og * kh * kw * h * wd + p.groups * og * full_h * full_w)
-    scratch += (4 + item) * step * cout * ho * wo
+    scratch += 4 * step * (p.groups * og * taps * n_in + p.groups * og * full)
+    scratch += (4 + item) * step * cout * n_out
     return c.OpCost(work, scratch)
+
+
+def _full_extent(sp_in: Sequence[int], kernel: Sequence[int], stride: Sequence[int],
+                 padding: Sequence[int], dilation: Sequence[int],
+                 out_sp: Sequence[int]) -> tuple[int, ...]:
+    """Per spatial dim, the col2im accumulator's extent: every tap, and the cropped output."""
+    return tuple(max((i - 1) * s + d * (k - 1) + 1, q + o)
+                 for i, k, s, q, d, o in zip(sp_in, kernel, stride, padding, dilation, out_sp))
 
 
 def convolution(stream: Stream, out: Handle, x: Handle, w: Handle, bias: Handle | None,
                 stride: Sequence[int] = (1,), padding: Sequence[int] = (0,),
                 dilation: Sequence[int] = (1,), transposed: bool = False,
                 output_padding: Sequence[int] = (0,), groups: int = 1) -> int:
-    """out = conv(x, w) + bias, aten.convolution semantics (1-D and 2-D)."""
+    """out = conv(x, w) + bias, aten.convolution semantics (1-D, 2-D and 3-D)."""
     op = "convolution"
     c.check_handles(op, stream, [(out, "out"), (x, "x"), (w, "w"), (bias, "bias")])
     p, _ = check_convolution(out, x, w, bias, stride, padding, dilation, transposed,
@@ -180,81 +191,73 @@ def convolution(stream: Stream, out: Handle, x: Handle, w: Handle, bias: Handle 
 
 # -- cpu ----------------------------------------------------------------------------------------
 
-def _as_2d(xv: np.ndarray, wv: np.ndarray, p: ConvParams) -> tuple[np.ndarray, np.ndarray, tuple,
-                                                                    tuple, tuple, tuple]:
-    """Lift a 1-D convolution to 2-D with a height of 1 (views, no copies)."""
-    if wv.ndim == 4:
-        return xv, wv, p.stride, p.padding, p.dilation, p.output_padding
-    return (xv[:, :, None, :], wv[:, :, None, :], (1,) + p.stride, (0,) + p.padding,
-            (1,) + p.dilation, (0,) + p.output_padding)
-
-
 def _forward(xv: np.ndarray, wv: np.ndarray, stride: tuple, padding: tuple, dilation: tuple,
-             groups: int, out_hw: tuple, store: Callable[[int, int, np.ndarray], None]) -> None:
-    n, cin, h, wd = xv.shape
-    cout, cg, kh, kw = wv.shape
+             groups: int, out_sp: tuple, store: Callable[[int, int, np.ndarray], None]) -> None:
+    n, cin = xv.shape[:2]
+    cout, cg, kd, kh, kw = wv.shape
     og = cout // groups
-    (sh, sw), (ph, pw), (dh, dw) = stride, padding, dilation
-    ho, wo = out_hw
+    taps = kd * kh * kw
+    n_out = math.prod(out_sp)
     # A stride over a single output, or a dilation of a single tap, moves nothing; 1 keeps
     # the byte strides below within int64 whatever the file said.
-    sh, sw = (sh if ho > 1 else 1), (sw if wo > 1 else 1)
-    dh, dw = (dh if kh > 1 else 1), (dw if kw > 1 else 1)
-    if ph or pw:
-        xv = np.pad(xv, ((0, 0), (0, 0), (ph, ph), (pw, pw)))
-    wmat = wv.reshape(1, groups, og, cg * kh * kw)
-    step = c.rows_per_chunk(cin * kh * kw * ho * wo * 4, n)
+    stride = tuple(s if o > 1 else 1 for s, o in zip(stride, out_sp))
+    dilation = tuple(d if k > 1 else 1 for d, k in zip(dilation, (kd, kh, kw)))
+    if any(padding):
+        xv = np.pad(xv, ((0, 0), (0, 0)) + tuple((q, q) for q in padding))
+    wmat = wv.reshape(1, groups, og, cg * taps)
+    step = c.rows_per_chunk(cin * taps * n_out * 4, n)
     for n0 in range(0, n, step):
         xs = xv[n0:n0 + step]
         nb = xs.shape[0]
-        s_n, s_c, s_h, s_w = xs.strides
-        win = as_strided(xs, shape=(nb, groups, cg, kh, kw, ho, wo),
-                         strides=(s_n, cg * s_c, s_c, s_h * dh, s_w * dw, s_h * sh, s_w * sw),
+        s_n, s_c, *s_sp = xs.strides
+        win = as_strided(xs, shape=(nb, groups, cg, kd, kh, kw) + tuple(out_sp),
+                         strides=(s_n, cg * s_c, s_c)
+                         + tuple(s * d for s, d in zip(s_sp, dilation))
+                         + tuple(s * t for s, t in zip(s_sp, stride)),
                          writeable=False)
         if cg == 1:
-            # Depthwise: a GEMM per channel would have K = kh*kw; multiply-add per tap instead.
-            res = np.zeros((nb, groups, og, ho, wo), dtype=np.float32)
-            taps = wv.reshape(groups, og, kh, kw)
-            for i in range(kh):
-                for j in range(kw):
-                    res += taps[None, :, :, i, j, None, None] * win[:, :, :, i, j]
+            # Depthwise: a GEMM per channel would have K = taps; multiply-add per tap instead.
+            res = np.zeros((nb, groups, og) + tuple(out_sp), dtype=np.float32)
+            tw = wv.reshape(groups, og, kd, kh, kw)
+            for a, i, j in itertools.product(range(kd), range(kh), range(kw)):
+                res += tw[None, :, :, a, i, j, None, None, None] * win[:, :, :, a, i, j]
         else:
-            cols = win.reshape(nb, groups, cg * kh * kw, ho * wo)  # the im2col copy, if needed
-            res = np.matmul(wmat, cols)  # (nb, groups, og, ho*wo)
-        store(n0, n0 + nb, res.reshape(nb, cout, ho, wo))
+            cols = win.reshape(nb, groups, cg * taps, n_out)  # the im2col copy, if needed
+            res = np.matmul(wmat, cols)  # (nb, groups, og, n_out)
+        store(n0, n0 + nb, res.reshape((nb, cout) + tuple(out_sp)))
 
 
 def _transposed(xv: np.ndarray, wv: np.ndarray, stride: tuple, padding: tuple,
-                dilation: tuple, output_padding: tuple, groups: int,
+                dilation: tuple, out_sp: tuple, groups: int,
                 store: Callable[[int, int, np.ndarray], None]) -> None:
-    n, cin, h, wd = xv.shape
-    _, og, kh, kw = wv.shape
+    n, cin, *sp_in = xv.shape
+    _, og, *kernel = wv.shape
     cg = cin // groups
-    (sh, sw), (ph, pw), (dh, dw), (oph, opw) = stride, padding, dilation, output_padding
-    ho = (h - 1) * sh - 2 * ph + dh * (kh - 1) + oph + 1
-    wo = (wd - 1) * sw - 2 * pw + dw * (kw - 1) + opw + 1
-    full_h = max((h - 1) * sh + dh * (kh - 1) + 1, ph + ho)
-    full_w = max((wd - 1) * sw + dw * (kw - 1) + 1, pw + wo)
-    # (groups, og*kh*kw, cg): each input pixel's contribution to every tap of every output.
-    wmat = np.ascontiguousarray(wv.reshape(groups, cg, og * kh * kw).transpose(0, 2, 1))
-    step = c.rows_per_chunk((og * groups * kh * kw * h * wd + cin * full_h * full_w) * 4, n)
+    taps, n_in = math.prod(kernel), math.prod(sp_in)
+    full = _full_extent(sp_in, kernel, stride, padding, dilation, out_sp)
+    # (groups, og*taps, cg): each input pixel's contribution to every tap of every output.
+    wmat = np.ascontiguousarray(wv.reshape(groups, cg, og * taps).transpose(0, 2, 1))
+    step = c.rows_per_chunk((og * groups * taps * n_in + cin * math.prod(full)) * 4, n)
+    crop = tuple(slice(q, q + o) for q, o in zip(padding, out_sp))
     for n0 in range(0, n, step):
         xs = xv[n0:n0 + step]
         nb = xs.shape[0]
-        cols = np.matmul(wmat[None], xs.reshape(nb, groups, cg, h * wd))
-        cols = cols.reshape(nb, groups, og, kh, kw, h, wd)
-        full = np.zeros((nb, groups, og, full_h, full_w), dtype=np.float32)
-        for i in range(kh):
-            for j in range(kw):
-                full[:, :, :, i * dh:i * dh + (h - 1) * sh + 1:sh,
-                     j * dw:j * dw + (wd - 1) * sw + 1:sw] += cols[:, :, :, i, j]
-        res = full[:, :, :, ph:ph + ho, pw:pw + wo].reshape(nb, groups * og, ho, wo)
+        cols = np.matmul(wmat[None], xs.reshape(nb, groups, cg, n_in))
+        cols = cols.reshape((nb, groups, og) + tuple(kernel) + tuple(sp_in))
+        acc = np.zeros((nb, groups, og) + full, dtype=np.float32)
+        for tap in itertools.product(*(range(k) for k in kernel)):
+            dst = tuple(slice(t * d, t * d + (i - 1) * s + 1, s)
+                        for t, d, i, s in zip(tap, dilation, sp_in, stride))
+            acc[(slice(None),) * 3 + dst] += cols[(slice(None),) * 3 + tap]
+        res = acc[(slice(None),) * 3 + crop].reshape((nb, groups * og) + tuple(out_sp))
         store(n0, n0 + nb, res)
 
 
 def _cpu_conv(out: Handle, x: Handle, w: Handle, bias: Handle | None,
               p: ConvParams) -> Callable[[], None]:
     from aotrt.runtime.devices.cpu import host_array
+
+    _, _, stride, padding, dilation, _, out_sp = _lifted(x, w, p)
 
     def work() -> None:
         o = host_array(out)
@@ -264,18 +267,19 @@ def _cpu_conv(out: Handle, x: Handle, w: Handle, bias: Handle | None,
         bv = None if ba is None else c.load_f32(ba)
         if not p.batched:
             xv, o = xv[None], o[None]
-        xv, wv, stride, padding, dilation, output_padding = _as_2d(xv, wv, p)
-        o4 = o if o.ndim == 4 else o[:, :, None, :]
+        # 1-D and 2-D as 3-D: leading spatial dims of size 1 (views, no copies).
+        lift = (slice(None), slice(None)) + (None,) * (5 - wv.ndim)
+        xv, wv, o5 = xv[lift], wv[lift], o[lift]
 
         def store(n0: int, n1: int, res: np.ndarray) -> None:
             if bv is not None:
-                res += bv[:, None, None]
-            c.store(o4[n0:n1], res)
+                res += bv[:, None, None, None]
+            c.store(o5[n0:n1], res)
 
         if p.transposed:
-            _transposed(xv, wv, stride, padding, dilation, output_padding, p.groups, store)
+            _transposed(xv, wv, stride, padding, dilation, out_sp, p.groups, store)
         else:
-            _forward(xv, wv, stride, padding, dilation, p.groups, o4.shape[2:], store)
+            _forward(xv, wv, stride, padding, dilation, p.groups, out_sp, store)
     return work
 
 

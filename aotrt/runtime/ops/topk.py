@@ -5,6 +5,10 @@ NaN counts as larger than every number, as in torch. Equal values come out in as
 index order (a stable sort); torch leaves the order of ties unspecified and its cpu kernel
 does not always agree, so only the values and the validity of indices are comparable.
 sorted=False still returns sorted results, which satisfies torch's contract.
+
+The exporter lowers aten.sort to this op with k = the dim's size: the stable order above is
+exactly torch.sort(stable=True), ascending and descending, on every device (the cuda kernel
+ranks the same way), so any change to the tie or NaN rule changes sort too.
 """
 
 from __future__ import annotations

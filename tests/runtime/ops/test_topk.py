@@ -9,6 +9,7 @@ import torch
 
 from aotrt.errors import InvalidArgument, Unsupported
 from aotrt.runtime.ops import OPS, linear, topk
+from tests.runtime.ops.conftest import NP
 
 DTYPES = ("float32", "bfloat16", "float16")
 LAYOUTS = ("packed", "offset", "strided", "transposed")
@@ -59,6 +60,31 @@ def test_topk_nan_is_largest(kit, stream):
     assert np.isnan(v[0]) and idx.tolist() == [1, 4]
     v, idx = _run(kit, stream, x_np, 2, largest=False)
     assert idx.tolist() == [3, 0]
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16", "int64"])
+@pytest.mark.parametrize("dim", [0, 1, -1])
+@pytest.mark.parametrize("largest", [True, False])
+def test_topk_of_the_whole_dim_is_torch_stable_sort(kit, stream, dtype, dim, largest):
+    # The exporter lowers aten.sort to topk with k = the dim's size: values and indices must
+    # equal torch.sort(stable=True) exactly, with ties, -0.0 next to 0.0, and NaN (largest).
+    x_np = np.round(kit.rng.standard_normal((6, 40, 5)) * 2)
+    if dtype == "int64":
+        x_np = x_np.astype(np.int64)
+    else:
+        x_np[kit.rng.random(x_np.shape) < 0.05] = np.nan
+        x_np[kit.rng.random(x_np.shape) < 0.05] = -0.0
+        x_np = x_np.astype(NP[dtype])
+    x = kit.tensor(x_np, "strided")
+    n = x_np.shape[dim]
+    shape = x_np.shape
+    vals, idx = kit.out(shape, dtype, "transposed"), kit.out(shape, "int64", "offset")
+    OPS["topk"](stream, [vals, idx], [x], k=n, dim=dim, largest=largest, sorted=True)
+    ref = torch.sort(kit.t64(x_np), dim=dim, descending=largest, stable=True)
+    got_v = kit.read(vals).astype(np.float64)
+    np.testing.assert_array_equal(got_v, ref.values.numpy())
+    np.testing.assert_array_equal(np.signbit(got_v), np.signbit(ref.values.numpy()))
+    np.testing.assert_array_equal(kit.read(idx), ref.indices.numpy())
 
 
 @pytest.mark.parametrize("dtype", ["int64", "int32"])

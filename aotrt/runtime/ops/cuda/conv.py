@@ -167,7 +167,8 @@ def _cudnn_conv(dnn: _Dnn, out: Handle, x: Handle, w: Handle, bias: Handle | Non
 
 
 def make_conv(out: Handle, x: Handle, w: Handle, bias: Handle | None, p: Any) -> Work:
-    """aten.convolution (1-D/2-D, strided, padded, dilated, grouped, transposed) on cuda.
+    """aten.convolution (1-D/2-D, strided, padded, dilated, grouped, transposed) on cuda;
+    3-D is Unsupported.
 
     Every float dtype goes through cuDNN (float32 on engines without tensor cores, whose TF32
     would miss float32 accuracy); im2col + a cuBLASLt GEMM serves what cuDNN refuses, and
@@ -176,6 +177,10 @@ def make_conv(out: Handle, x: Handle, w: Handle, bias: Handle | None, p: Any) ->
     dev = out.device
     if out.dtype.name not in _CUDA_TYPE:
         raise Unsupported(f"cuda convolution: dtype {out.dtype.name}")
+    if w.ndim == 5:
+        # NOTE: the cuDNN and im2col paths here are written for 4-D operands; 3-D runs on cpu.
+        raise Unsupported(f"convolution: 3-D (w {list(w.sizes)}) is not implemented on the "
+                          f"cuda device yet; load the program on cpu")
     xb, ob = x, out
     if not p.batched:  # (C, *spatial) -> (1, C, *spatial)
         xb = Handle(x.alloc, x.byte_offset, (1,) + tuple(x.sizes),
