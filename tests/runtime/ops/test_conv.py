@@ -120,15 +120,25 @@ CASES_3D = [
 ]
 
 
+def _cuda_3d_is_missing(kit, request) -> None:
+    """On cuda, 3-D convolution raises Unsupported today (issue #10): a strict xfail keeps
+    the gap visible in every GPU run, and turns into a failure once it passes."""
+    if kit.dev.name == "cuda":
+        request.applymarker(pytest.mark.xfail(raises=Unsupported, strict=True,
+                                              reason="cuda has no 3-D convolution yet"))
+
+
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("case", range(len(CASES_3D)))
-def test_conv3d_matches_torch(kit, stream, dtype, case):
+def test_conv3d_matches_torch(kit, stream, dtype, case, request):
+    _cuda_3d_is_missing(kit, request)
     x, w, bias, s, p, d, g = CASES_3D[case]
     _run(kit, stream, dtype, x, w, bias, s, p, d, groups=g)
 
 
 @pytest.mark.parametrize("layout", LAYOUTS)
-def test_conv3d_reads_and_writes_views_in_place(kit, stream, layout):
+def test_conv3d_reads_and_writes_views_in_place(kit, stream, layout, request):
+    _cuda_3d_is_missing(kit, request)
     _run(kit, stream, "float32", (2, 4, 4, 5, 6), (6, 2, 2, 3, 3), True, [1, 2, 1],
          [1, 0, 1], [1, 1, 2], groups=2, layouts=(layout,) * 4)
 
@@ -142,13 +152,15 @@ CASES_3D_T = [
 
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
 @pytest.mark.parametrize("case", range(len(CASES_3D_T)))
-def test_transposed_conv3d_matches_torch(kit, stream, dtype, case):
+def test_transposed_conv3d_matches_torch(kit, stream, dtype, case, request):
+    _cuda_3d_is_missing(kit, request)
     x, w, bias, s, p, d, op, g = CASES_3D_T[case]
     _run(kit, stream, dtype, x, w, bias, s, p, d, True, op, g,
          layouts=("offset", "strided", "packed", "transposed"))
 
 
-def test_conv3d_batch_chunks_give_the_same_result(kit, stream, monkeypatch):
+def test_conv3d_batch_chunks_give_the_same_result(kit, stream, monkeypatch, request):
+    _cuda_3d_is_missing(kit, request)
     from aotrt.runtime.ops import _common
     monkeypatch.setattr(_common, "CHUNK_BYTES", 1)  # one sample per step
     _run(kit, stream, "float32", (3, 2, 4, 5, 5), (4, 2, 3, 3, 3), True, [1, 2, 1], [1, 1, 0],
@@ -157,7 +169,8 @@ def test_conv3d_batch_chunks_give_the_same_result(kit, stream, monkeypatch):
          [1, 1, 1], True, [1, 0, 1])
 
 
-def test_unbatched_conv3d(kit, stream):
+def test_unbatched_conv3d(kit, stream, request):
+    _cuda_3d_is_missing(kit, request)
     x_np, w_np = kit.randn((3, 4, 5, 6), "float32"), kit.randn((2, 3, 2, 3, 3), "float32")
     out = kit.out((2, 3, 3, 4), "float32", "strided")
     convolution(stream, out, kit.tensor(x_np), kit.tensor(w_np), None, [1], [0], [1], False,
