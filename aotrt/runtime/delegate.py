@@ -101,14 +101,17 @@ class Delegate:
     """A program loaded on a device: `run` it as often as needed, then `close` it."""
 
     def __init__(self, program: Program, device: Any = None, check_hazards: bool = False,
-                 cuda_graph: bool | None = None, limits: Limits | None = None) -> None:
+                 cuda_graph: bool | None = None, limits: Limits | None = None, *,
+                 _validated: bool = False) -> None:
         """Validate `program` within `limits` (aotrt.Limits; None: the defaults) and load it
         onto `device` (None: cuda if present, else cpu)."""
         if not isinstance(program, Program):
             raise InvalidArgument(f"program: expected an aotrt.Program, got "
                                   f"{type(program).__name__}")
-        # A Program is mutable: what runs is checked here, not where it was read.
-        program.validate(limits)
+        if not _validated:
+            # A Program is mutable: what runs is checked here. `load` skips this only for
+            # the Program it has just read and validated itself, which no one else holds.
+            program.validate(limits)
         if not isinstance(check_hazards, bool):
             raise InvalidArgument(f"check_hazards: expected a bool, got {check_hazards!r}")
         if cuda_graph is not None and not isinstance(cuda_graph, bool):
@@ -748,7 +751,7 @@ def load(prog_or_path: Any, device: Any = None, check_hazards: bool = False,
         raise InvalidArgument(f"prog_or_path: expected an aotrt.Program or a path, got "
                               f"{type(prog_or_path).__name__}")
     return Delegate(prog, device=device, check_hazards=check_hazards, cuda_graph=cuda_graph,
-                    limits=limits)
+                    limits=limits, _validated=prog is not prog_or_path)
 
 
 __all__ = ["Delegate", "load", "library_ops"]

@@ -773,3 +773,23 @@ def test_cuda_graph_is_refused_on_a_device_without_graphs() -> None:
             assert not m.uses_graph
             x = rand([12, 7], seed=72)
             check(m.run(x), seed_reference(seed_program(), x), "float32")
+
+
+def test_load_of_a_path_validates_once_and_a_program_object_again(
+        monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """aotrt.load(path) validates the Program it reads once (no one else holds it); a
+    Program object handed in is validated by the Delegate, since it may have changed."""
+    prog = seed_program()
+    path = tmp_path / "seed.aotp"
+    prog.save(path)
+    calls = []
+    real = Program.validate
+    monkeypatch.setattr(Program, "validate",
+                        lambda self, limits=None: calls.append(1) or real(self, limits))
+    with aotrt.load(path) as m:
+        x = rand([12, 7], seed=90)
+        check(m.run(x), seed_reference(prog, x), "float32")
+    assert len(calls) == 1
+    with aotrt.load(prog):
+        pass
+    assert len(calls) == 2
