@@ -176,10 +176,19 @@ def _hf_config(model_type: str) -> Any:
     from transformers import AutoConfig
 
     cfg = AutoConfig.for_model(model_type)
+    # Special token ids must stay inside a shrunk vocabulary (Whisper's pad id is 50256).
+    ids = [getattr(cfg, k, None) for k in ("pad_token_id", "bos_token_id", "eos_token_id",
+                                             "decoder_start_token_id", "sep_token_id")]
+    top = max([i for i in ids if isinstance(i, int)], default=0)
     for k, v in _SHRINK.items():
+        if k == "vocab_size" and top >= v:
+            v = top + 1
         if hasattr(cfg, k) and isinstance(getattr(cfg, k), int) and not isinstance(
                 getattr(cfg, k), bool):
-            setattr(cfg, k, v)
+            try:
+                setattr(cfg, k, v)
+            except NotImplementedError:     # e.g. Funnel: its depth is block_sizes
+                pass
     try:
         cfg._attn_implementation = "eager"      # plain attention: what torch.export sees
     except Exception:  # noqa: BLE001 - read-only on some configs
@@ -231,7 +240,13 @@ def _hf() -> list[Case]:
                     sub.num_hidden_layers, sub.num_attention_heads = 2, 4
                     sub.intermediate_size = 128
                 cfg.text_config.vocab_size = 512
-            m = AutoModel.from_config(cfg).eval()
+            try:
+                m = AutoModel.from_config(cfg).eval()
+            except TypeError:
+                # Funnel maps to two classes (full and base), which AutoModel trips on.
+                from transformers.models.auto.modeling_auto import MODEL_MAPPING
+                cls = MODEL_MAPPING[type(cfg)]
+                m = (cls[0] if isinstance(cls, tuple) else cls)(cfg).eval()
             ids = torch.randint(0, 500, (1, 16), generator=g)
             if kind == "text":
                 return _Outputs(m, ("input_ids",)), (ids,)
@@ -291,8 +306,10 @@ def _ultralytics() -> list[Case]:
             with torch.no_grad():
                 m(x)            # heads cache anchors and strides on the first call
             return _Outputs(m), (x,)
-        note = ("query selection is a top-k over scores: compared only where the selected "
-                "indices agree" if name.startswith("rtdetr") else "")
+        note = ("ill-conditioned: its decoder queries are a top-k selection over encoder "
+                "scores, so eager fp32 itself is far from fp64 and a near-tie picks other "
+                "queries; a mismatch here needs a look, not a verdict" if
+                name.startswith("rtdetr") else "")
         cases.append(Case("ultralytics", name, build, note))
     return cases
 
