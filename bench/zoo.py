@@ -193,6 +193,11 @@ def _hf_config(model_type: str) -> Any:
         cfg._attn_implementation = "eager"      # plain attention: what torch.export sees
     except Exception:  # noqa: BLE001 - read-only on some configs
         pass
+    if hasattr(cfg, "_experts_implementation"):
+        # MoE experts as batched matmuls over every expert: static shapes, which torch.export
+        # needs ("eager" loops over the experts hit, a data-dependent guard; the default
+        # "grouped_mm" is a custom op with data-dependent offsets).
+        cfg._experts_implementation = "batched_mm"
     if hasattr(cfg, "use_cache"):
         cfg.use_cache = False
     return cfg

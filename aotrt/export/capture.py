@@ -17,6 +17,7 @@ import torch.fx
 
 from aotrt.errors import InvalidArgument, Unsupported
 from aotrt.export.fft import rewrite_real_ffts
+from aotrt.export.histc import histc
 
 log = logging.getLogger(__name__)
 
@@ -103,7 +104,8 @@ def _avg_pool2d(x: torch.Tensor, kernel_size: Any, stride: Any = (), padding: An
 
 
 #: decompositions of our own, for ops torch has none for
-EXTRA_DECOMPOSITIONS: dict[Any, Callable[..., Any]] = {aten.avg_pool2d.default: _avg_pool2d}
+EXTRA_DECOMPOSITIONS: dict[Any, Callable[..., Any]] = {aten.avg_pool2d.default: _avg_pool2d,
+                                                      aten.histc.default: histc}
 
 #: rounds of further decomposition of ops the lowering cannot run whole
 MAX_ROUNDS = 4
