@@ -169,6 +169,9 @@ def parser() -> argparse.ArgumentParser:
     e.add_argument("--size", type=int, default=320)
     e.add_argument("--dtype", choices=("float32", "float16", "bfloat16"), default="float32")
     e.add_argument("--seed", type=int, default=0)
+    e.add_argument("--layout", choices=("auto", "channels_last", "contiguous"), default="auto",
+                   help="activation layout: channels_last (NHWC convolutions), contiguous, or "
+                        "auto (channels-last for conv nets when the default device prefers it)")
     e.set_defaults(fn=cmd_export)
 
     r = sub.add_parser("run", help="run a program on .npz/.npy or random inputs")

@@ -105,6 +105,26 @@ def test_export_then_run(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
     assert "exported TinyYolo" in out and "input 0" in out
 
 
+@pytest.mark.slow
+def test_export_layout_option(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    pytest.importorskip("torch")
+    import aotrt
+
+    nhwc = {}
+    for layout in ("channels_last", "contiguous"):
+        path = tmp_path / f"tiny-{layout}.aotp"
+        assert main(["export", "tiny-yolo", "--size", "64", "--layout", layout,
+                     "-o", str(path)]) == 0
+        prog = aotrt.Program.load(path)
+        convs = [i for i in prog.instructions if i.get("fn") == "convolution"]
+        nhwc[layout] = sum(prog.tensors[i["outs"][0]]["strides"][1] == 1 for i in convs)
+        assert convs
+    assert nhwc["channels_last"] > 0 and nhwc["contiguous"] == 0
+    with pytest.raises(SystemExit) as info:         # argparse refuses an unknown layout
+        main(["export", "tiny-yolo", "--layout", "nhwc", "-o", str(tmp_path / "x")])
+    assert info.value.code == 2
+
+
 # -- the error contract: one line naming the problem, exit 2 (bad file or arguments) or 1
 # (a failed run); the traceback and a compiler's log only under --verbose (issue 7, item 11)
 

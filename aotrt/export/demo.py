@@ -264,7 +264,7 @@ def run_export(args: argparse.Namespace) -> int:
     with torch.no_grad():
         model(*inputs)
     t0 = time.perf_counter()
-    prog = aotrt.export(model, inputs)
+    prog = aotrt.export(model, inputs, layout=getattr(args, "layout", "auto"))
     prog.save(args.output)
     print(f"exported {name} to {args.output} in {time.perf_counter() - t0:.2f} s")
     print(prog.summary())
