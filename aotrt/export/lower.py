@@ -48,7 +48,7 @@ from aotrt.errors import AotrtError, InvalidArgument, Unsupported
 from aotrt.export import fuse, layout
 from aotrt.kernels import ir
 from aotrt.program import Program, ProgramBuilder
-from aotrt.runtime.tensor import is_packed
+from aotrt.runtime.tensor import contiguous_strides, is_packed
 
 log = logging.getLogger(__name__)
 
@@ -173,15 +173,6 @@ class TView:
         """Another view of the same Buf."""
         return TView(self.buf, int(offset), tuple(int(s) for s in sizes),
                      tuple(int(s) for s in strides), self.dtype)
-
-
-def contiguous_strides(sizes: Sequence[int]) -> tuple[int, ...]:
-    """Row-major strides."""
-    out, acc = [], 1
-    for n in reversed(sizes):
-        out.append(acc)
-        acc *= max(int(n), 1)
-    return tuple(reversed(out))
 
 
 def is_row_major(sizes: Sequence[int], strides: Sequence[int]) -> bool:

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import os
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Sequence
 
 import numpy as np
 
@@ -48,12 +48,12 @@ def numel_of(sizes: tuple[int, ...]) -> int:
     return n
 
 
-def contiguous_strides(sizes: tuple[int, ...]) -> tuple[int, ...]:
-    """Row-major strides for `sizes`."""
+def contiguous_strides(sizes: Sequence[int]) -> tuple[int, ...]:
+    """Row-major strides for `sizes` (the one copy: the exporter uses it too)."""
     out, acc = [], 1
     for n in reversed(sizes):
         out.append(acc)
-        acc *= max(n, 1)
+        acc *= max(int(n), 1)
     return tuple(reversed(out))
 
 
