@@ -8,6 +8,7 @@ samples; the transposed one is a GEMM followed by a col2im scatter-add over kern
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass
 from typing import Any, Callable, Sequence
 
@@ -20,6 +21,7 @@ from aotrt.runtime.ops import _common as c
 from aotrt.runtime.ops.cuda import conv as cuda_conv
 from aotrt.runtime.tensor import Handle
 
+log = logging.getLogger(__name__)
 
 @dataclass(frozen=True)
 class ConvParams:
@@ -252,9 +254,60 @@ def _transposed(xv: np.ndarray, wv: np.ndarray, stride: tuple, padding: tuple,
         store(n0, n0 + nb, res)
 
 
+def _dnnl_geometry(h: Handle, batched: bool) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    """Sizes and strides of an activation view as oneDNN gets it: (N, C, *spatial)."""
+    sizes, strides = tuple(h.sizes), tuple(h.strides)
+    if not batched:
+        # A batch of one: its stride is never used; the view's extent keeps it plausible.
+        extent = max([n * s for n, s in zip(sizes, strides)] + [1])
+        sizes, strides = (1,) + sizes, (extent,) + strides
+    return sizes, strides
+
+
+def _dnnl_conv(out: Handle, x: Handle, w: Handle, bias: Handle | None,
+               p: ConvParams) -> Callable[[], None] | None:
+    """The oneDNN work of a forward convolution, or None (logged) where it cannot serve."""
+    dnnl = out.device.dnnl
+    if dnnl is None or p.transposed:
+        return None
+    from aotrt.runtime.ops import cpu_dnnl
+
+    if out.dtype.name not in cpu_dnnl.DATA_TYPES:
+        return None
+    wsizes, wstrides = tuple(w.sizes), tuple(w.strides)
+    if p.groups > 1:
+        og = wsizes[0] // p.groups
+        wsizes = (p.groups, og) + wsizes[1:]
+        wstrides = (og * wstrides[0],) + wstrides
+    key = cpu_dnnl.ConvKey(out.dtype.name, _dnnl_geometry(x, p.batched), (wsizes, wstrides),
+                           None if bias is None else tuple(bias.strides),
+                           _dnnl_geometry(out, p.batched), p.stride, p.padding, p.dilation)
+    prim = dnnl.convolution(key)
+    if prim is None:
+        return None
+    if prim.impl.startswith("ref"):
+        # oneDNN's reference loops (its answer for non-dense views) are slower than numpy.
+        log.debug("oneDNN has only %s for convolution %s; numpy runs it", prim.impl, key)
+        return None
+    detach = [h for h in (x, w, bias) if h is not None and c.overlaps(out, h)]
+    extra = prim.extra_bytes() + sum(hi - lo + 128 for lo, hi in (h.byte_range() for h in detach))
+    budget = conv_cost(out, x, w, bias, p).scratch_bytes
+    if extra > budget:
+        # check_convolution charged the numpy path's scratch: stay within it.
+        log.debug("oneDNN convolution %s needs %d scratch bytes, over the %d charged; numpy "
+                  "runs it", key, extra, budget)
+        return None
+    keep = w.alloc is not None and w.alloc.kind == "constants" and not c.overlaps(out, w)
+    return dnnl.conv_work(prim, x, w, bias, out, detach, keep)
+
+
 def _cpu_conv(out: Handle, x: Handle, w: Handle, bias: Handle | None,
               p: ConvParams) -> Callable[[], None]:
     from aotrt.runtime.devices.cpu import host_array
+
+    work = _dnnl_conv(out, x, w, bias, p)
+    if work is not None:
+        return work
 
     def work() -> None:
         o = host_array(out)
