@@ -38,9 +38,13 @@ _FORWARD_INFERENCE = 96     # dnnl_forward_inference
 _CONV_DIRECT = 1            # dnnl_convolution_direct
 _SCRATCHPAD_USER = 1        # dnnl_scratchpad_mode_user
 _QUERY_IMPL_INFO = 8        # dnnl_query_impl_info_str
+_QUERY_SRC_MD = 129         # dnnl_query_src_md
 _QUERY_WEIGHTS_MD = 131     # dnnl_query_weights_md
+_QUERY_DST_MD = 133         # dnnl_query_dst_md
 _QUERY_SCRATCHPAD_MD = 136  # dnnl_query_scratchpad_md
 _STREAM_IN_ORDER = 1
+# Implementations slower than the blocked ones (oneDNN's im2col + gemm, reference loops).
+_SLOW = ("gemm", "x64:gemm", "ref")
 ARG_SRC, ARG_DST, ARG_WEIGHTS, ARG_BIAS, ARG_SCRATCHPAD = 1, 17, 33, 41, 80
 MAX_NDIMS = 12
 
@@ -148,27 +152,42 @@ class ConvKey:
     dilation: tuple[int, ...]
 
 
-class ConvPrimitive:
-    """A created forward convolution: the primitive, its memory descriptors, the weights
-    reorder (plain view -> the layout the implementation wants) and the scratch sizes."""
+class _Operand:
+    """One argument of a primitive: the view's descriptor, the one the implementation uses,
+    and the reorder between them (None when the implementation takes the view as it is)."""
 
-    def __init__(self, ctx: "Dnnl", key: ConvKey) -> None:
-        lib, self.lib = ctx.lib, ctx.lib
-        self.key = key
+    def __init__(self, user_md: Any) -> None:
+        self.user_md = user_md
+        self.impl_md = user_md
+        self.reorder: Any = None
+        self.reorder_scratch_md: Any = None
+        self.reorder_scratch_bytes = 0
+        self.bytes = 0          # the implementation's copy, when there is a reorder
+
+    def extra_bytes(self) -> int:
+        """Scratch bytes one run of this operand needs beside the view."""
+        return self.bytes + self.reorder_scratch_bytes
+
+
+class ConvPrimitive:
+    """A created forward convolution: the primitive, its scratchpad, and per operand the
+    reorder between the view's layout and the implementation's (weights always may be
+    reordered; with `blocked`, the activations too, through scratch copies)."""
+
+    def __init__(self, ctx: "Dnnl", key: ConvKey, blocked: bool) -> None:
+        lib = self.lib = ctx.lib
+        self.key, self.blocked = key, blocked
         self._owned_md: list[Any] = []
         self._owned_pd: list[Any] = []
         self._owned_prim: list[Any] = []
         dt = DATA_TYPES[key.dtype]
-        self.src_md = self._md(*key.src, dt)
-        self.user_w_md = self._md(*key.weights, dt)
+        self.src = _Operand(self._md(*key.src, dt))
+        self.w = _Operand(self._md(*key.weights, dt))
         self.bias_md = None if key.bias is None else self._md((key.dst[0][1],), key.bias, dt)
-        self.dst_md = self._md(*key.dst, dt)
-        wsizes = key.weights[0]
-        any_w = _p()
-        _check(lib.dnnl_memory_desc_create_with_tag(ctypes.byref(any_w), len(wsizes),
-                                                    _dims(wsizes), dt, _FORMAT_ANY),
-               "memory_desc_create_with_tag")
-        self._owned_md.append(any_w)
+        self.dst = _Operand(self._md(*key.dst, dt))
+        any_src = self._any(key.src[0], dt) if blocked else self.src.user_md
+        any_dst = self._any(key.dst[0], dt) if blocked else self.dst.user_md
+        any_w = self._any(key.weights[0], dt)
         attr = _p()
         _check(lib.dnnl_primitive_attr_create(ctypes.byref(attr)), "primitive_attr_create")
         try:
@@ -177,39 +196,51 @@ class ConvPrimitive:
             pd = _p()
             nd = len(key.stride)
             _check(lib.dnnl_convolution_forward_primitive_desc_create(
-                ctypes.byref(pd), ctx.engine, _FORWARD_INFERENCE, _CONV_DIRECT, self.src_md,
-                any_w, self.bias_md, self.dst_md, _dims(key.stride),
+                ctypes.byref(pd), ctx.engine, _FORWARD_INFERENCE, _CONV_DIRECT, any_src,
+                any_w, self.bias_md, any_dst, _dims(key.stride),
                 _dims([d - 1 for d in key.dilation]), _dims(key.padding),
                 _dims(key.padding[:nd]), attr), "convolution_forward_primitive_desc_create")
             self._owned_pd.append(pd)
-            self.pd = pd
-            self.w_md = lib.dnnl_primitive_desc_query_md(pd, _QUERY_WEIGHTS_MD, 0)
-            self.scratch_bytes = lib.dnnl_memory_desc_get_size(
-                lib.dnnl_primitive_desc_query_md(pd, _QUERY_SCRATCHPAD_MD, 0))
+            self.scratch_md = lib.dnnl_primitive_desc_query_md(pd, _QUERY_SCRATCHPAD_MD, 0)
+            self.scratch_bytes = lib.dnnl_memory_desc_get_size(self.scratch_md)
             self.impl = self._impl_name(pd)
             self.prim = self._primitive(pd)
-            # Implementations that want blocked weights get them through a reorder each run
-            # (or once, for weights that are a delegate's constants).
-            self.reorder = None
-            self.reorder_scratch_bytes = 0
-            self.w_bytes = 0
-            if not lib.dnnl_memory_desc_equal(self.w_md, self.user_w_md):
-                rpd = _p()
-                _check(lib.dnnl_reorder_primitive_desc_create(
-                    ctypes.byref(rpd), self.user_w_md, ctx.engine, self.w_md, ctx.engine, attr),
-                    "reorder_primitive_desc_create")
-                self._owned_pd.append(rpd)
-                self.reorder_scratch_bytes = lib.dnnl_memory_desc_get_size(
-                    lib.dnnl_primitive_desc_query_md(rpd, _QUERY_SCRATCHPAD_MD, 0))
-                self.reorder = self._primitive(rpd)
-                self.reorder_md = lib.dnnl_primitive_desc_query_md(rpd, _QUERY_SCRATCHPAD_MD, 0)
-                self.w_bytes = lib.dnnl_memory_desc_get_size(self.w_md)
-            self.scratch_md = lib.dnnl_primitive_desc_query_md(pd, _QUERY_SCRATCHPAD_MD, 0)
+            for op, query, into in ((self.src, _QUERY_SRC_MD, True),
+                                    (self.w, _QUERY_WEIGHTS_MD, True),
+                                    (self.dst, _QUERY_DST_MD, False)):
+                self._plan_reorder(ctx, attr, op, lib.dnnl_primitive_desc_query_md(pd, query, 0),
+                                   into)
         except BaseException:
             self.destroy()
             raise
         finally:
             lib.dnnl_primitive_attr_destroy(attr)
+
+    def _plan_reorder(self, ctx: "Dnnl", attr: Any, op: _Operand, impl_md: Any,
+                      into: bool) -> None:
+        """Set up the reorder view -> implementation (`into`) or back, where they differ."""
+        lib = self.lib
+        if lib.dnnl_memory_desc_equal(impl_md, op.user_md):
+            return
+        op.impl_md = impl_md
+        src, dst = (op.user_md, impl_md) if into else (impl_md, op.user_md)
+        rpd = _p()
+        _check(lib.dnnl_reorder_primitive_desc_create(ctypes.byref(rpd), src, ctx.engine, dst,
+                                                      ctx.engine, attr),
+               "reorder_primitive_desc_create")
+        self._owned_pd.append(rpd)
+        op.reorder_scratch_md = lib.dnnl_primitive_desc_query_md(rpd, _QUERY_SCRATCHPAD_MD, 0)
+        op.reorder_scratch_bytes = lib.dnnl_memory_desc_get_size(op.reorder_scratch_md)
+        op.reorder = self._primitive(rpd)
+        op.bytes = lib.dnnl_memory_desc_get_size(impl_md)
+
+    def _any(self, sizes: Sequence[int], dt: int) -> Any:
+        md = _p()
+        _check(self.lib.dnnl_memory_desc_create_with_tag(ctypes.byref(md), len(sizes),
+                                                         _dims(sizes), dt, _FORMAT_ANY),
+               "memory_desc_create_with_tag")
+        self._owned_md.append(md)
+        return md
 
     def _md(self, sizes: Sequence[int], strides: Sequence[int], dt: int) -> Any:
         md = _p()
@@ -232,8 +263,9 @@ class ConvPrimitive:
         return prim
 
     def extra_bytes(self) -> int:
-        """Bytes one run allocates beside the views: the reordered weights, scratchpads."""
-        return self.w_bytes + self.scratch_bytes + self.reorder_scratch_bytes
+        """Bytes one run allocates beside the views: reordered copies and scratchpads."""
+        return (self.scratch_bytes + self.src.extra_bytes() + self.w.extra_bytes()
+                + self.dst.extra_bytes())
 
     def destroy(self) -> None:
         """Free the primitives and descriptors (once)."""
@@ -254,21 +286,26 @@ def _aligned(nbytes: int, phase: int = 0) -> tuple[np.ndarray, int]:
     return raw, (base + 63) // 64 * 64 + phase % 64
 
 
-class _Memories:
-    """dnnl memory objects of one work closure (their handles are set at each run)."""
+class _Run:
+    """Memory objects and scratch buffers of one work closure (handles set at each run)."""
 
-    def __init__(self, lib: ctypes.CDLL, engine: Any, mds: Sequence[Any]) -> None:
+    def __init__(self, lib: ctypes.CDLL, engine: Any) -> None:
+        self.lib, self.engine = lib, engine
         self.objs: list[Any] = []
-        try:
-            for md in mds:
-                m = _p()
-                _check(lib.dnnl_memory_create(ctypes.byref(m), md, engine, None),
-                       "memory_create")
-                self.objs.append(m)
-        except BaseException:
-            _destroy_memories(lib, self.objs)
-            raise
-        weakref.finalize(self, _destroy_memories, lib, list(self.objs))
+        self.bufs: list[np.ndarray] = []
+        weakref.finalize(self, _destroy_memories, lib, self.objs)
+
+    def memory(self, md: Any, nbytes: int = 0) -> tuple[Any, int]:
+        """A memory object of `md`, and a scratch address of `nbytes` for it (0: none)."""
+        m = _p()
+        _check(self.lib.dnnl_memory_create(ctypes.byref(m), md, self.engine, None),
+               "memory_create")
+        self.objs.append(m)
+        if not nbytes:
+            return m, 0
+        buf, addr = _aligned(nbytes)
+        self.bufs.append(buf)
+        return m, addr
 
 
 def _destroy_memories(lib: ctypes.CDLL, objs: list[Any]) -> None:
@@ -276,10 +313,18 @@ def _destroy_memories(lib: ctypes.CDLL, objs: list[Any]) -> None:
         lib.dnnl_memory_destroy(m)
 
 
+def _args(pairs: Sequence[tuple[int, Any]]) -> Any:
+    arr = (_ExecArg * len(pairs))()
+    for i, (arg, mem) in enumerate(pairs):
+        arr[i].arg, arr[i].memory = arg, mem
+    return arr
+
+
 class Dnnl:
     """oneDNN state of one cpu device: the engine, per-thread streams, the primitive cache.
 
-    `stats` counts primitives created and cache hits (tests read it to see the path taken).
+    `stats` counts primitives created, cache hits, refusals and runs (tests read it to see
+    the path taken).
     """
 
     def __init__(self, lib: ctypes.CDLL) -> None:
@@ -304,20 +349,38 @@ class Dnnl:
             self._local.stream, self._local.holder = st, holder
         return st
 
+    def _create(self, key: ConvKey, blocked: bool) -> ConvPrimitive | None:
+        try:
+            return ConvPrimitive(self, key, blocked)
+        except DnnlError as e:
+            log.debug("oneDNN refuses convolution %s (blocked=%s): %s", key, blocked, e)
+            return None
+
     def convolution(self, key: ConvKey) -> ConvPrimitive | None:
-        """The cached primitive for `key`, created now; None where oneDNN refuses it."""
+        """The cached primitive for `key`, created now; None where oneDNN refuses it.
+
+        The views' own layouts come first; where oneDNN has only its gemm or reference
+        code for them (NCHW, non-dense views), the activations go through blocked copies.
+        """
         with self._lock:
             if key in self._convs:
                 self.stats["hits"] += 1
                 return self._convs[key]
-            try:
-                prim: ConvPrimitive | None = ConvPrimitive(self, key)
-                self.stats["created"] += 1
-                log.debug("oneDNN convolution %s: %s", key, prim.impl)
-            except DnnlError as e:
-                prim = None
+            prim = self._create(key, False)
+            if prim is None or prim.impl.startswith(_SLOW):
+                other = self._create(key, True)
+                if other is not None and (prim is None or not other.impl.startswith(_SLOW)):
+                    if prim is not None:
+                        prim.destroy()
+                    prim = other
+                elif other is not None:
+                    other.destroy()
+            if prim is None:
                 self.stats["refused"] += 1
-                log.debug("oneDNN refuses convolution %s (%s); numpy runs it", key, e)
+            else:
+                self.stats["created"] += 1
+                log.debug("oneDNN convolution %s: %s (blocked=%s)", key, prim.impl,
+                          prim.blocked)
             self._convs[key] = prim
             return prim
 
@@ -331,79 +394,80 @@ class Dnnl:
         constants) the weights are reordered on the first run only.
         """
         lib = self.lib
-        mds = [prim.src_md, prim.user_w_md, prim.dst_md, prim.w_md, prim.scratch_md]
-        if bias is not None:
-            mds.append(prim.bias_md)
-        if prim.reorder is not None:
-            mds.append(prim.reorder_md)
-        mem = _Memories(lib, self.engine, mds)
-        m_src, m_uw, m_dst, m_w, m_scr = mem.objs[:5]
-        m_bias = mem.objs[5] if bias is not None else None
-        m_rscr = mem.objs[-1] if prim.reorder is not None else None
-        keep: list[Any] = [mem]
-        scr_addr = w_addr = rscr_addr = 0
-        if prim.scratch_bytes:
-            buf, scr_addr = _aligned(prim.scratch_bytes)
-            keep.append(buf)
-        if prim.reorder is not None:
-            buf, w_addr = _aligned(prim.w_bytes)
-            keep.append(buf)
-            if prim.reorder_scratch_bytes:
-                buf, rscr_addr = _aligned(prim.reorder_scratch_bytes)
-                keep.append(buf)
+        run = _Run(lib, self.engine)
         copies: dict[int, tuple[Handle, np.ndarray, int]] = {}
         for h in detach:
             lo, hi = h.byte_range()
             buf, base = _aligned(hi - lo, h.alloc.ptr + lo)
             copies[id(h)] = (h, buf, base)
-        args = (_ExecArg * 5)()
-        args[0].arg, args[0].memory = ARG_SRC, m_src
-        args[1].arg, args[1].memory = ARG_WEIGHTS, m_w if prim.reorder is not None else m_uw
-        args[2].arg, args[2].memory = ARG_DST, m_dst
-        args[3].arg, args[3].memory = ARG_SCRATCHPAD, m_scr
-        nargs = 4
-        if m_bias is not None:
-            args[4].arg, args[4].memory = ARG_BIAS, m_bias
-            nargs = 5
-        rargs = (_ExecArg * 3)()
-        rargs[0].arg, rargs[0].memory = ARG_SRC, m_uw
-        rargs[1].arg, rargs[1].memory = ARG_DST, m_w
-        rargs[2].arg, rargs[2].memory = ARG_SCRATCHPAD, m_rscr
-        state = {"reordered": False}
+        sets: list[tuple[Any, Callable[[], int]]] = []   # (memory, its address at run time)
+        pre: list[tuple[Any, Any]] = []                  # (reorder, args) before the conv
+        post: list[tuple[Any, Any]] = []                 # (reorder, args) after it
+        w_pre: list[tuple[Any, Any]] = []
+
+        def operand(op: _Operand, view: Callable[[], int], into: bool,
+                    into_list: list[tuple[Any, Any]]) -> Any:
+            m_user, _ = run.memory(op.user_md)
+            sets.append((m_user, view))
+            if op.reorder is None:
+                return m_user
+            m_impl, a_impl = run.memory(op.impl_md, op.bytes)
+            sets.append((m_impl, lambda: a_impl))
+            m_rs, a_rs = run.memory(op.reorder_scratch_md, op.reorder_scratch_bytes)
+            if a_rs:
+                sets.append((m_rs, lambda: a_rs))
+            frm, to = (m_user, m_impl) if into else (m_impl, m_user)
+            into_list.append((op.reorder, _args([(ARG_SRC, frm), (ARG_DST, to),
+                                                 (ARG_SCRATCHPAD, m_rs)])))
+            return m_impl
+
+        def addr(h: Handle) -> Callable[[], int]:
+            c = copies.get(id(h))
+            if c is None:
+                return lambda: h.address
+            src, buf, base = c
+
+            def copied() -> int:
+                lo, hi = src.byte_range()
+                # The input's bytes as they are now, at the same distance from 64-byte lines.
+                ctypes.memmove(base, src.alloc.ptr + lo, hi - lo)
+                return base + (src.address - (src.alloc.ptr + lo))
+            return copied
+
+        m_src = operand(prim.src, addr(x), True, pre)
+        m_w = operand(prim.w, addr(w), True, w_pre)
+        m_dst = operand(prim.dst, lambda: out.address, False, post)
+        pairs = [(ARG_SRC, m_src), (ARG_WEIGHTS, m_w), (ARG_DST, m_dst)]
+        if bias is not None:
+            m_bias, _ = run.memory(prim.bias_md)
+            sets.append((m_bias, addr(bias)))
+            pairs.append((ARG_BIAS, m_bias))
+        m_scr, a_scr = run.memory(prim.scratch_md, prim.scratch_bytes)
+        if a_scr:
+            sets.append((m_scr, lambda: a_scr))
+        pairs.append((ARG_SCRATCHPAD, m_scr))
+        conv_args = _args(pairs)
+        state = {"weights": False}
         set_handle, execute = lib.dnnl_memory_set_data_handle, lib.dnnl_primitive_execute
         stats = self.stats
 
-        def addr(h: Handle) -> int:
-            c = copies.get(id(h))
-            if c is None:
-                return h.address
-            src, buf, base = c
-            lo, hi = src.byte_range()
-            # The input's bytes as they are now, at the same distance from 64-byte lines.
-            ctypes.memmove(base, src.alloc.ptr + lo, hi - lo)
-            return base + (src.address - (src.alloc.ptr + lo))
-
         def work() -> None:
             st = self.stream()
-            _check(set_handle(m_src, addr(x)), "memory_set_data_handle")
-            _check(set_handle(m_uw, addr(w)), "memory_set_data_handle")
-            if m_bias is not None:
-                _check(set_handle(m_bias, addr(bias)), "memory_set_data_handle")
-            _check(set_handle(m_dst, out.address), "memory_set_data_handle")
-            if scr_addr:
-                _check(set_handle(m_scr, scr_addr), "memory_set_data_handle")
-            if prim.reorder is not None:
-                _check(set_handle(m_w, w_addr), "memory_set_data_handle")
-                if not (keep_weights and state["reordered"]):
-                    if rscr_addr:
-                        _check(set_handle(m_rscr, rscr_addr), "memory_set_data_handle")
-                    _check(execute(prim.reorder, st, 3, rargs), "reorder execute")
-                    state["reordered"] = True
-            _check(execute(prim.prim, st, nargs, args), "convolution execute")
+            for mem, where in sets:
+                _check(set_handle(mem, where()), "memory_set_data_handle")
+            steps = pre
+            if not (keep_weights and state["weights"]):
+                steps = w_pre + pre
+            for rp, rargs in steps:
+                _check(execute(rp, st, 3, rargs), "reorder execute")
+            state["weights"] = True
+            _check(execute(prim.prim, st, len(pairs), conv_args), "convolution execute")
+            for rp, rargs in post:
+                _check(execute(rp, st, 3, rargs), "reorder execute")
             _check(lib.dnnl_stream_wait(st), "stream_wait")
             stats["runs"] += 1
 
-        work.keep = keep  # type: ignore[attr-defined]  # buffers live as long as the work
+        work.keep = (run, copies, prim)  # type: ignore[attr-defined]  # live as the work
         return work
 
 
