@@ -284,10 +284,12 @@ def _dnnl_conv(out: Handle, x: Handle, w: Handle, bias: Handle | None,
                            _dnnl_geometry(out, p.batched), p.stride, p.padding, p.dilation)
     prim = dnnl.convolution(key)
     if prim is None:
+        dnnl.stats["numpy"] += 1
         return None
     if prim.impl.startswith("ref"):
-        # oneDNN's reference loops (its answer for non-dense views) are slower than numpy.
+        # oneDNN's reference loops (its answer for odd views and groups) are slower than numpy.
         log.debug("oneDNN has only %s for convolution %s; numpy runs it", prim.impl, key)
+        dnnl.stats["numpy"] += 1
         return None
     detach = [h for h in (x, w, bias) if h is not None and c.overlaps(out, h)]
     extra = prim.extra_bytes() + sum(hi - lo + 128 for lo, hi in (h.byte_range() for h in detach))
@@ -296,6 +298,7 @@ def _dnnl_conv(out: Handle, x: Handle, w: Handle, bias: Handle | None,
         # check_convolution charged the numpy path's scratch: stay within it.
         log.debug("oneDNN convolution %s needs %d scratch bytes, over the %d charged; numpy "
                   "runs it", key, extra, budget)
+        dnnl.stats["numpy"] += 1
         return None
     keep = w.alloc is not None and w.alloc.kind == "constants" and not c.overlaps(out, w)
     return dnnl.conv_work(prim, x, w, bias, out, detach, keep)

@@ -323,8 +323,8 @@ def _args(pairs: Sequence[tuple[int, Any]]) -> Any:
 class Dnnl:
     """oneDNN state of one cpu device: the engine, per-thread streams, the primitive cache.
 
-    `stats` counts primitives created, cache hits, refusals and runs (tests read it to see
-    the path taken).
+    `stats` counts primitives created, cache hits, refusals, runs, and convolutions left to
+    numpy (tests and benchmarks read it to see the path taken).
     """
 
     def __init__(self, lib: ctypes.CDLL) -> None:
@@ -335,7 +335,7 @@ class Dnnl:
         self._lock = threading.Lock()
         self._convs: dict[ConvKey, ConvPrimitive | None] = {}
         self._local = threading.local()
-        self.stats = {"created": 0, "hits": 0, "refused": 0, "runs": 0}
+        self.stats = {"created": 0, "hits": 0, "refused": 0, "runs": 0, "numpy": 0}
 
     def stream(self) -> Any:
         """This thread's dnnl stream (oneDNN streams are not shared between threads)."""
