@@ -1,5 +1,6 @@
 """The cpu device: 64-byte aligned host memory, an asynchronous stream on a worker thread,
-C kernels compiled by the system compiler (cached on disk), numpy for library ops.
+C kernels compiled by the system compiler (cached on disk), oneDNN (convolutions) and numpy
+for library ops.
 """
 
 from __future__ import annotations

@@ -2,8 +2,10 @@
 with output padding, optional bias, into a caller-provided output view.
 
 Input may be batched (N, C, *spatial) or unbatched (C, *spatial). On cpu the forward
-convolution is im2col through numpy stride tricks plus one batched GEMM per chunk of
-samples; the transposed one is a GEMM followed by a col2im scatter-add over kernel taps.
+convolution runs through oneDNN (ops/cpu_dnnl.py) on the views' own strides where it is
+installed and takes the call; otherwise, and for the transposed one, numpy: im2col through
+stride tricks plus one batched GEMM per chunk of samples, or a GEMM followed by a col2im
+scatter-add over kernel taps.
 """
 
 from __future__ import annotations
@@ -267,7 +269,7 @@ def _dnnl_geometry(h: Handle, batched: bool) -> tuple[tuple[int, ...], tuple[int
 def _dnnl_conv(out: Handle, x: Handle, w: Handle, bias: Handle | None,
                p: ConvParams) -> Callable[[], None] | None:
     """The oneDNN work of a forward convolution, or None (logged) where it cannot serve."""
-    dnnl = out.device.dnnl
+    dnnl = getattr(out.device, "dnnl", None)
     if dnnl is None or p.transposed:
         return None
     from aotrt.runtime.ops import cpu_dnnl

@@ -125,13 +125,11 @@ def library() -> ctypes.CDLL | None:
     return lib
 
 
-class DnnlError(DeviceError):
-    """A oneDNN call failed (status code in the message)."""
-
-
 def _check(status: int, what: str) -> None:
+    # DeviceError: at load it only means "not through oneDNN" (the caller falls back); in a
+    # run it is the stream's error, reported at the next wait.
     if status != _SUCCESS:
-        raise DnnlError(f"oneDNN: {what} failed with status {status}")
+        raise DeviceError(f"oneDNN: {what} failed with status {status}")
 
 
 def _dims(values: Sequence[int]) -> Any:
@@ -352,7 +350,7 @@ class Dnnl:
     def _create(self, key: ConvKey, blocked: bool) -> ConvPrimitive | None:
         try:
             return ConvPrimitive(self, key, blocked)
-        except DnnlError as e:
+        except DeviceError as e:
             log.debug("oneDNN refuses convolution %s (blocked=%s): %s", key, blocked, e)
             return None
 
@@ -485,6 +483,6 @@ def create(device: Any) -> Dnnl | None:
         return None
     try:
         return Dnnl(lib)
-    except DnnlError as e:
+    except DeviceError as e:
         log.debug("oneDNN: no cpu engine for %r (%s); cpu convolutions use numpy", device, e)
         return None
