@@ -16,6 +16,7 @@ import importlib.metadata
 import logging
 import threading
 import weakref
+from collections import OrderedDict
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Sequence
@@ -47,6 +48,8 @@ _STREAM_IN_ORDER = 1
 _SLOW = ("gemm", "x64:gemm", "ref")
 ARG_SRC, ARG_DST, ARG_WEIGHTS, ARG_BIAS, ARG_SCRATCHPAD = 1, 17, 33, 41, 80
 MAX_NDIMS = 12
+# Primitives a device keeps for reuse (each holds JIT code; programs of many shapes evict).
+MAX_CACHED = 512
 
 # aotrt dtype name -> dnnl_data_type_t
 DATA_TYPES = {"float16": 1, "bfloat16": 2, "float32": 3}
@@ -178,6 +181,9 @@ class ConvPrimitive:
         self._owned_md: list[Any] = []
         self._owned_pd: list[Any] = []
         self._owned_prim: list[Any] = []
+        # Freed with the last work closure or cache entry that holds it.
+        self._free = weakref.finalize(self, _destroy_objects, lib, self._owned_prim,
+                                      self._owned_pd, self._owned_md)
         dt = DATA_TYPES[key.dtype]
         self.src = _Operand(self._md(*key.src, dt))
         self.w = _Operand(self._md(*key.weights, dt))
@@ -266,15 +272,18 @@ class ConvPrimitive:
                 + self.dst.extra_bytes())
 
     def destroy(self) -> None:
-        """Free the primitives and descriptors (once)."""
-        lib = self.lib
-        for prim in self._owned_prim:
-            lib.dnnl_primitive_destroy(prim)
-        for pd in self._owned_pd:
-            lib.dnnl_primitive_desc_destroy(pd)
-        for md in self._owned_md:
-            lib.dnnl_memory_desc_destroy(md)
-        self._owned_prim, self._owned_pd, self._owned_md = [], [], []
+        """Free the primitives and descriptors now (once; later calls do nothing)."""
+        self._free()
+
+
+def _destroy_objects(lib: ctypes.CDLL, prims: list[Any], pds: list[Any], mds: list[Any]
+                     ) -> None:
+    for prim in prims:
+        lib.dnnl_primitive_destroy(prim)
+    for pd in pds:
+        lib.dnnl_primitive_desc_destroy(pd)
+    for md in mds:
+        lib.dnnl_memory_desc_destroy(md)
 
 
 def _aligned(nbytes: int, phase: int = 0) -> tuple[np.ndarray, int]:
@@ -331,7 +340,7 @@ class Dnnl:
         _check(lib.dnnl_engine_create(ctypes.byref(engine), _CPU, 0), "engine_create")
         self.engine = engine
         self._lock = threading.Lock()
-        self._convs: dict[ConvKey, ConvPrimitive | None] = {}
+        self._convs: OrderedDict[ConvKey, ConvPrimitive | None] = OrderedDict()
         self._local = threading.local()
         self.stats = {"created": 0, "hits": 0, "refused": 0, "runs": 0, "numpy": 0}
 
@@ -363,6 +372,7 @@ class Dnnl:
         with self._lock:
             if key in self._convs:
                 self.stats["hits"] += 1
+                self._convs.move_to_end(key)
                 return self._convs[key]
             prim = self._create(key, False)
             if prim is None or prim.impl.startswith(_SLOW):
@@ -380,6 +390,9 @@ class Dnnl:
                 log.debug("oneDNN convolution %s: %s (blocked=%s)", key, prim.impl,
                           prim.blocked)
             self._convs[key] = prim
+            while len(self._convs) > MAX_CACHED:
+                # Least recently used first; work closures keep theirs alive.
+                self._convs.popitem(last=False)
             return prim
 
     def conv_work(self, prim: ConvPrimitive, x: Handle, w: Handle, bias: Handle | None,

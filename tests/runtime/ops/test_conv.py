@@ -340,3 +340,18 @@ def test_onednn_weights_overlapping_the_output_read_old_values(kit, stream):
     ref = torch.nn.functional.conv2d(kit.t64(x_np), kit.t64(w_np))
     kit.close(kit.read(out), ref, "float32")
     assert dnnl.stats["runs"] == runs + 1
+
+
+def test_onednn_cache_evicts_least_recently_used(kit, stream, monkeypatch):
+    from aotrt.runtime.ops import cpu_dnnl
+
+    dnnl = _dnnl(kit)
+    monkeypatch.setattr(cpu_dnnl, "MAX_CACHED", 1)
+    a = ((1, 16, 7, 7), (16, 16, 3, 3), True, [1, 1], [1, 1], [1, 1])
+    b = ((1, 16, 7, 7), (32, 16, 3, 3), True, [1, 1], [1, 1], [1, 1])
+    _run(kit, stream, "float32", *a)
+    _run(kit, stream, "float32", *b)     # evicts a (its work, already run, lets it go)
+    before = dict(dnnl.stats)
+    _run(kit, stream, "float32", *a)
+    assert dnnl.stats["created"] == before["created"] + 1, (before, dnnl.stats)
+    assert dnnl.stats["hits"] == before["hits"]
