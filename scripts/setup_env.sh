@@ -82,6 +82,9 @@ from ultralytics.nn.tasks import DetectionModel
 from transformers import GPT2Model  # pulls torchvision in beside pillow
 import cuda.core, cuda.bindings, nvmath
 import pytest, hypothesis
+from aotrt.runtime.ops import cpu_dnnl  # the cpu device's convolutions (onednn-cpu-gomp)
+if cpu_dnnl.library() is None:
+    raise SystemExit("onednn-cpu-gomp: libdnnl.so.3 is not installed or does not load")
 PY
 then
     cat "$check_dir/log" >&2

@@ -1,5 +1,6 @@
 """The cpu device: 64-byte aligned host memory, an asynchronous stream on a worker thread,
-C kernels compiled by the system compiler (cached on disk), numpy for library ops.
+C kernels compiled by the system compiler (cached on disk), oneDNN (convolutions) and numpy
+for library ops.
 """
 
 from __future__ import annotations
@@ -420,6 +421,9 @@ def _compiler_version(cc: str) -> str:
     return _versions[cc]
 
 
+_UNSET = object()   # CpuDevice._dnnl before its first use
+
+
 class CpuDevice(Device):
     """Host memory and host execution behind the device protocol."""
 
@@ -430,6 +434,19 @@ class CpuDevice(Device):
     def __init__(self) -> None:
         super().__init__()
         self.cache = KernelCache()
+        self._dnnl: Any = _UNSET
+        self._dnnl_lock = threading.Lock()
+
+    @property
+    def dnnl(self) -> Any:
+        """The device's oneDNN state (engine, primitive cache), made on first use; None where
+        oneDNN is not installed (library ops then use numpy)."""
+        with self._dnnl_lock:
+            if self._dnnl is _UNSET:
+                from aotrt.runtime.ops import cpu_dnnl
+
+                self._dnnl = cpu_dnnl.create(self)
+            return self._dnnl
 
     def _create_stream(self, options: StreamOptions) -> Stream:
         return CpuStream(self, options)

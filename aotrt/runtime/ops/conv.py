@@ -1,15 +1,18 @@
 """Convolution (aten.convolution): 1-D, 2-D and 3-D, strided/padded/dilated, grouped,
 transposed with output padding, optional bias, into a caller-provided output view.
 
-Input may be batched (N, C, *spatial) or unbatched (C, *spatial). On cpu every convolution
-runs as a 3-D one (1-D and 2-D get leading spatial dims of size 1, as views): the forward
-convolution is im2col through numpy stride tricks plus one batched GEMM per chunk of
-samples; the transposed one is a GEMM followed by a col2im scatter-add over kernel taps.
-On cuda, 3-D convolution is not implemented (Unsupported, at load).
+Input may be batched (N, C, *spatial) or unbatched (C, *spatial). On cpu the forward 1-D
+and 2-D convolution runs through oneDNN (ops/cpu_dnnl.py) on the views' own strides where it
+is installed and takes the call. Otherwise every convolution runs as a 3-D one in numpy (1-D
+and 2-D get leading spatial dims of size 1, as views): im2col through stride tricks plus one
+batched GEMM per chunk of samples, or for the transposed one a GEMM followed by a col2im
+scatter-add over kernel taps. On cuda, 3-D convolution is not implemented (Unsupported, at
+load).
 """
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass
 from typing import Any, Callable, Sequence
 
@@ -25,6 +28,7 @@ from aotrt.runtime.ops import _common as c
 from aotrt.runtime.ops.cuda import conv as cuda_conv
 from aotrt.runtime.tensor import Handle
 
+log = logging.getLogger(__name__)
 
 @dataclass(frozen=True)
 class ConvParams:
@@ -253,10 +257,63 @@ def _transposed(xv: np.ndarray, wv: np.ndarray, stride: tuple, padding: tuple,
         store(n0, n0 + nb, res)
 
 
+def _dnnl_geometry(h: Handle, batched: bool) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    """Sizes and strides of an activation view as oneDNN gets it: (N, C, *spatial)."""
+    sizes, strides = tuple(h.sizes), tuple(h.strides)
+    if not batched:
+        # A batch of one: its stride is never used; the view's extent keeps it plausible.
+        extent = max([n * s for n, s in zip(sizes, strides)] + [1])
+        sizes, strides = (1,) + sizes, (extent,) + strides
+    return sizes, strides
+
+
+def _dnnl_conv(out: Handle, x: Handle, w: Handle, bias: Handle | None,
+               p: ConvParams) -> Callable[[], None] | None:
+    """The oneDNN work of a forward convolution, or None (logged) where it cannot serve."""
+    dnnl = getattr(out.device, "dnnl", None)
+    if dnnl is None or p.transposed or w.ndim == 5:
+        return None                     # transposed and 3-D: the numpy path
+    from aotrt.runtime.ops import cpu_dnnl
+
+    if out.dtype.name not in cpu_dnnl.DATA_TYPES:
+        return None
+    wsizes, wstrides = tuple(w.sizes), tuple(w.strides)
+    if p.groups > 1:
+        og = wsizes[0] // p.groups
+        wsizes = (p.groups, og) + wsizes[1:]
+        wstrides = (og * wstrides[0],) + wstrides
+    key = cpu_dnnl.ConvKey(out.dtype.name, _dnnl_geometry(x, p.batched), (wsizes, wstrides),
+                           None if bias is None else tuple(bias.strides),
+                           _dnnl_geometry(out, p.batched), p.stride, p.padding, p.dilation)
+    prim = dnnl.convolution(key)
+    if prim is None:
+        dnnl.stats["numpy"] += 1
+        return None
+    if prim.impl.startswith("ref"):
+        # oneDNN's reference loops (its answer for odd views and groups) are slower than numpy.
+        log.debug("oneDNN has only %s for convolution %s; numpy runs it", prim.impl, key)
+        dnnl.stats["numpy"] += 1
+        return None
+    detach = [h for h in (x, w, bias) if h is not None and c.overlaps(out, h)]
+    extra = prim.extra_bytes() + sum(hi - lo + 128 for lo, hi in (h.byte_range() for h in detach))
+    budget = conv_cost(out, x, w, bias, p).scratch_bytes
+    if extra > budget:
+        # check_convolution charged the numpy path's scratch: stay within it.
+        log.debug("oneDNN convolution %s needs %d scratch bytes, over the %d charged; numpy "
+                  "runs it", key, extra, budget)
+        dnnl.stats["numpy"] += 1
+        return None
+    keep = w.alloc is not None and w.alloc.kind == "constants" and not c.overlaps(out, w)
+    return dnnl.conv_work(prim, x, w, bias, out, detach, keep)
+
+
 def _cpu_conv(out: Handle, x: Handle, w: Handle, bias: Handle | None,
               p: ConvParams) -> Callable[[], None]:
     from aotrt.runtime.devices.cpu import host_array
 
+    dnnl_work = _dnnl_conv(out, x, w, bias, p)
+    if dnnl_work is not None:
+        return dnnl_work
     _, _, stride, padding, dilation, _, out_sp = _lifted(x, w, p)
 
     def work() -> None:

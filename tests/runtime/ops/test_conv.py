@@ -337,3 +337,103 @@ def test_refuses_non_bool_transposed(kit, stream):
 def test_refuses_int_dtype(kit, stream):
     with pytest.raises(Unsupported, match="int64"):
         _conv(kit, stream, (1, 2, 4, 4), (2, 2, 1, 1), (1, 2, 4, 4), dtype="int64")
+
+
+# -- the cpu device's oneDNN path ---------------------------------------------------------------
+
+def _dnnl(kit):
+    """The cpu device's oneDNN state; skips off cpu or where the package is not installed."""
+    from aotrt.runtime.ops import cpu_dnnl
+
+    if kit.dev.name != "cpu":
+        pytest.skip("oneDNN serves the cpu device")
+    if cpu_dnnl.find_library() is None:
+        pytest.skip(f"{cpu_dnnl.DIST} is not installed")
+    dnnl = kit.dev.dnnl
+    assert dnnl is not None, "onednn-cpu-gomp is installed but the device did not load it"
+    return dnnl
+
+
+DNNL_CASES = {
+    # x, w, bias, stride, padding, dilation, groups, layout
+    "depthwise": ((2, 32, 9, 9), (32, 1, 3, 3), True, [2, 2], [1, 1], [1, 1], 32, "packed"),
+    "depthwise_nhwc": ((1, 32, 24, 20), (64, 1, 3, 3), True, [1, 1], [1, 1], [1, 1], 32,
+                       "channels_last"),
+    "grouped": ((2, 32, 9, 9), (32, 16, 3, 3), True, [1, 1], [1, 1], [1, 1], 2, "packed"),
+    "dilated": ((1, 16, 12, 12), (16, 16, 3, 3), False, [1, 1], [2, 2], [2, 2], 1, "offset"),
+    "channels_last": ((2, 16, 8, 8), (24, 16, 3, 3), True, [1, 2], [1, 1], [1, 1], 1,
+                      "channels_last"),
+    "conv1d": ((2, 16, 20), (32, 16, 3), True, [2], [1], [1], 1, "packed"),
+}
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+@pytest.mark.parametrize("case", sorted(DNNL_CASES))
+def test_cpu_convolution_runs_through_onednn(kit, stream, case, dtype):
+    dnnl = _dnnl(kit)
+    x, w, bias, s, p, d, g, layout = DNNL_CASES[case]
+    before = dict(dnnl.stats)
+    _run(kit, stream, dtype, x, w, bias, s, p, d, groups=g, layouts=(layout,) * 4)
+    assert dnnl.stats["runs"] == before["runs"] + 1, (case, dnnl.stats)
+    assert dnnl.stats["numpy"] == before["numpy"]
+
+
+def test_onednn_primitives_are_cached_on_the_device(kit, stream):
+    dnnl = _dnnl(kit)
+    case = ((1, 16, 6, 6), (16, 16, 3, 3), True, [1, 1], [1, 1], [1, 1])
+    _run(kit, stream, "float32", *case)
+    before = dict(dnnl.stats)
+    _run(kit, stream, "float32", *case)
+    assert dnnl.stats["hits"] == before["hits"] + 1
+    assert dnnl.stats["created"] == before["created"]
+
+
+@pytest.mark.parametrize("layout", ["packed", "channels_last"])
+def test_onednn_output_overlapping_the_input_reads_old_values(kit, stream, layout):
+    # Output = the input's memory one sample on: NCHW goes through oneDNN's blocked copies,
+    # NHWC runs on the views themselves and must read a copy of the input.
+    dnnl = _dnnl(kit)
+    x_np, w_np = kit.randn((3, 16, 12, 12), "float32"), kit.randn((16, 16, 1, 1), "float32")
+    b_np = kit.randn((16,), "float32")
+    buf = kit.out((4, 16, 12, 12), "float32")
+    strides = [2304, 144, 12, 1] if layout == "packed" else [2304, 1, 192, 16]
+    x = kit.view(buf, [3, 16, 12, 12], strides, 0)
+    kit.dev.write(x, x_np)
+    out = kit.view(buf, [3, 16, 12, 12], strides, 2304)
+    runs = dnnl.stats["runs"]
+    convolution(stream, out, x, kit.tensor(w_np), kit.tensor(b_np), [1, 1], [0, 0], [1, 1],
+                False, [0, 0], 1)
+    ref = torch.nn.functional.conv2d(kit.t64(x_np), kit.t64(w_np), kit.t64(b_np))
+    kit.close(kit.read(out), ref, "float32")
+    assert dnnl.stats["runs"] == runs + 1
+
+
+def test_onednn_weights_overlapping_the_output_read_old_values(kit, stream):
+    # The weights live in the bytes the output overwrites (a hostile but legal program).
+    dnnl = _dnnl(kit)
+    x_np, w_np = kit.randn((1, 16, 12, 12), "float32"), kit.randn((16, 16, 1, 1), "float32")
+    buf = kit.out((16 * 144,), "float32")
+    w = kit.view(buf, [16, 16, 1, 1], [16, 1, 1, 1], 0)
+    kit.dev.write(w, w_np)
+    out = kit.view(buf, [1, 16, 12, 12], [2304, 1, 192, 16], 0)
+    runs = dnnl.stats["runs"]
+    convolution(stream, out, kit.tensor(x_np, "channels_last"), w, None, [1, 1], [0, 0],
+                [1, 1], False, [0, 0], 1)
+    ref = torch.nn.functional.conv2d(kit.t64(x_np), kit.t64(w_np))
+    kit.close(kit.read(out), ref, "float32")
+    assert dnnl.stats["runs"] == runs + 1
+
+
+def test_onednn_cache_evicts_least_recently_used(kit, stream, monkeypatch):
+    from aotrt.runtime.ops import cpu_dnnl
+
+    dnnl = _dnnl(kit)
+    monkeypatch.setattr(cpu_dnnl, "MAX_CACHED", 1)
+    a = ((1, 16, 7, 7), (16, 16, 3, 3), True, [1, 1], [1, 1], [1, 1])
+    b = ((1, 16, 7, 7), (32, 16, 3, 3), True, [1, 1], [1, 1], [1, 1])
+    _run(kit, stream, "float32", *a)
+    _run(kit, stream, "float32", *b)     # evicts a (its work, already run, lets it go)
+    before = dict(dnnl.stats)
+    _run(kit, stream, "float32", *a)
+    assert dnnl.stats["created"] == before["created"] + 1, (before, dnnl.stats)
+    assert dnnl.stats["hits"] == before["hits"]

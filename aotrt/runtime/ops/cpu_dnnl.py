@@ -1,0 +1,501 @@
+"""oneDNN (libdnnl.so.3 from the `onednn-cpu-gomp` wheel) through ctypes: the cpu device's
+forward convolution on the views' own memory, any strides (NCHW, NHWC, slices).
+
+The cpu device owns one `Dnnl` (its `dnnl` attribute, made on first use): the engine, a
+dnnl stream per worker thread and the primitive cache. Primitives are made when an op's work
+is made (at load for a delegate's static steps) and cached by (shapes, strides, dtype,
+geometry). Scratchpads are user-managed, so every byte oneDNN uses is one we allocated and
+counted, and one primitive can run on several worker threads at once.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import functools
+import importlib.metadata
+import logging
+import threading
+import weakref
+from collections import OrderedDict
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable, Sequence
+
+import numpy as np
+
+from aotrt.errors import DeviceError
+from aotrt.runtime.tensor import Handle
+
+log = logging.getLogger(__name__)
+
+DIST = "onednn-cpu-gomp"
+SONAME = "libdnnl.so.3"
+
+# Enum values and argument indices of oneDNN 3.2 (dnnl_types.h, dnnl_common_types.h).
+_SUCCESS = 0
+_CPU = 1                    # dnnl_cpu
+_FORMAT_ANY = 1             # dnnl_format_tag_any
+_FORWARD_INFERENCE = 96     # dnnl_forward_inference
+_CONV_DIRECT = 1            # dnnl_convolution_direct
+_SCRATCHPAD_USER = 1        # dnnl_scratchpad_mode_user
+_QUERY_IMPL_INFO = 8        # dnnl_query_impl_info_str
+_QUERY_SRC_MD = 129         # dnnl_query_src_md
+_QUERY_WEIGHTS_MD = 131     # dnnl_query_weights_md
+_QUERY_DST_MD = 133         # dnnl_query_dst_md
+_QUERY_SCRATCHPAD_MD = 136  # dnnl_query_scratchpad_md
+_STREAM_IN_ORDER = 1
+# Implementations slower than the blocked ones (oneDNN's im2col + gemm, reference loops).
+_SLOW = ("gemm", "x64:gemm", "ref")
+ARG_SRC, ARG_DST, ARG_WEIGHTS, ARG_BIAS, ARG_SCRATCHPAD = 1, 17, 33, 41, 80
+MAX_NDIMS = 12
+# Primitives a device keeps for reuse (each holds JIT code; programs of many shapes evict).
+MAX_CACHED = 512
+
+# aotrt dtype name -> dnnl_data_type_t
+DATA_TYPES = {"float16": 1, "bfloat16": 2, "float32": 3}
+
+_p = ctypes.c_void_p
+_Dims = ctypes.c_int64 * MAX_NDIMS
+
+
+class _ExecArg(ctypes.Structure):
+    _fields_ = [("arg", ctypes.c_int), ("memory", ctypes.c_void_p)]
+
+
+_SIGNATURES: dict[str, tuple[Any, list[Any]]] = {
+    "dnnl_engine_create": (ctypes.c_int, [ctypes.POINTER(_p), ctypes.c_int, ctypes.c_size_t]),
+    "dnnl_stream_create": (ctypes.c_int, [ctypes.POINTER(_p), _p, ctypes.c_uint]),
+    "dnnl_stream_wait": (ctypes.c_int, [_p]),
+    "dnnl_stream_destroy": (ctypes.c_int, [_p]),
+    "dnnl_memory_desc_create_with_strides": (
+        ctypes.c_int, [ctypes.POINTER(_p), ctypes.c_int, _Dims, ctypes.c_int, _Dims]),
+    "dnnl_memory_desc_create_with_tag": (
+        ctypes.c_int, [ctypes.POINTER(_p), ctypes.c_int, _Dims, ctypes.c_int, ctypes.c_int]),
+    "dnnl_memory_desc_destroy": (ctypes.c_int, [_p]),
+    "dnnl_memory_desc_equal": (ctypes.c_int, [_p, _p]),
+    "dnnl_memory_desc_get_size": (ctypes.c_size_t, [_p]),
+    "dnnl_primitive_attr_create": (ctypes.c_int, [ctypes.POINTER(_p)]),
+    "dnnl_primitive_attr_destroy": (ctypes.c_int, [_p]),
+    "dnnl_primitive_attr_set_scratchpad_mode": (ctypes.c_int, [_p, ctypes.c_int]),
+    "dnnl_convolution_forward_primitive_desc_create": (
+        ctypes.c_int, [ctypes.POINTER(_p), _p, ctypes.c_int, ctypes.c_int, _p, _p, _p, _p,
+                       _Dims, _Dims, _Dims, _Dims, _p]),
+    "dnnl_reorder_primitive_desc_create": (
+        ctypes.c_int, [ctypes.POINTER(_p), _p, _p, _p, _p, _p]),
+    "dnnl_primitive_desc_query": (ctypes.c_int, [_p, ctypes.c_int, ctypes.c_int, _p]),
+    "dnnl_primitive_desc_query_md": (_p, [_p, ctypes.c_int, ctypes.c_int]),
+    "dnnl_primitive_desc_destroy": (ctypes.c_int, [_p]),
+    "dnnl_primitive_create": (ctypes.c_int, [ctypes.POINTER(_p), _p]),
+    "dnnl_primitive_execute": (ctypes.c_int, [_p, _p, ctypes.c_int, ctypes.POINTER(_ExecArg)]),
+    "dnnl_primitive_destroy": (ctypes.c_int, [_p]),
+    "dnnl_memory_create": (ctypes.c_int, [ctypes.POINTER(_p), _p, _p, _p]),
+    "dnnl_memory_set_data_handle": (ctypes.c_int, [_p, _p]),
+    "dnnl_memory_destroy": (ctypes.c_int, [_p]),
+}
+
+
+def find_library() -> Path | None:
+    """libdnnl.so.3 of the installed onednn-cpu-gomp distribution, or None."""
+    try:
+        dist = importlib.metadata.distribution(DIST)
+    except importlib.metadata.PackageNotFoundError:
+        return None
+    for f in dist.files or ():
+        if f.name == SONAME:
+            path = Path(dist.locate_file(f))
+            if path.is_file():
+                return path
+    return None
+
+
+@functools.cache
+def library() -> ctypes.CDLL | None:
+    """The loaded libdnnl with its signatures bound, or None (logged) where it is missing."""
+    path = find_library()
+    if path is None:
+        log.debug("oneDNN: %s is not installed; cpu convolutions use numpy", DIST)
+        return None
+    try:
+        lib = ctypes.CDLL(str(path))
+        for name, (res, args) in _SIGNATURES.items():
+            # getattr, not lib[name]: an attribute is cached on the CDLL, so the signature
+            # set here is the one every later call uses.
+            fn = getattr(lib, name)
+            fn.restype, fn.argtypes = res, args
+    except (OSError, AttributeError) as e:
+        log.debug("oneDNN: cannot load %s (%s); cpu convolutions use numpy", path, e)
+        return None
+    return lib
+
+
+def _check(status: int, what: str) -> None:
+    # DeviceError: at load it only means "not through oneDNN" (the caller falls back); in a
+    # run it is the stream's error, reported at the next wait.
+    if status != _SUCCESS:
+        raise DeviceError(f"oneDNN: {what} failed with status {status}")
+
+
+def _dims(values: Sequence[int]) -> Any:
+    return _Dims(*values)
+
+
+@dataclass(frozen=True)
+class ConvKey:
+    """What a convolution primitive depends on: views' sizes and strides, dtype, geometry."""
+
+    dtype: str
+    src: tuple[tuple[int, ...], tuple[int, ...]]
+    weights: tuple[tuple[int, ...], tuple[int, ...]]
+    bias: tuple[int, ...] | None
+    dst: tuple[tuple[int, ...], tuple[int, ...]]
+    stride: tuple[int, ...]
+    padding: tuple[int, ...]
+    dilation: tuple[int, ...]
+
+
+class _Operand:
+    """One argument of a primitive: the view's descriptor, the one the implementation uses,
+    and the reorder between them (None when the implementation takes the view as it is)."""
+
+    def __init__(self, user_md: Any) -> None:
+        self.user_md = user_md
+        self.impl_md = user_md
+        self.reorder: Any = None
+        self.reorder_scratch_md: Any = None
+        self.reorder_scratch_bytes = 0
+        self.bytes = 0          # the implementation's copy, when there is a reorder
+
+    def extra_bytes(self) -> int:
+        """Scratch bytes one run of this operand needs beside the view."""
+        return self.bytes + self.reorder_scratch_bytes
+
+
+class ConvPrimitive:
+    """A created forward convolution: the primitive, its scratchpad, and per operand the
+    reorder between the view's layout and the implementation's (weights always may be
+    reordered; with `blocked`, the activations too, through scratch copies)."""
+
+    def __init__(self, ctx: "Dnnl", key: ConvKey, blocked: bool) -> None:
+        lib = self.lib = ctx.lib
+        self.key, self.blocked = key, blocked
+        self._owned_md: list[Any] = []
+        self._owned_pd: list[Any] = []
+        self._owned_prim: list[Any] = []
+        # Freed with the last work closure or cache entry that holds it.
+        self._free = weakref.finalize(self, _destroy_objects, lib, self._owned_prim,
+                                      self._owned_pd, self._owned_md)
+        dt = DATA_TYPES[key.dtype]
+        self.src = _Operand(self._md(*key.src, dt))
+        self.w = _Operand(self._md(*key.weights, dt))
+        self.bias_md = None if key.bias is None else self._md((key.dst[0][1],), key.bias, dt)
+        self.dst = _Operand(self._md(*key.dst, dt))
+        any_src = self._any(key.src[0], dt) if blocked else self.src.user_md
+        any_dst = self._any(key.dst[0], dt) if blocked else self.dst.user_md
+        any_w = self._any(key.weights[0], dt)
+        attr = _p()
+        _check(lib.dnnl_primitive_attr_create(ctypes.byref(attr)), "primitive_attr_create")
+        try:
+            _check(lib.dnnl_primitive_attr_set_scratchpad_mode(attr, _SCRATCHPAD_USER),
+                   "set_scratchpad_mode")
+            pd = _p()
+            nd = len(key.stride)
+            _check(lib.dnnl_convolution_forward_primitive_desc_create(
+                ctypes.byref(pd), ctx.engine, _FORWARD_INFERENCE, _CONV_DIRECT, any_src,
+                any_w, self.bias_md, any_dst, _dims(key.stride),
+                _dims([d - 1 for d in key.dilation]), _dims(key.padding),
+                _dims(key.padding[:nd]), attr), "convolution_forward_primitive_desc_create")
+            self._owned_pd.append(pd)
+            self.scratch_md = lib.dnnl_primitive_desc_query_md(pd, _QUERY_SCRATCHPAD_MD, 0)
+            self.scratch_bytes = lib.dnnl_memory_desc_get_size(self.scratch_md)
+            self.impl = self._impl_name(pd)
+            self.prim = self._primitive(pd)
+            for op, query, into in ((self.src, _QUERY_SRC_MD, True),
+                                    (self.w, _QUERY_WEIGHTS_MD, True),
+                                    (self.dst, _QUERY_DST_MD, False)):
+                self._plan_reorder(ctx, attr, op, lib.dnnl_primitive_desc_query_md(pd, query, 0),
+                                   into)
+        except BaseException:
+            self.destroy()
+            raise
+        finally:
+            lib.dnnl_primitive_attr_destroy(attr)
+
+    def _plan_reorder(self, ctx: "Dnnl", attr: Any, op: _Operand, impl_md: Any,
+                      into: bool) -> None:
+        """Set up the reorder view -> implementation (`into`) or back, where they differ."""
+        lib = self.lib
+        if lib.dnnl_memory_desc_equal(impl_md, op.user_md):
+            return
+        op.impl_md = impl_md
+        src, dst = (op.user_md, impl_md) if into else (impl_md, op.user_md)
+        rpd = _p()
+        _check(lib.dnnl_reorder_primitive_desc_create(ctypes.byref(rpd), src, ctx.engine, dst,
+                                                      ctx.engine, attr),
+               "reorder_primitive_desc_create")
+        self._owned_pd.append(rpd)
+        op.reorder_scratch_md = lib.dnnl_primitive_desc_query_md(rpd, _QUERY_SCRATCHPAD_MD, 0)
+        op.reorder_scratch_bytes = lib.dnnl_memory_desc_get_size(op.reorder_scratch_md)
+        op.reorder = self._primitive(rpd)
+        op.bytes = lib.dnnl_memory_desc_get_size(impl_md)
+
+    def _any(self, sizes: Sequence[int], dt: int) -> Any:
+        md = _p()
+        _check(self.lib.dnnl_memory_desc_create_with_tag(ctypes.byref(md), len(sizes),
+                                                         _dims(sizes), dt, _FORMAT_ANY),
+               "memory_desc_create_with_tag")
+        self._owned_md.append(md)
+        return md
+
+    def _md(self, sizes: Sequence[int], strides: Sequence[int], dt: int) -> Any:
+        md = _p()
+        _check(self.lib.dnnl_memory_desc_create_with_strides(
+            ctypes.byref(md), len(sizes), _dims(sizes), dt, _dims(strides)),
+            f"memory_desc_create_with_strides({list(sizes)}, {list(strides)})")
+        self._owned_md.append(md)
+        return md
+
+    def _impl_name(self, pd: Any) -> str:
+        out = ctypes.c_char_p()
+        _check(self.lib.dnnl_primitive_desc_query(pd, _QUERY_IMPL_INFO, 0, ctypes.byref(out)),
+               "query impl_info_str")
+        return (out.value or b"?").decode()
+
+    def _primitive(self, pd: Any) -> Any:
+        prim = _p()
+        _check(self.lib.dnnl_primitive_create(ctypes.byref(prim), pd), "primitive_create")
+        self._owned_prim.append(prim)
+        return prim
+
+    def extra_bytes(self) -> int:
+        """Bytes one run allocates beside the views: reordered copies and scratchpads."""
+        return (self.scratch_bytes + self.src.extra_bytes() + self.w.extra_bytes()
+                + self.dst.extra_bytes())
+
+    def destroy(self) -> None:
+        """Free the primitives and descriptors now (once; later calls do nothing)."""
+        self._free()
+
+
+def _destroy_objects(lib: ctypes.CDLL, prims: list[Any], pds: list[Any], mds: list[Any]
+                     ) -> None:
+    for prim in prims:
+        lib.dnnl_primitive_destroy(prim)
+    for pd in pds:
+        lib.dnnl_primitive_desc_destroy(pd)
+    for md in mds:
+        lib.dnnl_memory_desc_destroy(md)
+
+
+def _aligned(nbytes: int, phase: int = 0) -> tuple[np.ndarray, int]:
+    """A host buffer and an address in it that is `phase` bytes past a 64-byte boundary."""
+    raw = np.empty(nbytes + 128, dtype=np.uint8)
+    base = raw.ctypes.data
+    return raw, (base + 63) // 64 * 64 + phase % 64
+
+
+class _Run:
+    """Memory objects and scratch buffers of one work closure (handles set at each run)."""
+
+    def __init__(self, lib: ctypes.CDLL, engine: Any) -> None:
+        self.lib, self.engine = lib, engine
+        self.objs: list[Any] = []
+        self.bufs: list[np.ndarray] = []
+        weakref.finalize(self, _destroy_memories, lib, self.objs)
+
+    def memory(self, md: Any, nbytes: int = 0) -> tuple[Any, int]:
+        """A memory object of `md`, and a scratch address of `nbytes` for it (0: none)."""
+        m = _p()
+        _check(self.lib.dnnl_memory_create(ctypes.byref(m), md, self.engine, None),
+               "memory_create")
+        self.objs.append(m)
+        if not nbytes:
+            return m, 0
+        buf, addr = _aligned(nbytes)
+        self.bufs.append(buf)
+        return m, addr
+
+
+def _destroy_memories(lib: ctypes.CDLL, objs: list[Any]) -> None:
+    for m in objs:
+        lib.dnnl_memory_destroy(m)
+
+
+def _args(pairs: Sequence[tuple[int, Any]]) -> Any:
+    arr = (_ExecArg * len(pairs))()
+    for i, (arg, mem) in enumerate(pairs):
+        arr[i].arg, arr[i].memory = arg, mem
+    return arr
+
+
+class Dnnl:
+    """oneDNN state of one cpu device: the engine, per-thread streams, the primitive cache.
+
+    `stats` counts primitives created, cache hits, refusals, runs, and convolutions left to
+    numpy (tests and benchmarks read it to see the path taken).
+    """
+
+    def __init__(self, lib: ctypes.CDLL) -> None:
+        self.lib = lib
+        engine = _p()
+        _check(lib.dnnl_engine_create(ctypes.byref(engine), _CPU, 0), "engine_create")
+        self.engine = engine
+        self._lock = threading.Lock()
+        self._convs: OrderedDict[ConvKey, ConvPrimitive | None] = OrderedDict()
+        self._local = threading.local()
+        self.stats = {"created": 0, "hits": 0, "refused": 0, "runs": 0, "numpy": 0}
+
+    def stream(self) -> Any:
+        """This thread's dnnl stream (oneDNN streams are not shared between threads)."""
+        st = getattr(self._local, "stream", None)
+        if st is None:
+            st = _p()
+            _check(self.lib.dnnl_stream_create(ctypes.byref(st), self.engine,
+                                               _STREAM_IN_ORDER), "stream_create")
+            # The stream goes with the thread's local storage.
+            holder = _StreamHolder(self.lib, st)
+            self._local.stream, self._local.holder = st, holder
+        return st
+
+    def _create(self, key: ConvKey, blocked: bool) -> ConvPrimitive | None:
+        try:
+            return ConvPrimitive(self, key, blocked)
+        except DeviceError as e:
+            log.debug("oneDNN refuses convolution %s (blocked=%s): %s", key, blocked, e)
+            return None
+
+    def convolution(self, key: ConvKey) -> ConvPrimitive | None:
+        """The cached primitive for `key`, created now; None where oneDNN refuses it.
+
+        The views' own layouts come first; where oneDNN has only its gemm or reference
+        code for them (NCHW, non-dense views), the activations go through blocked copies.
+        """
+        with self._lock:
+            if key in self._convs:
+                self.stats["hits"] += 1
+                self._convs.move_to_end(key)
+                return self._convs[key]
+            prim = self._create(key, False)
+            if prim is None or prim.impl.startswith(_SLOW):
+                other = self._create(key, True)
+                if other is not None and (prim is None or not other.impl.startswith(_SLOW)):
+                    if prim is not None:
+                        prim.destroy()
+                    prim = other
+                elif other is not None:
+                    other.destroy()
+            if prim is None:
+                self.stats["refused"] += 1
+            else:
+                self.stats["created"] += 1
+                log.debug("oneDNN convolution %s: %s (blocked=%s)", key, prim.impl,
+                          prim.blocked)
+            self._convs[key] = prim
+            while len(self._convs) > MAX_CACHED:
+                # Least recently used first; work closures keep theirs alive.
+                self._convs.popitem(last=False)
+            return prim
+
+    def conv_work(self, prim: ConvPrimitive, x: Handle, w: Handle, bias: Handle | None,
+                  out: Handle, detach: Sequence[Handle], keep_weights: bool
+                  ) -> Callable[[], None]:
+        """The work closure running `prim` on the views' memory, writing `out` in place.
+
+        Inputs in `detach` share bytes with `out`: their bytes are copied to scratch first
+        and read from there. With `keep_weights` (weights that never change, a delegate's
+        constants) the weights are reordered on the first run only.
+        """
+        lib = self.lib
+        run = _Run(lib, self.engine)
+        copies: dict[int, tuple[Handle, np.ndarray, int]] = {}
+        for h in detach:
+            lo, hi = h.byte_range()
+            buf, base = _aligned(hi - lo, h.alloc.ptr + lo)
+            copies[id(h)] = (h, buf, base)
+        sets: list[tuple[Any, Callable[[], int]]] = []   # (memory, its address at run time)
+        pre: list[tuple[Any, Any]] = []                  # (reorder, args) before the conv
+        post: list[tuple[Any, Any]] = []                 # (reorder, args) after it
+        w_pre: list[tuple[Any, Any]] = []
+
+        def operand(op: _Operand, view: Callable[[], int], into: bool,
+                    into_list: list[tuple[Any, Any]]) -> Any:
+            m_user, _ = run.memory(op.user_md)
+            sets.append((m_user, view))
+            if op.reorder is None:
+                return m_user
+            m_impl, a_impl = run.memory(op.impl_md, op.bytes)
+            sets.append((m_impl, lambda: a_impl))
+            m_rs, a_rs = run.memory(op.reorder_scratch_md, op.reorder_scratch_bytes)
+            if a_rs:
+                sets.append((m_rs, lambda: a_rs))
+            frm, to = (m_user, m_impl) if into else (m_impl, m_user)
+            into_list.append((op.reorder, _args([(ARG_SRC, frm), (ARG_DST, to),
+                                                 (ARG_SCRATCHPAD, m_rs)])))
+            return m_impl
+
+        def addr(h: Handle) -> Callable[[], int]:
+            c = copies.get(id(h))
+            if c is None:
+                return lambda: h.address
+            src, buf, base = c
+
+            def copied() -> int:
+                lo, hi = src.byte_range()
+                # The input's bytes as they are now, at the same distance from 64-byte lines.
+                ctypes.memmove(base, src.alloc.ptr + lo, hi - lo)
+                return base + (src.address - (src.alloc.ptr + lo))
+            return copied
+
+        m_src = operand(prim.src, addr(x), True, pre)
+        m_w = operand(prim.w, addr(w), True, w_pre)
+        m_dst = operand(prim.dst, lambda: out.address, False, post)
+        pairs = [(ARG_SRC, m_src), (ARG_WEIGHTS, m_w), (ARG_DST, m_dst)]
+        if bias is not None:
+            m_bias, _ = run.memory(prim.bias_md)
+            sets.append((m_bias, addr(bias)))
+            pairs.append((ARG_BIAS, m_bias))
+        m_scr, a_scr = run.memory(prim.scratch_md, prim.scratch_bytes)
+        if a_scr:
+            sets.append((m_scr, lambda: a_scr))
+        pairs.append((ARG_SCRATCHPAD, m_scr))
+        conv_args = _args(pairs)
+        state = {"weights": False}
+        set_handle, execute = lib.dnnl_memory_set_data_handle, lib.dnnl_primitive_execute
+        stats = self.stats
+
+        def work() -> None:
+            st = self.stream()
+            for mem, where in sets:
+                _check(set_handle(mem, where()), "memory_set_data_handle")
+            steps = pre
+            if not (keep_weights and state["weights"]):
+                steps = w_pre + pre
+            for rp, rargs in steps:
+                _check(execute(rp, st, 3, rargs), "reorder execute")
+            state["weights"] = True
+            _check(execute(prim.prim, st, len(pairs), conv_args), "convolution execute")
+            for rp, rargs in post:
+                _check(execute(rp, st, 3, rargs), "reorder execute")
+            _check(lib.dnnl_stream_wait(st), "stream_wait")
+            stats["runs"] += 1
+
+        work.keep = (run, copies, prim)  # type: ignore[attr-defined]  # live as the work
+        return work
+
+
+class _StreamHolder:
+    """Destroys a thread's dnnl stream when the thread's local storage goes."""
+
+    def __init__(self, lib: ctypes.CDLL, stream: Any) -> None:
+        weakref.finalize(self, lib.dnnl_stream_destroy, stream)
+
+
+def create(device: Any) -> Dnnl | None:
+    """A device's oneDNN state, or None (logged at debug) where oneDNN is not available."""
+    lib = library()
+    if lib is None:
+        return None
+    try:
+        return Dnnl(lib)
+    except DeviceError as e:
+        log.debug("oneDNN: no cpu engine for %r (%s); cpu convolutions use numpy", device, e)
+        return None
