@@ -32,9 +32,15 @@ from aotrt.runtime.tensor import Handle
 log = logging.getLogger(__name__)
 
 # -fwrapv and -fno-strict-aliasing: the bounds proof assumes wrapping int64 arithmetic, and
-# the optimizer must not delete a clamp after an overflow it may assume away.
+# the optimizer must not delete a clamp after an overflow it may assume away. -fopenmp: the
+# rendered kernels split their outer range across threads (render_c.CRenderer).
+# -ffp-contract=off: no fused multiply-add where the source has a multiply and an add, so a
+# kernel rounds the same on every CPU, with or without FMA units (as without -march).
 CFLAGS = ("-O3", "-shared", "-fPIC", "-fno-math-errno", "-fno-trapping-math", "-fwrapv",
-          "-fno-strict-aliasing")
+          "-fno-strict-aliasing", "-fopenmp", "-ffp-contract=off")
+#: the vector units of the CPU this runs on; only used when the cache key holds the CPU's
+#: features (KernelCache.key), so a library built here never runs on another CPU
+NATIVE_FLAGS = ("-march=native",)
 
 
 def cache_dir() -> Path:
@@ -59,10 +65,12 @@ class CpuStream(Stream):
     """Recorded work runs in order on a worker thread once committed.
 
     In deferred mode nothing runs until a wait, so a missing wait shows up every time.
+    A kernel call on the worker may use `options.threads` threads (default: every core).
     """
 
     def __init__(self, device: "CpuDevice", options: StreamOptions) -> None:
         super().__init__(device, options)
+        self.threads = options.kernel_threads
         self._open: list[Callable[[], None]] = []
         self._deferred: list[list[Callable[[], None]]] = []
         self._queue: queue.Queue = queue.Queue()
@@ -74,6 +82,9 @@ class CpuStream(Stream):
     def _run(self) -> None:
         # Finalizers the collector starts here go to the reaper (runtime/finalize.py).
         finalize.mark_worker_thread()
+        # Kernel work reads its thread count from the thread it runs on (the work objects
+        # are built without a stream, and a prepared one serves every stream).
+        self.device.worker.threads = self.threads
         while True:
             batch = self._queue.get()
             try:
@@ -146,9 +157,10 @@ class CpuKernelFunction(KernelFunction):
         # is refused instead of jumping into unmapped code. It holds the library object too,
         # so the garbage collector never closes a library whose work is still queued.
         library, symbol, label = self.library, self._symbol, self.name
+        worker = library.device.worker
 
         def work() -> None:
-            library.loaded.call(symbol, label, ptrs, n)
+            library.loaded.call(symbol, label, ptrs, n, getattr(worker, "threads", 1))
         return work
 
 
@@ -194,12 +206,14 @@ class LoadedLibrary:
                 except AttributeError:
                     raise CompileError(f"{self.path.name} has no symbol {symbol!r}") from None
                 fn.restype = None
-                fn.argtypes = [ctypes.POINTER(ctypes.c_void_p), ctypes.c_int64, ctypes.c_int64]
+                fn.argtypes = [ctypes.POINTER(ctypes.c_void_p), ctypes.c_int64, ctypes.c_int64,
+                               ctypes.c_int64]
                 self._fns[symbol] = fn
             return fn
 
-    def call(self, symbol: str, label: str, ptrs: Any, n: int) -> None:
-        """Run kernel `symbol` over [0, n); raise InvalidArgument if it set the error flag."""
+    def call(self, symbol: str, label: str, ptrs: Any, n: int, threads: int = 1) -> None:
+        """Run kernel `symbol` over [0, n) on up to `threads` threads; raise InvalidArgument
+        if it (any of its threads) set the error flag."""
         fn = self.function(symbol) if symbol not in self._fns else None
         with self._cv:
             if self.closed:
@@ -212,7 +226,9 @@ class LoadedLibrary:
             self._inside.depth = getattr(self._inside, "depth", 0) + 1
         handle = None
         try:
-            fn(ptrs, 0, n)
+            # The flag is read after the kernel's parallel region has joined: a store by any
+            # of its threads is visible here.
+            fn(ptrs, 0, n, threads)
             code = flag.value
             if code:
                 flag.value = 0
@@ -322,6 +338,29 @@ class KernelCache:
     def __init__(self) -> None:
         self._fallback: Path | None = None
         self._lock = threading.Lock()
+        self._features: dict[str, str | None] = {}     # per compiler: cpu_features()
+
+    def features(self, cc: str) -> str | None:
+        """What -march=native means to compiler `cc` on this CPU (None: not supported)."""
+        with self._lock:
+            if cc not in self._features:
+                self._features[cc] = cpu_features(cc)
+            return self._features[cc]
+
+    def key(self, cc: str, source: str, exported: Sequence[str]) -> tuple[str, tuple[str, ...]]:
+        """(cache key, compiler flags) of building `source` with `cc` on this CPU.
+
+        -march=native is used only with the CPU's features in the key: a library built for
+        one CPU's vector units is never loaded on another.
+        """
+        flags = compile_flags()
+        features = self.features(cc)
+        if features is not None:
+            flags = (*flags, *NATIVE_FLAGS)
+        key = hashlib.sha256("\0".join([_compiler_version(cc), *flags, features or "",
+                                        version_script(exported), source])
+                             .encode()).hexdigest()
+        return key, flags
 
     def root(self) -> Path:
         """The directory entries are read from and written to."""
@@ -382,10 +421,8 @@ class KernelCache:
         cc = shutil.which(os.environ.get("CC", "cc")) or shutil.which("gcc")
         if cc is None:
             raise CompileError("no C compiler found (set CC)")
-        flags = compile_flags()
-        script = "{ global: " + " ".join(f"{s};" for s in exported) + " local: *; };\n"
-        key = hashlib.sha256("\0".join([_compiler_version(cc), *flags, script, source])
-                             .encode()).hexdigest()
+        key, flags = self.key(cc, source, exported)
+        script = version_script(exported)
         name = f"{key[:32]}.so"
         if not force and self.read(name) is not None:
             return self.root() / name
@@ -410,6 +447,24 @@ class KernelCache:
         return root / name
 
 
+def version_script(exported: Sequence[str]) -> str:
+    """The linker version script exporting only `exported`."""
+    return "{ global: " + " ".join(f"{s};" for s in exported) + " local: *; };\n"
+
+
+def cpu_features(cc: str) -> str | None:
+    """The target options `cc -march=native` selects here (the CPU's features as that
+    compiler sees them), or None when it cannot say (no -march=native then)."""
+    try:
+        proc = subprocess.run([cc, "-march=native", "-Q", "--help=target"],
+                              capture_output=True, text=True, timeout=60)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    if proc.returncode != 0 or "-march=" not in proc.stdout:
+        return None
+    return proc.stdout
+
+
 _versions: dict[str, str] = {}
 
 
@@ -430,6 +485,8 @@ class CpuDevice(Device):
     def __init__(self) -> None:
         super().__init__()
         self.cache = KernelCache()
+        # Per thread: the kernel thread count of the stream whose worker it is (CpuStream).
+        self.worker = threading.local()
 
     def _create_stream(self, options: StreamOptions) -> Stream:
         return CpuStream(self, options)
