@@ -174,6 +174,73 @@ def test_cache_key_covers_source_flags_and_compiler(cpu, monkeypatch, tmp_path):
     assert len({first, other_source, other_flags, other_cc}) == 4
 
 
+def test_cache_key_covers_the_cpu_features(cpu, monkeypatch):
+    """-march=native code is keyed by what the compiler sees of this CPU: a library built on
+    one CPU is never picked up on another; without that view there is no -march=native."""
+    cc, src, names = lib_cc(), "int32_t aotrt_error = 0;\n", ["aotrt_k0", "aotrt_error"]
+    keys = {}
+    for features in ("-march= znver3\n-mavx2 [enabled]", "-march= skylake\n-mavx2 [enabled]",
+                     None):
+        monkeypatch.setattr(cpu_mod, "cpu_features", lambda cc, f=features: f)
+        key, flags = cpu_mod.KernelCache().key(cc, src, names)
+        assert ("-march=native" in flags) == (features is not None)
+        assert "-fopenmp" in flags and "-fwrapv" in flags and "-ffp-contract=off" in flags
+        keys[features] = key
+    assert len(set(keys.values())) == 3
+    real = cpu_mod.cpu_features(cc)
+    assert real is None or "-march=" in real
+
+
+def test_a_library_builds_and_runs_without_native_flags(cpu, ctx, monkeypatch, tmp_path):
+    monkeypatch.setenv("AOTRT_CACHE_DIR", str(tmp_path))
+    monkeypatch.setattr(cpu, "cache", cpu_mod.KernelCache())
+    monkeypatch.setattr(cpu_mod, "cpu_features", lambda cc: None)
+    lib = cpu.kernel_library([iota_kernel([7], [1], base=3.0)])
+    h = shims.empty_strided([7], None, "float32")
+    lib.kernel(next(iter(lib.kernels)))(ctx, h)
+    np.testing.assert_array_equal(h.numpy(), iota([7], base=3.0))
+    shims.delete_tensor_object(h)
+    lib.close()
+
+
+def _threads_source(syms: list[str]) -> str:
+    """Each kernel writes the thread count it was called with into P[0][0]."""
+    return "#include <stdint.h>\nint32_t aotrt_error = 0;\n" + "".join(
+        f"void {s}(char **P, int64_t b, int64_t e, int64_t t) {{ ((int64_t *)P[0])[0] = t; }}\n"
+        for s in syms)
+
+
+def test_a_kernel_call_gets_its_streams_thread_count(cpu, monkeypatch, tmp_path):
+    import os
+
+    from aotrt.runtime.device import StreamOptions
+
+    monkeypatch.setenv("AOTRT_CACHE_DIR", str(tmp_path))
+    monkeypatch.setattr(cpu, "renderer", _HandWritten(_threads_source))
+    k = _int64_kernel("k_threads")
+    lib = cpu.kernel_library([k])
+    fn = lib.kernel(k.name)
+    o = Owner("threads")
+    seen = {}
+    for threads in (1, 3, None):
+        s = cpu.create_stream(StreamOptions(threads=threads))
+        with cpu.stream_guard(s), owner_scope(o):
+            h = shims.empty_strided([2], None, "int64")
+            upload(h, np.zeros(2, np.int64))
+            fn(s, h)
+            launch = fn.prepare([h])            # a prepared launch reads the stream's too
+            seen[threads] = [int(h.numpy()[0])]
+            upload(h, np.zeros(2, np.int64))
+            launch.launch(s)
+            seen[threads].append(int(h.numpy()[0]))
+            shims.delete_tensor_object(h)
+        s.close()
+    o.close()
+    lib.close()
+    cores = len(os.sched_getaffinity(0))
+    assert seen == {1: [1, 1], 3: [3, 3], None: [cores, cores]}
+
+
 def test_compiled_kernel_runs(cpu, ctx):
     h = shims.empty_strided([5], None, "float32")
     kernel_fn(cpu, iota_kernel([5], [1], base=42.0))(ctx, h)
