@@ -41,6 +41,8 @@ CFLAGS = ("-O3", "-shared", "-fPIC", "-fno-math-errno", "-fno-trapping-math", "-
 #: the vector units of the CPU this runs on; only used when the cache key holds the CPU's
 #: features (KernelCache.key), so a library built here never runs on another CPU
 NATIVE_FLAGS = ("-march=native",)
+#: the OpenMP runtimes -fopenmp code may link (gcc's, llvm's), by soname
+OPENMP_RUNTIMES = ("libgomp.so.1", "libomp.so", "libomp.so.5", "libiomp5.so")
 
 
 def cache_dir() -> Path:
@@ -299,6 +301,7 @@ class CpuKernelLibrary(KernelLibrary):
                 self.loaded = LoadedLibrary(self.path)
             except OSError as e2:
                 raise CompileError(f"cannot load the kernel library {self.path}: {e2}") from None
+        self.device.pin_openmp()
         self._closer = finalize.finalizer(self, self.loaded.close)
         # At exit a daemon stream may still run a kernel: unmapping then buys nothing.
         self._closer.atexit = False
@@ -487,6 +490,24 @@ class CpuDevice(Device):
         self.cache = KernelCache()
         # Per thread: the kernel thread count of the stream whose worker it is (CpuStream).
         self.worker = threading.local()
+        self._openmp: ctypes.CDLL | None = None
+
+    def pin_openmp(self) -> None:
+        """Keep the OpenMP runtime a kernel library pulled in mapped for good.
+
+        Its pool threads outlive every parallel region; if closing the last kernel library
+        unmapped the runtime, they would wake up in unmapped code (a crash).
+        """
+        if self._openmp is not None:
+            return
+        for name in OPENMP_RUNTIMES:
+            try:
+                # NOLOAD: only the runtime already loaded (by a kernel library) is pinned.
+                self._openmp = ctypes.CDLL(name, mode=os.RTLD_NOW | os.RTLD_NOLOAD
+                                           | os.RTLD_NODELETE)
+                return
+            except OSError:
+                continue
 
     def _create_stream(self, options: StreamOptions) -> Stream:
         return CpuStream(self, options)

@@ -241,6 +241,44 @@ def test_a_kernel_call_gets_its_streams_thread_count(cpu, monkeypatch, tmp_path)
     assert seen == {1: [1, 1], 3: [3, 3], None: [cores, cores]}
 
 
+def test_the_openmp_runtime_stays_mapped_after_the_last_library_closes(tmp_path):
+    """Its pool threads outlive the library that started them: unmapping the runtime with
+    the library would crash the process when they wake (a fresh process, so that no other
+    library holds the runtime)."""
+    import os
+    import subprocess
+    import sys
+
+    script = """
+import numpy as np
+from aotrt.runtime import shims
+from aotrt.runtime.device import StreamOptions, get_device
+from aotrt.runtime.memory import Owner, owner_scope
+from tests.kernels.test_render_c import softmax_kernel
+cpu = get_device("cpu")
+s = cpu.create_stream(StreamOptions(threads=2))
+k = softmax_kernel(1001, 257, "float32")
+lib = cpu.kernel_library([k])
+o = Owner("pin")
+with cpu.stream_guard(s), owner_scope(o):
+    x, y = (shims.empty_strided([1001, 257], None, "float32") for _ in range(2))
+    lib.kernel(k.name)(s, x, y)
+    s.commit_and_wait()
+    for h in (x, y):
+        shims.delete_tensor_object(h)
+o.close()
+lib.close()
+maps = open("/proc/self/maps").read()
+print("unmapped" if str(lib.path) in maps else "closed",
+      "gomp" if "libgomp" in maps or "libomp" in maps else "no-runtime")
+"""
+    env = dict(os.environ, AOTRT_CACHE_DIR=str(tmp_path))
+    proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                          env=env, cwd=Path(__file__).parents[3], timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert proc.stdout.split() == ["closed", "gomp"], proc.stdout
+
+
 def test_compiled_kernel_runs(cpu, ctx):
     h = shims.empty_strided([5], None, "float32")
     kernel_fn(cpu, iota_kernel([5], [1], base=42.0))(ctx, h)
