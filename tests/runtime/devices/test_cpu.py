@@ -683,3 +683,49 @@ print("not reported")
     proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
                           env=env, cwd=Path(__file__).parents[3], timeout=300)
     assert proc.returncode != 0 and "AddressSanitizer" in proc.stderr, proc.stderr[-2000:]
+
+
+def test_sanitized_build_runs_a_threaded_kernel_cleanly(tmp_path):
+    """ASan+UBSan with OpenMP: a kernel split across threads runs without a report and gives
+    the single-threaded result."""
+    import os
+    import shutil
+    import subprocess
+    import sys
+
+    cc = shutil.which(os.environ.get("CC", "cc")) or shutil.which("gcc")
+    asan = subprocess.run([cc, "-print-file-name=libasan.so"], capture_output=True,
+                          text=True).stdout.strip()
+    if not asan or not os.path.isabs(asan) or not os.path.exists(asan):
+        pytest.skip("no libasan for this compiler")
+    script = """
+import numpy as np
+from aotrt.runtime import shims
+from aotrt.runtime.device import StreamOptions, get_device
+from aotrt.runtime.memory import Owner, owner_scope
+from tests.kernels.test_render_c import softmax_kernel
+from tests.support import rand, upload
+cpu = get_device("cpu")
+k = softmax_kernel(1001, 257, "float32")
+lib = cpu.kernel_library([k])
+out = {}
+for threads in (1, 2):
+    s = cpu.create_stream(StreamOptions(threads=threads))
+    o = Owner("san")
+    with cpu.stream_guard(s), owner_scope(o):
+        x, y = (shims.empty_strided([1001, 257], None, "float32") for _ in range(2))
+        upload(x, rand((1001, 257), seed=5))
+        lib.kernel(k.name)(s, x, y)
+        out[threads] = y.numpy().tobytes()
+        for h in (x, y):
+            shims.delete_tensor_object(h)
+    o.close()
+    s.close()
+print("equal" if out[1] == out[2] else "different")
+"""
+    env = dict(os.environ, AOTRT_CACHE_DIR=str(tmp_path), AOTRT_CC_SANITIZE="address,undefined",
+               LD_PRELOAD=asan, ASAN_OPTIONS="detect_leaks=0")
+    proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                          env=env, cwd=Path(__file__).parents[3], timeout=300)
+    assert proc.returncode == 0 and proc.stdout.split() == ["equal"], proc.stderr[-2000:]
+    assert "Sanitizer" not in proc.stderr and "runtime error" not in proc.stderr
