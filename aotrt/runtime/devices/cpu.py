@@ -43,6 +43,12 @@ CFLAGS = ("-O3", "-shared", "-fPIC", "-fno-math-errno", "-fno-trapping-math", "-
 NATIVE_FLAGS = ("-march=native",)
 #: the OpenMP runtimes -fopenmp code may link (gcc's, llvm's), by soname
 OPENMP_RUNTIMES = ("libgomp.so.1", "libomp.so", "libomp.so.5", "libiomp5.so")
+#: OpenMP settings the device asks for unless the process set them: the runtime reads them
+#: once, when the first kernel library loads it. Passive: a pool thread sleeps when a kernel
+#: ends instead of spinning for up to milliseconds on a core the next library op (numpy's
+#: BLAS threads) or another process needs; measured on 2 cores, spinning doubled the CPU
+#: time of a resnet18 run (bench/results/cpu-threads-2026-12-02.md).
+OPENMP_ENV = {"OMP_WAIT_POLICY": "PASSIVE"}
 
 
 def cache_dir() -> Path:
@@ -491,6 +497,8 @@ class CpuDevice(Device):
         # Per thread: the kernel thread count of the stream whose worker it is (CpuStream).
         self.worker = threading.local()
         self._openmp: ctypes.CDLL | None = None
+        for name, value in OPENMP_ENV.items():
+            os.environ.setdefault(name, value)      # a value the process chose stays
 
     def pin_openmp(self) -> None:
         """Keep the OpenMP runtime a kernel library pulled in mapped for good.

@@ -729,3 +729,21 @@ print("equal" if out[1] == out[2] else "different")
                           env=env, cwd=Path(__file__).parents[3], timeout=300)
     assert proc.returncode == 0 and proc.stdout.split() == ["equal"], proc.stderr[-2000:]
     assert "Sanitizer" not in proc.stderr and "runtime error" not in proc.stderr
+
+
+@pytest.mark.parametrize("preset", [None, "ACTIVE"])
+def test_openmp_threads_wait_passively_unless_the_process_says_otherwise(preset):
+    """A fresh process: the device asks for a passive wait policy before any kernel library
+    loads the OpenMP runtime; a policy the process set stays."""
+    import os
+    import subprocess
+    import sys
+
+    env = {k: v for k, v in os.environ.items() if k != "OMP_WAIT_POLICY"}
+    if preset is not None:
+        env["OMP_WAIT_POLICY"] = preset
+    script = ("import os\nfrom aotrt.runtime.device import get_device\nget_device('cpu')\n"
+              "print(os.environ.get('OMP_WAIT_POLICY'))\n")
+    proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                          env=env, cwd=Path(__file__).parents[3], timeout=120)
+    assert proc.stdout.split() == [preset or "PASSIVE"], proc.stderr[-2000:]
