@@ -501,7 +501,7 @@ int32_t aotrt_error = 0;
 #define AOT_DIV0() __atomic_store_n(&aotrt_error, 1, __ATOMIC_RELAXED)
 /* Threads for n outer elements of `cost` work each: none below a grain of work per thread
    (starting threads would cost more than they save), never more than asked or than n. */
-static int64_t aot_nthreads(int64_t n, int64_t cost, int64_t threads) {
+static inline int64_t aot_nthreads(int64_t n, int64_t cost, int64_t threads) {
   if (threads <= 1 || n <= 1) return 1;
   int64_t work = n > INT64_MAX / cost ? INT64_MAX : n * cost;
   int64_t nt = work / """ + str(PARALLEL_GRAIN) + r"""LL;
@@ -546,7 +546,8 @@ static int64_t aot_nthreads(int64_t n, int64_t cost, int64_t threads) {
         in a single-threaded call, so the results are bit-identical for any thread count.
         """
         inner = "\n".join("  " + line for line in body.splitlines())
-        sym, cost = self._symbol, max(self._cost, 1)
+        # Capped so the literal fits an int64 (nested reductions multiply trip counts).
+        sym, cost = self._symbol, min(max(self._cost, 1), 1 << 40)
         return (f"/* kernel {_label(k.name)} */\n"
                 f"static void {sym}_range(char **P, int64_t begin, int64_t end) {{\n"
                 f"  for (int64_t it = begin; it < end; it++) {{\n{inner}\n  }}\n}}\n"

@@ -465,6 +465,28 @@ def test_the_work_estimate_counts_reduce_loops_by_their_trip_count():
     assert 1000 * wide // PARALLEL_GRAIN >= 3
 
 
+def _nested(levels: int, cols: int = 1000) -> ir.Kernel:
+    """max(x * max(x * ... max(x * x))): each level a row scalar the next one uses."""
+    idx = ir.strided_index((cols, 1), (0, 1))
+    x = ir.Load(0, idx, "float32")
+    e: ir.Expr = x
+    for _ in range(levels):
+        e = ir.Reduce("max", ir.Op("mul", (x, e), "float32"), "float32")
+    return ir.Kernel(f"nested_{levels}", (1,), (cols,),
+                     (ir.Arg("float32", "r"), ir.Arg("float32", "w")),
+                     (ir.Store(1, ir.Idx(0), e),))
+
+
+def test_the_work_estimate_of_nested_reductions_follows_the_hoisted_loops(run):
+    """An inner reduction is computed once per row before the loop that uses it, so the
+    estimate grows with the levels, not as a power of the row length."""
+    one, eight = (_cost(CRenderer().render([_nested(n)])) for n in (1, 8))
+    assert 4 * one < eight < 16 * one
+    a = np.full((1, 1000), 0.5, np.float32)
+    (got,) = run(_nested(8), [a], [((1,), "float32")])
+    assert got[0] == np.float32(0.5) ** 9
+
+
 def _threaded(cpu, kernel: ir.Kernel, inputs: list[np.ndarray], outputs: list[tuple],
               threads: int) -> list[np.ndarray]:
     """Run `kernel` on a fresh stream of `threads` threads; outputs start as NaN, so an
