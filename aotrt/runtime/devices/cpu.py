@@ -149,7 +149,7 @@ class CpuStream(Stream):
 
 
 class CpuKernelFunction(KernelFunction):
-    """A C function `k(char **P, int64_t begin, int64_t end)` called through ctypes."""
+    """A C function `k(char **P, int64_t begin, int64_t end, int64_t threads)` (ctypes)."""
 
     def __init__(self, library: "CpuKernelLibrary", kernel: ir.Kernel) -> None:
         super().__init__(library, kernel)
