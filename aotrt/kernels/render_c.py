@@ -140,6 +140,10 @@ class CStyleRenderer:
         self._symbol = symbol(index)
         self._lines: list[str] = []
         self._count = 0
+        # Estimated work of one outer element: emitted lines, each weighted by the trip count
+        # of the reduce loops around it (a target may split the outer range by it).
+        self._cost = 0
+        self._mult = 1
         # Subexpressions are cached by a structural key interned per node (linear on deep or
         # shared IR; constants keyed bit for bit, so -0.0 is not 0.0).
         self._ids: dict[int, int] = {}
@@ -160,7 +164,7 @@ class CStyleRenderer:
             loop_scope = dict(scope)
             for st in inner:
                 self._store(st, loop_scope, 2)
-            self._emit(1, "}")
+            self._close_rloop(1)
         return self.wrap_kernel(k, "\n".join(self._lines))
 
     def _store(self, st: ir.Store, scope: dict, depth: int) -> None:
@@ -171,13 +175,22 @@ class CStyleRenderer:
             val = self.cast(val, st.value.dtype, dtype)   # never C's UB float conversion
         self._emit(depth, self.store(dtype, st.arg, idx, val))
 
-    def _open_rloop(self, depth: int, var: str) -> None:
+    def _rnumel(self) -> int:
         rn = 1
         for s in self._k.rshape:
             rn *= s
+        return rn
+
+    def _open_rloop(self, depth: int, var: str) -> None:
+        rn = self._rnumel()
         self._emit(depth, f"for (int64_t {var} = 0; {var} < {rn}; {var}++) {{")
+        self._mult *= max(rn, 1)
         for line in self.decompose(var, self._k.rshape, len(self._k.shape)):
             self._emit(depth + 1, line)
+
+    def _close_rloop(self, depth: int) -> None:
+        self._mult //= max(self._rnumel(), 1)
+        self._emit(depth, "}")
 
     def decompose(self, flat: str, shape: tuple[int, ...], dim0: int) -> list[str]:
         """Lines defining the coordinate variables d<dim0..> of `flat` over `shape`."""
@@ -199,6 +212,7 @@ class CStyleRenderer:
 
     def _emit(self, depth: int, text: str) -> None:
         self._lines.append("  " * depth + text)
+        self._cost += self._mult
 
     def _key(self, e: ir.Expr) -> int:
         """The interned structural key of `e` (equal keys: the same value, bit for bit)."""
@@ -281,7 +295,7 @@ class CStyleRenderer:
         if e.dtype in ir.INT_DTYPES:
             val = self._as_int(val, e.body.dtype)
         self._emit(depth + 1, f"{acc} = {self.reduce_step(e.op, e.dtype, acc, val)};")
-        self._emit(depth, "}")
+        self._close_rloop(depth)
         return acc
 
     def reduce_init(self, op: str, dtype: str) -> str:
@@ -463,8 +477,13 @@ def _uses_rdim(st: ir.Store, nouter: int) -> bool:
     return False
 
 
+#: work units (emitted C lines, weighted by reduce trip counts) one thread must get before a
+#: cpu kernel call is split across threads; about 20-50 us of work on a current core
+PARALLEL_GRAIN = 65536
+
+
 class CRenderer(CStyleRenderer):
-    """C for the cpu device: `void k(char **P, int64_t begin, int64_t end)` over outer elements."""
+    """C for the cpu: `void k(char **P, int64_t begin, int64_t end, int64_t threads)`."""
 
     def preamble(self) -> str:
         """Includes, bf16 conversions and helpers."""
@@ -480,6 +499,16 @@ static inline uint16_t aot_f_to_bf16(float f) { uint32_t u; memcpy(&u, &f, 4);
   u += 0x7fffu + ((u >> 16) & 1u); return (uint16_t)(u >> 16); }
 int32_t aotrt_error = 0;
 #define AOT_DIV0() __atomic_store_n(&aotrt_error, 1, __ATOMIC_RELAXED)
+/* Threads for n outer elements of `cost` work each: none below a grain of work per thread
+   (starting threads would cost more than they save), never more than asked or than n. */
+static inline int64_t aot_nthreads(int64_t n, int64_t cost, int64_t threads) {
+  if (threads <= 1 || n <= 1) return 1;
+  int64_t work = n > INT64_MAX / cost ? INT64_MAX : n * cost;
+  int64_t nt = work / """ + str(PARALLEL_GRAIN) + r"""LL;
+  if (nt > threads) nt = threads;
+  if (nt > n) nt = n;
+  return nt < 1 ? 1 : nt;
+}
 """ + self.HELPERS.replace("{q}", "static inline")
 
     def flat_index(self) -> str:
@@ -510,8 +539,25 @@ int32_t aotrt_error = 0;
         return f"{dst} = ({STORAGE_TYPE_C[dtype]})({val});"
 
     def wrap_kernel(self, k: ir.Kernel, body: str) -> str:
-        """A function looping over [begin, end) of the outer elements."""
+        """A function over [begin, end) of the outer elements, on up to `threads` threads.
+
+        The range is cut into one contiguous chunk per thread at outer-element boundaries:
+        an outer element (a whole row of a reduction) is computed by one thread exactly as
+        in a single-threaded call, so the results are bit-identical for any thread count.
+        """
         inner = "\n".join("  " + line for line in body.splitlines())
+        # Capped so the literal fits an int64 (nested reductions multiply trip counts).
+        sym, cost = self._symbol, min(max(self._cost, 1), 1 << 40)
         return (f"/* kernel {_label(k.name)} */\n"
-                f"void {self._symbol}(char **P, int64_t begin, int64_t end) {{\n"
-                f"  for (int64_t it = begin; it < end; it++) {{\n{inner}\n  }}\n}}\n")
+                f"static void {sym}_range(char **P, int64_t begin, int64_t end) {{\n"
+                f"  for (int64_t it = begin; it < end; it++) {{\n{inner}\n  }}\n}}\n"
+                f"void {sym}(char **P, int64_t begin, int64_t end, int64_t threads) {{\n"
+                f"  const int64_t n = end - begin;\n"
+                f"  const int64_t nt = aot_nthreads(n, {cost}LL, threads);\n"
+                f"  if (nt <= 1) {{ {sym}_range(P, begin, end); return; }}\n"
+                f"  const int64_t chunk = n / nt, rem = n % nt;\n"
+                f"  #pragma omp parallel for num_threads(nt) schedule(static, 1)\n"
+                f"  for (int64_t c = 0; c < nt; c++) {{\n"
+                f"    const int64_t lo = begin + c * chunk + (c < rem ? c : rem);\n"
+                f"    {sym}_range(P, lo, lo + chunk + (c < rem ? 1 : 0));\n"
+                f"  }}\n}}\n")

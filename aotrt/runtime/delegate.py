@@ -27,7 +27,7 @@ from aotrt.limits import Limits
 from aotrt.program import Program, extent
 from aotrt.runtime import dlpack, finalize, shims
 from aotrt.runtime.device import (Command, Device, KernelLibrary, Stream, StreamOptions,
-                                  default_device, get_device)
+                                  check_threads, default_device, get_device)
 from aotrt.runtime.hazards import Access
 from aotrt.runtime.memory import PROCESS_OWNER, Allocation, Owner, owner_scope
 from aotrt.runtime.public import Tensor
@@ -101,10 +101,10 @@ class Delegate:
     """A program loaded on a device: `run` it as often as needed, then `close` it."""
 
     def __init__(self, program: Program, device: Any = None, check_hazards: bool = False,
-                 cuda_graph: bool | None = None, limits: Limits | None = None, *,
-                 _validated: bool = False) -> None:
+                 cuda_graph: bool | None = None, limits: Limits | None = None,
+                 threads: int | None = None, *, _validated: bool = False) -> None:
         """Validate `program` within `limits` (aotrt.Limits; None: the defaults) and load it
-        onto `device` (None: cuda if present, else cpu)."""
+        onto `device` (None: cuda if present, else cpu); `threads`: see `load`."""
         if not isinstance(program, Program):
             raise InvalidArgument(f"program: expected an aotrt.Program, got "
                                   f"{type(program).__name__}")
@@ -116,6 +116,7 @@ class Delegate:
             raise InvalidArgument(f"check_hazards: expected a bool, got {check_hazards!r}")
         if cuda_graph is not None and not isinstance(cuda_graph, bool):
             raise InvalidArgument(f"cuda_graph: expected a bool or None, got {cuda_graph!r}")
+        check_threads(threads)
         dev = get_device(default_device() if device is None else device)
         if cuda_graph and not dev.supports_graphs:
             raise InvalidArgument(f"cuda_graph: the {dev.name} device cannot replay graphs; "
@@ -137,7 +138,7 @@ class Delegate:
         self._res = _Resources(self._owner)
         self._closer = finalize.finalizer(self, _teardown, self._res)
         try:
-            self._init(check_hazards)
+            self._init(check_hazards, threads)
         except BaseException:
             self._closer()
             raise
@@ -146,12 +147,15 @@ class Delegate:
 
     # -- init ---------------------------------------------------------------------------------
 
-    def _init(self, check_hazards: bool) -> None:
+    def _init(self, check_hazards: bool, threads: int | None) -> None:
         prog, dev = self.program, self.device
         self.inputs = [_spec(s) for s in prog.inputs]
         self.outputs = [_spec(s) for s in prog.outputs]
         with owner_scope(self._owner):
-            self._stream = dev.create_stream(StreamOptions.from_env(check_hazards=check_hazards))
+            # The thread count belongs to this delegate's own stream: other delegates and
+            # streams keep theirs.
+            self._stream = dev.create_stream(StreamOptions.from_env(
+                check_hazards=check_hazards, threads=threads))
             self._res.stream = self._stream
             with dev.stream_guard(self._stream):
                 self._make_roots()
@@ -734,7 +738,8 @@ def _host_view(imp: dlpack.Imported) -> np.ndarray:
 
 
 def load(prog_or_path: Any, device: Any = None, check_hazards: bool = False,
-         cuda_graph: bool | None = None, limits: Limits | None = None) -> Delegate:
+         cuda_graph: bool | None = None, limits: Limits | None = None,
+         threads: int | None = None) -> Delegate:
     """Load a Program (or a .aotp path) as a Delegate on `device` (None: cuda if present).
 
     On a device that supports graphs (cuda) the whole run is captured as one CUDA graph on
@@ -742,6 +747,9 @@ def load(prog_or_path: Any, device: Any = None, check_hazards: bool = False,
     out of them); `cuda_graph=False` opts out. `cuda_graph=True` on a device without graphs
     is an InvalidArgument.
     `limits` (aotrt.Limits, docs/limits.md) is the load-time budget; None: the defaults.
+    `threads` (a positive int) is how many threads one generated kernel call may use on the
+    cpu device (large kernels only; None: every core this process may run on, its CPU
+    affinity); it belongs to this delegate's stream. On cuda it is accepted and ignored.
     """
     if isinstance(prog_or_path, Program):
         prog = prog_or_path         # the Delegate validates it
@@ -751,7 +759,7 @@ def load(prog_or_path: Any, device: Any = None, check_hazards: bool = False,
         raise InvalidArgument(f"prog_or_path: expected an aotrt.Program or a path, got "
                               f"{type(prog_or_path).__name__}")
     return Delegate(prog, device=device, check_hazards=check_hazards, cuda_graph=cuda_graph,
-                    limits=limits, _validated=prog is not prog_or_path)
+                    limits=limits, threads=threads, _validated=prog is not prog_or_path)
 
 
 __all__ = ["Delegate", "load", "library_ops"]

@@ -325,7 +325,8 @@ def test_rendered_source_has_the_cpu_signature():
     k = ir.Kernel("sig_check", (4,), (), (ir.Arg("float32", "w"),),
                   (ir.Store(0, ir.Idx(0), ir.const(1.0, "float32")),))
     src = CRenderer().render([k])
-    assert "void aotrt_k0(char **P, int64_t begin, int64_t end)" in src
+    assert "void aotrt_k0(char **P, int64_t begin, int64_t end, int64_t threads)" in src
+    assert "#pragma omp parallel for num_threads(nt)" in src
     assert "void sig_check" not in src and "/* kernel sig_check */" in src
     assert "aot_bf16_to_f" in src and "#include <math.h>" in src
 
@@ -439,3 +440,175 @@ def test_reduction_over_an_empty_domain_gives_the_identity(run):
     np.testing.assert_array_equal(s, [0, 0, 0])
     np.testing.assert_array_equal(m, [-np.inf] * 3)
     np.testing.assert_array_equal(p, [1, 1, 1])
+
+
+# -- threads ----------------------------------------------------------------------------------
+
+
+def _cost(src: str) -> int:
+    """The per-outer-element work the renderer put into kernel 0's thread choice."""
+    import re
+
+    return int(re.search(r"aot_nthreads\(n, (\d+)LL, threads\)", src).group(1))
+
+
+def test_the_work_estimate_counts_reduce_loops_by_their_trip_count():
+    from aotrt.kernels.render_c import PARALLEL_GRAIN
+
+    narrow, wide = (_cost(CRenderer().render([softmax_kernel(4, c, "float32")]))
+                    for c in (8, 800))
+    assert 90 * narrow < wide < 110 * narrow
+    # a tiny pointwise kernel stays on one thread; a big softmax gets several
+    tiny = ir.Kernel("tiny", (64,), (), (ir.Arg("float32", "w"),),
+                     (ir.Store(0, ir.Idx(0), ir.const(1.0, "float32")),))
+    assert 64 * _cost(CRenderer().render([tiny])) < PARALLEL_GRAIN
+    assert 1000 * wide // PARALLEL_GRAIN >= 3
+
+
+def _nested(levels: int, cols: int = 1000) -> ir.Kernel:
+    """max(x * max(x * ... max(x * x))): each level a row scalar the next one uses."""
+    idx = ir.strided_index((cols, 1), (0, 1))
+    x = ir.Load(0, idx, "float32")
+    e: ir.Expr = x
+    for _ in range(levels):
+        e = ir.Reduce("max", ir.Op("mul", (x, e), "float32"), "float32")
+    return ir.Kernel(f"nested_{levels}", (1,), (cols,),
+                     (ir.Arg("float32", "r"), ir.Arg("float32", "w")),
+                     (ir.Store(1, ir.Idx(0), e),))
+
+
+def test_the_work_estimate_of_nested_reductions_follows_the_hoisted_loops(run):
+    """An inner reduction is computed once per row before the loop that uses it, so the
+    estimate grows with the levels, not as a power of the row length."""
+    one, eight = (_cost(CRenderer().render([_nested(n)])) for n in (1, 8))
+    assert 4 * one < eight < 16 * one
+    a = np.full((1, 1000), 0.5, np.float32)
+    (got,) = run(_nested(8), [a], [((1,), "float32")])
+    assert got[0] == np.float32(0.5) ** 9
+
+
+def _threaded(cpu, kernel: ir.Kernel, inputs: list[np.ndarray], outputs: list[tuple],
+              threads: int) -> list[np.ndarray]:
+    """Run `kernel` on a fresh stream of `threads` threads; outputs start as NaN, so an
+    element no chunk wrote shows."""
+    from aotrt.runtime.device import StreamOptions
+
+    s = cpu.create_stream(StreamOptions(check_hazards=True, threads=threads))
+    o = Owner("render-c-threads")
+    with cpu.stream_guard(s), owner_scope(o):
+        hs = []
+        for arr in inputs:
+            h = shims.empty_strided(list(arr.shape), None, as_dtype(arr.dtype).name)
+            upload(h, arr)
+            hs.append(h)
+        outs = []
+        for shape, dt in outputs:
+            h = shims.empty_strided(list(shape), None, dt)
+            upload(h, np.full(shape, np.nan, NP[dt]))
+            outs.append(h)
+        kernel_fn(cpu, kernel)(s, *hs, *outs)
+        got = [h.numpy() for h in outs]
+        for h in hs + outs:
+            shims.delete_tensor_object(h)
+    o.close()
+    s.close()
+    return got
+
+
+@pytest.mark.parametrize("threads", [2, 3, 7])
+def test_a_threaded_row_reduction_equals_one_thread_bit_for_bit(cpu, threads):
+    from aotrt.kernels.render_c import PARALLEL_GRAIN
+
+    rows, cols = 1001, 257                  # rows divide evenly by none of the thread counts
+    k = softmax_kernel(rows, cols, "float32")
+    assert rows * _cost(CRenderer().render([k])) // PARALLEL_GRAIN >= threads  # really split
+    x = rand((rows, cols), seed=31) * 4
+    (one,) = _threaded(cpu, k, [x], [((rows, cols), "float32")], 1)
+    (many,) = _threaded(cpu, k, [x], [((rows, cols), "float32")], threads)
+    assert many.tobytes() == one.tobytes()
+    x64 = x.astype(np.float64)
+    ref = np.exp(x64 - x64.max(axis=1, keepdims=True))
+    assert rel_err(one, ref / ref.sum(axis=1, keepdims=True)) < TOL["float32"]
+
+
+def test_a_big_kernel_on_a_stream_of_two_threads_starts_a_second_thread(cpu):
+    """OpenMP's pool threads of the stream's worker show up as OS threads of the process."""
+    import os
+
+    from aotrt.runtime.device import StreamOptions
+
+    if not os.path.isdir("/proc/self/task"):
+        pytest.skip("no /proc/self/task here")
+    rows, cols = 1001, 257
+    k = softmax_kernel(rows, cols, "float32")
+    fn = kernel_fn(cpu, k)
+    counts = {}
+    for threads in (1, 2):
+        s = cpu.create_stream(StreamOptions(threads=threads))
+        o = Owner("render-c-pool")
+        with cpu.stream_guard(s), owner_scope(o):
+            x, y = (shims.empty_strided([rows, cols], None, "float32") for _ in range(2))
+            upload(x, rand((rows, cols), seed=33))
+            s.commit_and_wait()                 # the worker thread exists now
+            before = len(os.listdir("/proc/self/task"))
+            fn(s, x, y)
+            s.commit_and_wait()
+            counts[threads] = len(os.listdir("/proc/self/task")) - before
+            for h in (x, y):
+                shims.delete_tensor_object(h)
+        o.close()
+        s.close()
+    assert counts[1] == 0 and counts[2] >= 1, counts
+
+
+@pytest.mark.parametrize("threads", [2, 3])
+def test_a_threaded_pointwise_kernel_equals_one_thread_bit_for_bit(cpu, threads):
+    from aotrt.kernels.render_c import PARALLEL_GRAIN
+
+    n = 300007
+    x = ir.load(0, (1,), "float32")
+    y = ir.Op("add", (ir.Op("mul", (ir.Op("tanh", (x,), "float32"), x), "float32"),
+                      ir.Op("exp", (ir.Op("neg", (x,), "float32"),), "float32")), "float32")
+    k = ir.Kernel("pointwise_threads", (n,), (), (ir.Arg("float32", "r"),
+                                                   ir.Arg("float32", "w")),
+                  (ir.store(1, (1,), y),))
+    assert n * _cost(CRenderer().render([k])) // PARALLEL_GRAIN >= threads
+    a = rand((n,), seed=32)
+    (one,) = _threaded(cpu, k, [a], [((n,), "float32")], 1)
+    (many,) = _threaded(cpu, k, [a], [((n,), "float32")], threads)
+    assert many.tobytes() == one.tobytes()
+    a64 = a.astype(np.float64)
+    assert rel_err(one, np.tanh(a64) * a64 + np.exp(-a64)) < TOL["float32"]
+
+
+def test_division_by_zero_in_a_later_chunk_is_reported(cpu):
+    from aotrt.errors import InvalidArgument as Invalid
+    from aotrt.kernels.render_c import PARALLEL_GRAIN
+    from aotrt.runtime.device import StreamOptions
+
+    n = 200000
+    q = ir.Op("floordiv", (ir.load(0, (1,), "int64"), ir.load(1, (1,), "int64")), "int64")
+    k = ir.Kernel("div_threads", (n,), (), (ir.Arg("int64", "r"), ir.Arg("int64", "r"),
+                                            ir.Arg("int64", "w")), (ir.store(2, (1,), q),))
+    assert n * _cost(CRenderer().render([k])) // PARALLEL_GRAIN >= 2
+    s = cpu.create_stream(StreamOptions(threads=2))
+    o = Owner("div-threads")
+    with cpu.stream_guard(s), owner_scope(o):
+        a, b, out = (shims.empty_strided([n], None, "int64") for _ in range(3))
+        upload(a, np.arange(n, dtype=np.int64) + 1)
+        den = np.full(n, 3, np.int64)
+        den[-1] = 0                           # only the last chunk's last element divides by 0
+        upload(b, den)
+        fn = kernel_fn(cpu, k)
+        fn(s, a, b, out)
+        with pytest.raises(Invalid, match="integer division or modulo by zero"):
+            s.commit_and_wait()
+        den[-1] = 5
+        upload(b, den)
+        kernel_fn(cpu, k)(s, a, b, out)       # the flag was reset
+        want = (np.arange(n, dtype=np.int64) + 1) // den
+        np.testing.assert_array_equal(out.numpy(), want)
+        for h in (a, b, out):
+            shims.delete_tensor_object(h)
+    o.close()
+    s.close()

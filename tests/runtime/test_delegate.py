@@ -793,3 +793,59 @@ def test_load_of_a_path_validates_once_and_a_program_object_again(
     with aotrt.load(prog):
         pass
     assert len(calls) == 2
+
+
+# -- threads ----------------------------------------------------------------------------------
+
+
+def softmax_program(rows: int = 1001, cols: int = 257) -> Program:
+    """One row-softmax kernel, big enough that the cpu device splits it across threads."""
+    b = ProgramBuilder("Softmax")
+    x = b.input("x", "float32", [rows, cols])
+    y = b.output("y", "float32", [rows, cols])
+    idx = ir.strided_index((cols, 1), (0, 1))
+    xv = ir.Load(0, idx, "float32")
+    e = ir.Op("exp", (ir.Op("sub", (xv, ir.Reduce("max", xv, "float32")), "float32"),),
+              "float32")
+    k = ir.Kernel(f"softmax_{rows}x{cols}", (rows,), (cols,),
+                  (ir.Arg("float32", "r"), ir.Arg("float32", "w")),
+                  (ir.Store(1, idx, ir.Op("div", (e, ir.Reduce("sum", e, "float32")),
+                                          "float32")),))
+    b.kernel(k, [x, y], src="softmax at m.py:3")
+    return b.build()
+
+
+@pytest.mark.parametrize("bad", [0, -1, 2.0, True, "2"])
+def test_threads_must_be_a_positive_int(bad) -> None:
+    with pytest.raises(InvalidArgument, match="threads: expected a positive int"):
+        aotrt.load(softmax_program(8, 4), device="cpu", threads=bad)
+    with pytest.raises(InvalidArgument, match="threads: expected a positive int"):
+        aotrt.Delegate(softmax_program(8, 4), device="cpu", threads=bad)
+
+
+def test_threads_belong_to_the_delegates_stream_and_give_identical_results() -> None:
+    import os
+
+    x = rand([1001, 257], seed=81) * 4
+    outs = {}
+    for threads in (None, 1, 2, 3):
+        with aotrt.load(softmax_program(), device="cpu", threads=threads) as m:
+            want = len(os.sched_getaffinity(0)) if threads is None else threads
+            assert m.stream.threads == want
+            (y,) = m.run(x)
+            outs[threads] = np.asarray(y).tobytes()
+    assert len(set(outs.values())) == 1
+    x64 = x.astype(np.float64)
+    ref = np.exp(x64 - x64.max(axis=1, keepdims=True))
+    got = np.frombuffer(outs[1], np.float32).reshape(x.shape)
+    assert rel_err(got, ref / ref.sum(axis=1, keepdims=True)) < TOL["float32"]
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_threads_are_accepted_on_every_device(device) -> None:
+    """cuda takes the argument and ignores it (its kernels do not run on host threads)."""
+    x = rand([8, 4], seed=82)
+    with aotrt.load(softmax_program(8, 4), device=device, threads=1) as m:
+        (y,) = m.run(x)
+        e = np.exp(x.astype(np.float64) - x.max(axis=1, keepdims=True))
+        assert rel_err(np.asarray(y), e / e.sum(axis=1, keepdims=True)) < TOL["float32"]

@@ -85,6 +85,20 @@ def test_stream_options_from_env(monkeypatch):
         StreamOptions.from_env()
 
 
+@pytest.mark.parametrize("bad", [0, -2, 1.5, True, "4"])
+def test_stream_threads_must_be_a_positive_int(bad):
+    with pytest.raises(InvalidArgument, match="threads: expected a positive int"):
+        StreamOptions(threads=bad)
+
+
+def test_stream_threads_default_to_the_cores_this_process_may_use():
+    import os
+
+    assert StreamOptions().kernel_threads == len(os.sched_getaffinity(0))
+    assert StreamOptions(threads=5).kernel_threads == 5
+    assert StreamOptions.from_env(threads=2).threads == 2
+
+
 def test_hazard_checking_follows_the_environment(dev, monkeypatch):
     monkeypatch.setenv("AOTRT_CHECK_HAZARDS", "0")
     s = dev.create_stream(StreamOptions())

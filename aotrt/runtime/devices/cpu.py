@@ -33,9 +33,23 @@ from aotrt.runtime.tensor import Handle
 log = logging.getLogger(__name__)
 
 # -fwrapv and -fno-strict-aliasing: the bounds proof assumes wrapping int64 arithmetic, and
-# the optimizer must not delete a clamp after an overflow it may assume away.
+# the optimizer must not delete a clamp after an overflow it may assume away. -fopenmp: the
+# rendered kernels split their outer range across threads (render_c.CRenderer).
+# -ffp-contract=off: no fused multiply-add where the source has a multiply and an add, so a
+# kernel rounds the same on every CPU, with or without FMA units (as without -march).
 CFLAGS = ("-O3", "-shared", "-fPIC", "-fno-math-errno", "-fno-trapping-math", "-fwrapv",
-          "-fno-strict-aliasing")
+          "-fno-strict-aliasing", "-fopenmp", "-ffp-contract=off")
+#: the vector units of the CPU this runs on; only used when the cache key holds the CPU's
+#: features (KernelCache.key), so a library built here never runs on another CPU
+NATIVE_FLAGS = ("-march=native",)
+#: the OpenMP runtimes -fopenmp code may link (gcc's, llvm's), by soname
+OPENMP_RUNTIMES = ("libgomp.so.1", "libomp.so", "libomp.so.5", "libiomp5.so")
+#: OpenMP settings the device asks for unless the process set them: the runtime reads them
+#: once, when the first kernel library loads it. Passive: a pool thread sleeps when a kernel
+#: ends instead of spinning for up to milliseconds on a core the next library op (numpy's
+#: BLAS threads) or another process needs; measured on 2 cores, spinning doubled the CPU
+#: time of a resnet18 run (bench/results/cpu-threads-2026-12-02.md).
+OPENMP_ENV = {"OMP_WAIT_POLICY": "PASSIVE"}
 
 
 def cache_dir() -> Path:
@@ -60,10 +74,12 @@ class CpuStream(Stream):
     """Recorded work runs in order on a worker thread once committed.
 
     In deferred mode nothing runs until a wait, so a missing wait shows up every time.
+    A kernel call on the worker may use `options.threads` threads (default: every core).
     """
 
     def __init__(self, device: "CpuDevice", options: StreamOptions) -> None:
         super().__init__(device, options)
+        self.threads = options.kernel_threads
         self._open: list[Callable[[], None]] = []
         self._deferred: list[list[Callable[[], None]]] = []
         self._queue: queue.Queue = queue.Queue()
@@ -75,6 +91,9 @@ class CpuStream(Stream):
     def _run(self) -> None:
         # Finalizers the collector starts here go to the reaper (runtime/finalize.py).
         finalize.mark_worker_thread()
+        # Kernel work reads its thread count from the thread it runs on (the work objects
+        # are built without a stream, and a prepared one serves every stream).
+        self.device.worker.threads = self.threads
         while True:
             batch = self._queue.get()
             try:
@@ -131,7 +150,7 @@ class CpuStream(Stream):
 
 
 class CpuKernelFunction(KernelFunction):
-    """A C function `k(char **P, int64_t begin, int64_t end)` called through ctypes."""
+    """A C function `k(char **P, int64_t begin, int64_t end, int64_t threads)` (ctypes)."""
 
     def __init__(self, library: "CpuKernelLibrary", kernel: ir.Kernel) -> None:
         super().__init__(library, kernel)
@@ -147,9 +166,10 @@ class CpuKernelFunction(KernelFunction):
         # is refused instead of jumping into unmapped code. It holds the library object too,
         # so the garbage collector never closes a library whose work is still queued.
         library, symbol, label = self.library, self._symbol, self.name
+        worker = library.device.worker
 
         def work() -> None:
-            library.loaded.call(symbol, label, ptrs, n)
+            library.loaded.call(symbol, label, ptrs, n, getattr(worker, "threads", 1))
         return work
 
 
@@ -195,12 +215,14 @@ class LoadedLibrary:
                 except AttributeError:
                     raise CompileError(f"{self.path.name} has no symbol {symbol!r}") from None
                 fn.restype = None
-                fn.argtypes = [ctypes.POINTER(ctypes.c_void_p), ctypes.c_int64, ctypes.c_int64]
+                fn.argtypes = [ctypes.POINTER(ctypes.c_void_p), ctypes.c_int64, ctypes.c_int64,
+                               ctypes.c_int64]
                 self._fns[symbol] = fn
             return fn
 
-    def call(self, symbol: str, label: str, ptrs: Any, n: int) -> None:
-        """Run kernel `symbol` over [0, n); raise InvalidArgument if it set the error flag."""
+    def call(self, symbol: str, label: str, ptrs: Any, n: int, threads: int = 1) -> None:
+        """Run kernel `symbol` over [0, n) on up to `threads` threads; raise InvalidArgument
+        if it (any of its threads) set the error flag."""
         fn = self.function(symbol) if symbol not in self._fns else None
         with self._cv:
             if self.closed:
@@ -213,7 +235,9 @@ class LoadedLibrary:
             self._inside.depth = getattr(self._inside, "depth", 0) + 1
         handle = None
         try:
-            fn(ptrs, 0, n)
+            # The flag is read after the kernel's parallel region has joined: a store by any
+            # of its threads is visible here.
+            fn(ptrs, 0, n, threads)
             code = flag.value
             if code:
                 flag.value = 0
@@ -284,6 +308,7 @@ class CpuKernelLibrary(KernelLibrary):
                 self.loaded = LoadedLibrary(self.path)
             except OSError as e2:
                 raise CompileError(f"cannot load the kernel library {self.path}: {e2}") from None
+        self.device.pin_openmp()
         self._closer = finalize.finalizer(self, self.loaded.close)
         # At exit a daemon stream may still run a kernel: unmapping then buys nothing.
         self._closer.atexit = False
@@ -323,6 +348,29 @@ class KernelCache:
     def __init__(self) -> None:
         self._fallback: Path | None = None
         self._lock = threading.Lock()
+        self._features: dict[str, str | None] = {}     # per compiler: cpu_features()
+
+    def features(self, cc: str) -> str | None:
+        """What -march=native means to compiler `cc` on this CPU (None: not supported)."""
+        with self._lock:
+            if cc not in self._features:
+                self._features[cc] = cpu_features(cc)
+            return self._features[cc]
+
+    def key(self, cc: str, source: str, exported: Sequence[str]) -> tuple[str, tuple[str, ...]]:
+        """(cache key, compiler flags) of building `source` with `cc` on this CPU.
+
+        -march=native is used only with the CPU's features in the key: a library built for
+        one CPU's vector units is never loaded on another.
+        """
+        flags = compile_flags()
+        features = self.features(cc)
+        if features is not None:
+            flags = (*flags, *NATIVE_FLAGS)
+        key = hashlib.sha256("\0".join([_compiler_version(cc), *flags, features or "",
+                                        version_script(exported), source])
+                             .encode()).hexdigest()
+        return key, flags
 
     def root(self) -> Path:
         """The directory entries are read from and written to."""
@@ -383,10 +431,8 @@ class KernelCache:
         cc = shutil.which(os.environ.get("CC", "cc")) or shutil.which("gcc")
         if cc is None:
             raise CompileError("no C compiler found (set CC)")
-        flags = compile_flags()
-        script = "{ global: " + " ".join(f"{s};" for s in exported) + " local: *; };\n"
-        key = hashlib.sha256("\0".join([_compiler_version(cc), *flags, script, source])
-                             .encode()).hexdigest()
+        key, flags = self.key(cc, source, exported)
+        script = version_script(exported)
         name = f"{key[:32]}.so"
         if not force and self.read(name) is not None:
             return self.root() / name
@@ -409,6 +455,24 @@ class KernelCache:
                                f"{name}: {e}") from None
         log.debug("compiled %d kernels into %s", count, root / name)
         return root / name
+
+
+def version_script(exported: Sequence[str]) -> str:
+    """The linker version script exporting only `exported`."""
+    return "{ global: " + " ".join(f"{s};" for s in exported) + " local: *; };\n"
+
+
+def cpu_features(cc: str) -> str | None:
+    """The target options `cc -march=native` selects here (the CPU's features as that
+    compiler sees them), or None when it cannot say (no -march=native then)."""
+    try:
+        proc = subprocess.run([cc, "-march=native", "-Q", "--help=target"],
+                              capture_output=True, text=True, timeout=60)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    if proc.returncode != 0 or "-march=" not in proc.stdout:
+        return None
+    return proc.stdout
 
 
 _versions: dict[str, str] = {}
@@ -436,6 +500,11 @@ class CpuDevice(Device):
         self.cache = KernelCache()
         self._dnnl: Any = _UNSET
         self._dnnl_lock = threading.Lock()
+        # Per thread: the kernel thread count of the stream whose worker it is (CpuStream).
+        self.worker = threading.local()
+        self._openmp: ctypes.CDLL | None = None
+        for name, value in OPENMP_ENV.items():
+            os.environ.setdefault(name, value)      # a value the process chose stays
 
     @property
     def dnnl(self) -> Any:
@@ -447,6 +516,23 @@ class CpuDevice(Device):
 
                 self._dnnl = cpu_dnnl.create(self)
             return self._dnnl
+
+    def pin_openmp(self) -> None:
+        """Keep the OpenMP runtime a kernel library pulled in mapped for good.
+
+        Its pool threads outlive every parallel region; if closing the last kernel library
+        unmapped the runtime, they would wake up in unmapped code (a crash).
+        """
+        if self._openmp is not None:
+            return
+        for name in OPENMP_RUNTIMES:
+            try:
+                # NOLOAD: only the runtime already loaded (by a kernel library) is pinned.
+                self._openmp = ctypes.CDLL(name, mode=os.RTLD_NOW | os.RTLD_NOLOAD
+                                           | os.RTLD_NODELETE)
+                return
+            except OSError:
+                continue
 
     def _create_stream(self, options: StreamOptions) -> Stream:
         return CpuStream(self, options)

@@ -174,6 +174,111 @@ def test_cache_key_covers_source_flags_and_compiler(cpu, monkeypatch, tmp_path):
     assert len({first, other_source, other_flags, other_cc}) == 4
 
 
+def test_cache_key_covers_the_cpu_features(cpu, monkeypatch):
+    """-march=native code is keyed by what the compiler sees of this CPU: a library built on
+    one CPU is never picked up on another; without that view there is no -march=native."""
+    cc, src, names = lib_cc(), "int32_t aotrt_error = 0;\n", ["aotrt_k0", "aotrt_error"]
+    keys = {}
+    for features in ("-march= znver3\n-mavx2 [enabled]", "-march= skylake\n-mavx2 [enabled]",
+                     None):
+        monkeypatch.setattr(cpu_mod, "cpu_features", lambda cc, f=features: f)
+        key, flags = cpu_mod.KernelCache().key(cc, src, names)
+        assert ("-march=native" in flags) == (features is not None)
+        assert "-fopenmp" in flags and "-fwrapv" in flags and "-ffp-contract=off" in flags
+        keys[features] = key
+    assert len(set(keys.values())) == 3
+    real = cpu_mod.cpu_features(cc)
+    assert real is None or "-march=" in real
+
+
+def test_a_library_builds_and_runs_without_native_flags(cpu, ctx, monkeypatch, tmp_path):
+    monkeypatch.setenv("AOTRT_CACHE_DIR", str(tmp_path))
+    monkeypatch.setattr(cpu, "cache", cpu_mod.KernelCache())
+    monkeypatch.setattr(cpu_mod, "cpu_features", lambda cc: None)
+    lib = cpu.kernel_library([iota_kernel([7], [1], base=3.0)])
+    h = shims.empty_strided([7], None, "float32")
+    lib.kernel(next(iter(lib.kernels)))(ctx, h)
+    np.testing.assert_array_equal(h.numpy(), iota([7], base=3.0))
+    shims.delete_tensor_object(h)
+    lib.close()
+
+
+def _threads_source(syms: list[str]) -> str:
+    """Each kernel writes the thread count it was called with into P[0][0]."""
+    return "#include <stdint.h>\nint32_t aotrt_error = 0;\n" + "".join(
+        f"void {s}(char **P, int64_t b, int64_t e, int64_t t) {{ ((int64_t *)P[0])[0] = t; }}\n"
+        for s in syms)
+
+
+def test_a_kernel_call_gets_its_streams_thread_count(cpu, monkeypatch, tmp_path):
+    import os
+
+    from aotrt.runtime.device import StreamOptions
+
+    monkeypatch.setenv("AOTRT_CACHE_DIR", str(tmp_path))
+    monkeypatch.setattr(cpu, "renderer", _HandWritten(_threads_source))
+    k = _int64_kernel("k_threads")
+    lib = cpu.kernel_library([k])
+    fn = lib.kernel(k.name)
+    o = Owner("threads")
+    seen = {}
+    for threads in (1, 3, None):
+        s = cpu.create_stream(StreamOptions(threads=threads))
+        with cpu.stream_guard(s), owner_scope(o):
+            h = shims.empty_strided([2], None, "int64")
+            upload(h, np.zeros(2, np.int64))
+            fn(s, h)
+            launch = fn.prepare([h])            # a prepared launch reads the stream's too
+            seen[threads] = [int(h.numpy()[0])]
+            upload(h, np.zeros(2, np.int64))
+            launch.launch(s)
+            seen[threads].append(int(h.numpy()[0]))
+            shims.delete_tensor_object(h)
+        s.close()
+    o.close()
+    lib.close()
+    cores = len(os.sched_getaffinity(0))
+    assert seen == {1: [1, 1], 3: [3, 3], None: [cores, cores]}
+
+
+def test_the_openmp_runtime_stays_mapped_after_the_last_library_closes(tmp_path):
+    """Its pool threads outlive the library that started them: unmapping the runtime with
+    the library would crash the process when they wake (a fresh process, so that no other
+    library holds the runtime)."""
+    import os
+    import subprocess
+    import sys
+
+    script = """
+import numpy as np
+from aotrt.runtime import shims
+from aotrt.runtime.device import StreamOptions, get_device
+from aotrt.runtime.memory import Owner, owner_scope
+from tests.kernels.test_render_c import softmax_kernel
+cpu = get_device("cpu")
+s = cpu.create_stream(StreamOptions(threads=2))
+k = softmax_kernel(1001, 257, "float32")
+lib = cpu.kernel_library([k])
+o = Owner("pin")
+with cpu.stream_guard(s), owner_scope(o):
+    x, y = (shims.empty_strided([1001, 257], None, "float32") for _ in range(2))
+    lib.kernel(k.name)(s, x, y)
+    s.commit_and_wait()
+    for h in (x, y):
+        shims.delete_tensor_object(h)
+o.close()
+lib.close()
+maps = open("/proc/self/maps").read()
+print("unmapped" if str(lib.path) in maps else "closed",
+      "gomp" if "libgomp" in maps or "libomp" in maps else "no-runtime")
+"""
+    env = dict(os.environ, AOTRT_CACHE_DIR=str(tmp_path))
+    proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                          env=env, cwd=Path(__file__).parents[3], timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert proc.stdout.split() == ["closed", "gomp"], proc.stdout
+
+
 def test_compiled_kernel_runs(cpu, ctx):
     h = shims.empty_strided([5], None, "float32")
     kernel_fn(cpu, iota_kernel([5], [1], base=42.0))(ctx, h)
@@ -578,3 +683,67 @@ print("not reported")
     proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
                           env=env, cwd=Path(__file__).parents[3], timeout=300)
     assert proc.returncode != 0 and "AddressSanitizer" in proc.stderr, proc.stderr[-2000:]
+
+
+def test_sanitized_build_runs_a_threaded_kernel_cleanly(tmp_path):
+    """ASan+UBSan with OpenMP: a kernel split across threads runs without a report and gives
+    the single-threaded result."""
+    import os
+    import shutil
+    import subprocess
+    import sys
+
+    cc = shutil.which(os.environ.get("CC", "cc")) or shutil.which("gcc")
+    asan = subprocess.run([cc, "-print-file-name=libasan.so"], capture_output=True,
+                          text=True).stdout.strip()
+    if not asan or not os.path.isabs(asan) or not os.path.exists(asan):
+        pytest.skip("no libasan for this compiler")
+    script = """
+import numpy as np
+from aotrt.runtime import shims
+from aotrt.runtime.device import StreamOptions, get_device
+from aotrt.runtime.memory import Owner, owner_scope
+from tests.kernels.test_render_c import softmax_kernel
+from tests.support import rand, upload
+cpu = get_device("cpu")
+k = softmax_kernel(1001, 257, "float32")
+lib = cpu.kernel_library([k])
+out = {}
+for threads in (1, 2):
+    s = cpu.create_stream(StreamOptions(threads=threads))
+    o = Owner("san")
+    with cpu.stream_guard(s), owner_scope(o):
+        x, y = (shims.empty_strided([1001, 257], None, "float32") for _ in range(2))
+        upload(x, rand((1001, 257), seed=5))
+        lib.kernel(k.name)(s, x, y)
+        out[threads] = y.numpy().tobytes()
+        for h in (x, y):
+            shims.delete_tensor_object(h)
+    o.close()
+    s.close()
+print("equal" if out[1] == out[2] else "different")
+"""
+    env = dict(os.environ, AOTRT_CACHE_DIR=str(tmp_path), AOTRT_CC_SANITIZE="address,undefined",
+               LD_PRELOAD=asan, ASAN_OPTIONS="detect_leaks=0")
+    proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                          env=env, cwd=Path(__file__).parents[3], timeout=300)
+    assert proc.returncode == 0 and proc.stdout.split() == ["equal"], proc.stderr[-2000:]
+    assert "Sanitizer" not in proc.stderr and "runtime error" not in proc.stderr
+
+
+@pytest.mark.parametrize("preset", [None, "ACTIVE"])
+def test_openmp_threads_wait_passively_unless_the_process_says_otherwise(preset):
+    """A fresh process: the device asks for a passive wait policy before any kernel library
+    loads the OpenMP runtime; a policy the process set stays."""
+    import os
+    import subprocess
+    import sys
+
+    env = {k: v for k, v in os.environ.items() if k != "OMP_WAIT_POLICY"}
+    if preset is not None:
+        env["OMP_WAIT_POLICY"] = preset
+    script = ("import os\nfrom aotrt.runtime.device import get_device\nget_device('cpu')\n"
+              "print(os.environ.get('OMP_WAIT_POLICY'))\n")
+    proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                          env=env, cwd=Path(__file__).parents[3], timeout=120)
+    assert proc.stdout.split() == [preset or "PASSIVE"], proc.stderr[-2000:]
