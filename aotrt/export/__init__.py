@@ -23,7 +23,8 @@ def export(model: Any, example_inputs: Sequence[Any], *, kwargs: dict[str, Any] 
 
     `layout` lays out the activations: "channels_last" (NHWC activations, KRSC weights),
     "contiguous", or "auto": channels-last when the model has 2-D convolutions and the
-    default device prefers it (aotrt/export/layout.py). Inputs and outputs keep the example's and torch's layouts.
+    default device prefers it (aotrt/export/layout.py). Inputs keep row-major specs and
+    outputs torch's layouts.
     Raises aotrt.errors.Unsupported, naming the op and the model's source line, for anything
     the runtime cannot run; nothing unsupported is left to fail at run time.
     """
