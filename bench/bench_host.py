@@ -104,16 +104,7 @@ def main() -> None:
     d.stream.commit_and_wait()
     err = float(np.max(np.abs(got - reference(x, a.instructions))))
     n_ins = len(prog.instructions)
-    for _ in range(10):
-        d.run(x)
-        d.stream.commit_and_wait()
-    times, host = [], []
-    for _ in range(a.iters):
-        t = time.perf_counter()
-        d.run(x)
-        host.append(time.perf_counter() - t)
-        d.stream.commit_and_wait()
-        times.append(time.perf_counter() - t)
+    times, host = timed_runs(d, x, 10, a.iters)
     med, hmed = statistics.median(times), statistics.median(host)
     print(f"| {a.device} | {n_ins} | {'on' if a.hazards else 'off'} | {med * 1e3:.2f} | "
           f"{med / n_ins * 1e6:.1f} | {min(times) / n_ins * 1e6:.1f} | "
@@ -122,21 +113,28 @@ def main() -> None:
     d.close()
 
 
-def model_row(a: argparse.Namespace) -> None:
-    """Host time of run() on a real model: the time until run() returns (everything queued)
-    and until its work is done, per instruction; prints one markdown table row."""
-    prog, x = torchvision_program(a.torchvision, a.size)
-    d = aotrt.load(prog, device=a.device, check_hazards=a.hazards, cuda_graph=False)
-    for _ in range(5):
+def timed_runs(d: aotrt.Delegate, x: np.ndarray, warmup: int,
+               iters: int) -> tuple[list[float], list[float]]:
+    """Seconds per run until its work is done, and until run() returned, after warm-up."""
+    for _ in range(warmup):
         d.run(x)
         d.stream.commit_and_wait()
     times, host = [], []
-    for _ in range(a.iters):
+    for _ in range(iters):
         t = time.perf_counter()
         d.run(x)
         host.append(time.perf_counter() - t)
         d.stream.commit_and_wait()
         times.append(time.perf_counter() - t)
+    return times, host
+
+
+def model_row(a: argparse.Namespace) -> None:
+    """Host time of run() on a real model: the time until run() returns (everything queued)
+    and until its work is done, per instruction; prints one markdown table row."""
+    prog, x = torchvision_program(a.torchvision, a.size)
+    d = aotrt.load(prog, device=a.device, check_hazards=a.hazards, cuda_graph=False)
+    times, host = timed_runs(d, x, 5, a.iters)
     n_ins = len(prog.instructions)
     hmed, med = statistics.median(host), statistics.median(times)
     print(f"| {a.device} | {a.torchvision} {a.size}x{a.size} | {n_ins} | "
