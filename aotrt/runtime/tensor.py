@@ -231,7 +231,7 @@ def _host(make: Any, sizes: tuple[int, ...], dtype: Any) -> np.ndarray:
     """
     itemsize = getattr(dtype, "itemsize", 1)
     nbytes = numel_of(sizes) * itemsize
-    if nbytes > _physical_memory():
+    if nbytes > physical_memory():
         raise OutOfMemory(f"host copy of {nbytes} bytes ({list(sizes)} x {itemsize}) does not "
                           f"fit in host memory")
     try:
@@ -241,7 +241,7 @@ def _host(make: Any, sizes: tuple[int, ...], dtype: Any) -> np.ndarray:
                           f"fit in host memory") from None
 
 
-def _physical_memory() -> int:
+def physical_memory() -> int:
     """Bytes of physical memory of this machine (no limit where the OS does not say)."""
     try:
         return os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")

@@ -28,7 +28,7 @@ from aotrt.kernels.render_c import CRenderer
 from aotrt.runtime import finalize, hazards
 from aotrt.runtime.device import (Block, Device, KernelFunction, KernelLibrary, Stream,
                                   StreamOptions)
-from aotrt.runtime.tensor import Handle
+from aotrt.runtime.tensor import Handle, physical_memory
 
 log = logging.getLogger(__name__)
 
@@ -538,6 +538,11 @@ class CpuDevice(Device):
         return CpuStream(self, options)
 
     def _alloc(self, nbytes: int) -> Block:
+        if nbytes > physical_memory():
+            # Where the kernel overcommits, numpy's allocation would succeed and the first
+            # touch (the arena's zero fill at load) would get the process killed.
+            raise OutOfMemory(f"cpu: cannot allocate {nbytes} bytes: more than this machine's "
+                              f"{physical_memory()} bytes of memory")
         try:
             raw = np.empty(nbytes + 64, dtype=np.uint8)
         except MemoryError:

@@ -49,6 +49,16 @@ def test_alloc_too_large_is_out_of_memory(cpu):
         cpu._alloc(1 << 61)
 
 
+def test_alloc_beyond_physical_memory_is_refused_before_touching_it(cpu, monkeypatch):
+    """An overcommitting kernel would grant it and kill the process at the first touch (a
+    2 KB fuzz mutant asked for a 2 GiB arena, which load zero-fills)."""
+    monkeypatch.setattr(cpu_mod, "physical_memory", lambda: 1 << 20)
+    with pytest.raises(OutOfMemory, match="more than this machine's 1048576 bytes"):
+        cpu._alloc((1 << 20) + 1)
+    block = cpu._alloc(1 << 20)
+    assert block.nbytes == 1 << 20
+
+
 def test_host_array_is_a_zero_copy_strided_view(cpu, ctx):
     base = shims.empty_strided([4, 6], None, "float32")
     upload(base, iota([4, 6]))
