@@ -717,21 +717,16 @@ def _op_field(w: str, fn: str, msg: str) -> str:
     base = field.split("[", 1)[0]
     if base in ("outs", "ins", "params"):
         return f"{w}.{field}"
+    from aotrt.runtime.ops import PARAM_NAMES
+
     if base.isidentifier() and field.replace(base, "", 1).strip("[]0123456789") == "" and \
-            base in _KNOWN_PARAMS:
+            base in PARAM_NAMES:
         return f"{w}.params.{field}"
     return w
 
 
 def _op_message(fn: str, msg: str) -> str:
     return f"library op {msg}"[:400]
-
-
-#: every library op param name (aotrt/runtime/ops docstring): these name params, not tensors
-_KNOWN_PARAMS = frozenset({
-    "beta", "alpha", "stride", "padding", "dilation", "transposed", "output_padding", "groups",
-    "dropout_p", "is_causal", "scale", "enable_gqa", "k", "dim", "largest", "sorted",
-    "kernel_size", "ceil_mode", "output_size", "scale_factors"})
 
 
 _EXPR_TYPES = (ir.Const, ir.Idx, ir.Load, ir.Op, ir.Reduce)

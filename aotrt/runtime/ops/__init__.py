@@ -158,6 +158,10 @@ _SPECS: dict[str, _Spec] = {s.name: s for s in (
 
 SCRATCH_OVERHEAD = 4096
 
+#: every library op's param names (the program file's error paths name them as params)
+PARAM_NAMES: frozenset[str] = frozenset(
+    p for spec in _SPECS.values() for p in (*spec.params, *spec.required))
+
 OPS: dict[str, OpFn] = {name: _adapter(spec) for name, spec in _SPECS.items()}
 
 
@@ -184,5 +188,5 @@ def check(fn: str, outs: Sequence[TensorMeta], ins: Sequence[TensorMeta | None],
     return OpCost(cost.work, cost.scratch_bytes + SCRATCH_OVERHEAD)
 
 
-__all__ = ["OPS", "OpCost", "TensorMeta", "check", "mm", "bmm", "addmm", "linear",
+__all__ = ["OPS", "OpCost", "PARAM_NAMES", "TensorMeta", "check", "mm", "bmm", "addmm", "linear",
            "convolution", "sdpa", "topk", "max_pool2d", "upsample_nearest2d"]
