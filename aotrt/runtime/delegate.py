@@ -15,7 +15,7 @@ import logging
 import os
 import threading
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Callable, Mapping, Sequence
 
 import numpy as np
@@ -24,8 +24,9 @@ from aotrt import dtypes
 from aotrt.dtypes import DType
 from aotrt.errors import AotrtError, InvalidArgument, Unsupported
 from aotrt.limits import Limits
-from aotrt.program import Program, extent
-from aotrt.runtime import dlpack, finalize, shims
+from aotrt.program import Program
+from aotrt.runtime import finalize, shims
+from aotrt.runtime.arguments import Arg, Arguments, spec_of
 from aotrt.runtime.device import (Command, Device, KernelLibrary, Stream, StreamOptions,
                                   check_threads, default_device, get_device)
 from aotrt.runtime.hazards import Access
@@ -45,34 +46,6 @@ def library_ops() -> Mapping[str, Callable[..., Any]]:
     except ImportError as e:
         raise Unsupported(f"library ops are not available: {e}") from e
     return OPS
-
-
-@dataclass(frozen=True)
-class _Spec:
-    name: str
-    dtype: DType
-    shape: tuple[int, ...]
-    strides: tuple[int, ...]
-    nbytes: int
-
-    def layout_matches(self, strides: Sequence[int]) -> bool:
-        """True when `strides` (elements) address the elements exactly as the spec does."""
-        return all(a == b for n, a, b in zip(self.shape, strides, self.strides) if n > 1)
-
-
-@dataclass
-class _Arg:
-    """One caller tensor, classified: how its memory becomes a root of the program."""
-
-    what: str
-    spec: _Spec
-    kind: str                      # "handle" | "blob" | "stage" | "empty"
-    handle: Handle | None = None   # an aotrt.Tensor's view (kind handle, or stage source)
-    ptr: int = 0                   # element 0 on the delegate's device (kind blob)
-    array: np.ndarray | None = None  # host memory (stage source/target)
-    foreign: Any = None            # an imported DLPack tensor to stage through (device memory)
-    keep: list = field(default_factory=list)
-    span: tuple[int, int] | None = None   # absolute bytes, for overlap checks
 
 
 @dataclass
@@ -149,14 +122,15 @@ class Delegate:
 
     def _init(self, check_hazards: bool, threads: int | None) -> None:
         prog, dev = self.program, self.device
-        self.inputs = [_spec(s) for s in prog.inputs]
-        self.outputs = [_spec(s) for s in prog.outputs]
+        self.inputs = [spec_of(s) for s in prog.inputs]
+        self.outputs = [spec_of(s) for s in prog.outputs]
         with owner_scope(self._owner):
             # The thread count belongs to this delegate's own stream: other delegates and
             # streams keep theirs.
             self._stream = dev.create_stream(StreamOptions.from_env(
                 check_hazards=check_hazards, threads=threads))
             self._res.stream = self._stream
+            self._args = Arguments(dev, self._stream, self.inputs, self.outputs, self.name)
             with dev.stream_guard(self._stream):
                 self._make_roots()
                 self._make_steps()
@@ -258,121 +232,14 @@ class Delegate:
                 names = ", ".join(s.name for s in self.inputs)
                 raise InvalidArgument(f"inputs: {self.name} takes {len(self.inputs)} inputs "
                                       f"({names}), got {len(inputs)}")
-            args = [self._classify(x, spec, f"input {k} '{spec.name}'", False)
+            args = [self._args.classify(x, spec, f"input {k} '{spec.name}'", False)
                     for k, (x, spec) in enumerate(zip(inputs, self.inputs))]
-            outs = self._classify_out(out, args)
+            outs = self._args.classify_out(out, args)
             if self._graph_mode:
                 return self._run_graph(args, outs, out)
             return self._run(args, outs, out)
 
-    def _classify_out(self, out: Any, args: list[_Arg]) -> list[_Arg] | None:
-        if out is None:
-            return None
-        if not isinstance(out, (tuple, list)):
-            if len(self.outputs) != 1:
-                raise InvalidArgument(f"out: expected a tuple of {len(self.outputs)} tensors, "
-                                      f"got {type(out).__name__}")
-            out = (out,)
-        if len(out) != len(self.outputs):
-            raise InvalidArgument(f"out: {self.name} has {len(self.outputs)} outputs, got "
-                                  f"{len(out)} out tensors")
-        outs = [self._classify(o, spec, f"out {k} '{spec.name}'", True)
-                for k, (o, spec) in enumerate(zip(out, self.outputs))]
-        for k, o in enumerate(outs):
-            if o.span is None:
-                continue
-            for j, other in enumerate(outs[:k]):
-                if other.span is not None and _overlap(o.span, other.span):
-                    raise InvalidArgument(f"{o.what}: shares memory with {other.what}")
-            if o.kind != "stage" and any(a.span is not None and _overlap(o.span, a.span)
-                                         for a in args):
-                # Written while inputs are still read: compute apart, then copy in.
-                o.kind = "stage"
-        return outs
-
-    def _classify(self, x: Any, spec: _Spec, what: str, writes: bool) -> _Arg:
-        """Check one caller tensor against its spec and decide how to bind it."""
-        dev = self.device
-        if isinstance(x, Tensor):
-            if x.released:
-                raise InvalidArgument(f"{what}: the aotrt.Tensor was released")
-            h = x.handle
-            _check_meta(what, spec, h.dtype, h.sizes)
-            if h.device is not dev:
-                raise InvalidArgument(f"{what}: tensor is on {h.device.name}, the delegate on "
-                                      f"{dev.name}")
-            lo, hi = h.byte_range()
-            span = (h.alloc.ptr + lo, h.alloc.ptr + hi) if h.alloc is not None and hi > lo else None
-            kind = "handle" if spec.layout_matches(h.strides) else "stage"
-            return _Arg(what, spec, kind if spec.nbytes else "empty", handle=h, keep=[x],
-                        span=span)
-        if isinstance(x, np.generic) and not writes:
-            x = np.asarray(x)       # a numpy scalar: a 0-d input
-        if isinstance(x, np.ndarray):
-            return self._classify_host(x, spec, what, writes, [])
-        if hasattr(x, "__dlpack__") and hasattr(x, "__dlpack_device__"):
-            try:
-                dev_type = x.__dlpack_device__()[0]
-            except Exception as e:  # noqa: BLE001 - a foreign object's failure, reported
-                raise InvalidArgument(f"{what}: __dlpack_device__ failed: {e}") from None
-            if dev_type == dlpack.CPU:
-                try:
-                    arr = np.from_dlpack(x)
-                    keep: list = [x]
-                except (BufferError, TypeError, RuntimeError, ValueError):
-                    # numpy lacks some dtypes (bfloat16): take the capsule ourselves.
-                    imp = dlpack.from_dlpack(x)
-                    arr = _host_view(imp)
-                    keep = [x, imp]
-                return self._classify_host(arr, spec, what, writes, keep)
-            # The producer orders its pending work before our stream (DLPack's stream rule;
-            # 1 is CUDA's legacy default stream, which must not be passed as 0).
-            handle = getattr(self._stream, "handle", None)
-            stream_arg = None if handle is None else (int(handle) or 1)
-            imp = dlpack.from_dlpack(x, stream=stream_arg)
-            return self._classify_device(imp, x, spec, what)
-        raise InvalidArgument(f"{what}: expected a numpy array, an aotrt.Tensor or a "
-                              f"__dlpack__ tensor, got {type(x).__name__}")
-
-    def _classify_host(self, arr: np.ndarray, spec: _Spec, what: str, writes: bool,
-                       keep: list) -> _Arg:
-        try:
-            dt = dtypes.as_dtype(arr.dtype)
-        except InvalidArgument:
-            raise InvalidArgument(f"{what}: expected dtype {spec.dtype.name}, got unsupported "
-                                  f"{arr.dtype}") from None
-        _check_meta(what, spec, dt, arr.shape)
-        if writes and not arr.flags.writeable:
-            raise InvalidArgument(f"{what}: the array is read-only")
-        keep = [*keep, arr]
-        if not spec.nbytes:
-            return _Arg(what, spec, "empty", keep=keep)
-        isz = dt.itemsize
-        lo, hi = np.lib.array_utils.byte_bounds(arr) if hasattr(np.lib, "array_utils") else \
-            np.byte_bounds(arr)
-        strides = [s // isz if s % isz == 0 else None for s in arr.strides]
-        direct = (self.device.host_addressable and arr.flags.aligned and None not in strides
-                  and spec.layout_matches(strides))
-        ptr = arr.__array_interface__["data"][0]
-        if direct:
-            return _Arg(what, spec, "blob", ptr=ptr, array=arr, keep=keep, span=(lo, hi))
-        return _Arg(what, spec, "stage", array=arr, keep=keep, span=(lo, hi))
-
-    def _classify_device(self, imp: dlpack.Imported, x: Any, spec: _Spec, what: str) -> _Arg:
-        _check_meta(what, spec, imp.dtype, imp.shape)
-        if imp.device != self.device.name or imp.device_id != 0:
-            raise InvalidArgument(f"{what}: tensor is on {imp.device}:{imp.device_id}, the "
-                                  f"delegate on {self.device.name}")
-        if not spec.nbytes:
-            return _Arg(what, spec, "empty", keep=[x, imp])
-        lo = imp.ptr + min(0, sum((n - 1) * s for n, s in zip(imp.shape, imp.strides)
-                                  if s < 0)) * imp.dtype.itemsize
-        hi = imp.ptr + extent(imp.shape, [abs(s) for s in imp.strides], imp.dtype.itemsize)[1]
-        if spec.layout_matches(imp.strides):
-            return _Arg(what, spec, "blob", ptr=imp.ptr, keep=[x, imp], span=(lo, hi))
-        return _Arg(what, spec, "stage", foreign=imp, keep=[x, imp], span=(lo, hi))
-
-    def _run(self, args: list[_Arg], outs: list[_Arg] | None, out: Any) -> tuple[Any, ...]:
+    def _run(self, args: list[Arg], outs: list[Arg] | None, out: Any) -> tuple[Any, ...]:
         dev, stream, prog = self.device, self._stream, self.program
         handles: list[Handle | None] = list(self._static)
         temps: list[Handle] = []
@@ -444,7 +311,7 @@ class Delegate:
         accesses = [Access(a, 0, a.nbytes, True) for a in allocs]
         return _Graph(graph, ins, outs, keep, accesses)
 
-    def _run_graph(self, args: list[_Arg], outs: list[_Arg] | None,
+    def _run_graph(self, args: list[Arg], outs: list[Arg] | None,
                    out: Any) -> tuple[Any, ...]:
         """Copy inputs into the static buffers, replay the graph, copy the outputs out."""
         dev, stream, prog = self.device, self._stream, self.program
@@ -492,7 +359,7 @@ class Delegate:
             return tuple(out) if isinstance(out, (tuple, list)) else (out,)
         return results
 
-    def _bind(self, a: _Arg, temps: list[Handle], output: bool) -> Handle:
+    def _bind(self, a: Arg, temps: list[Handle], output: bool) -> Handle:
         """The uint8 base handle of one caller tensor's root (bound, or staged)."""
         dev, u8, spec = self.device, dtypes.uint8, a.spec
         if a.kind == "empty":
@@ -519,7 +386,7 @@ class Delegate:
             _settle_other_streams(base.alloc, self._stream, writes_only=not output)
         return base
 
-    def _stage_in(self, a: _Arg, base: Handle, temps: list[Handle]) -> None:
+    def _stage_in(self, a: Arg, base: Handle, temps: list[Handle]) -> None:
         """Fill a staging root with an input's values, in the spec's layout."""
         spec = a.spec
         typed = shims.reinterpret_tensor(base, spec.shape, spec.strides, 0, dtype=spec.dtype)
@@ -530,7 +397,7 @@ class Delegate:
             return
         self._stream.copy(typed, self._caller_handle(a, temps, writes_only=True))
 
-    def _unstage(self, o: _Arg, result: Handle, temps: list[Handle],
+    def _unstage(self, o: Arg, result: Handle, temps: list[Handle],
                  copy_back: list[tuple[np.ndarray, Handle]]) -> None:
         """Copy a computed output into a caller's out tensor that could not be bound."""
         if o.array is not None:
@@ -538,7 +405,7 @@ class Delegate:
             return
         self._stream.copy(self._caller_handle(o, temps, writes_only=False), result)
 
-    def _caller_handle(self, a: _Arg, temps: list[Handle], writes_only: bool) -> Handle:
+    def _caller_handle(self, a: Arg, temps: list[Handle], writes_only: bool) -> Handle:
         """A handle on a caller's device tensor, ordered after other streams' work on it."""
         h = a.handle
         if a.foreign is not None:
@@ -704,37 +571,6 @@ def _settle_other_streams(alloc: Allocation, stream: Stream, writes_only: bool) 
     for other in list(alloc.uses):
         if other is not stream and not other.closed:
             other.wait_for(alloc, writes_only)
-
-
-def _overlap(a: tuple[int, int], b: tuple[int, int]) -> bool:
-    return a[0] < b[1] and b[0] < a[1]
-
-
-def _check_meta(what: str, spec: _Spec, dt: DType, shape: Sequence[int]) -> None:
-    if dt is not spec.dtype:
-        raise InvalidArgument(f"{what}: expected dtype {spec.dtype.name}, got {dt.name}")
-    if tuple(shape) != spec.shape:
-        raise InvalidArgument(f"{what}: expected shape {list(spec.shape)}, got {list(shape)}")
-
-
-def _spec(s: Mapping[str, Any]) -> _Spec:
-    dt = dtypes.as_dtype(s["dtype"])
-    shape, strides = tuple(s["shape"]), tuple(s["strides"])
-    return _Spec(s["name"], dt, shape, strides, extent(shape, strides, dt.itemsize)[1])
-
-
-def _host_view(imp: dlpack.Imported) -> np.ndarray:
-    """A numpy view of host memory described by an imported DLPack tensor."""
-    import ctypes
-
-    isz = imp.dtype.itemsize
-    if 0 in imp.shape:
-        return np.empty(imp.shape, dtype=imp.dtype.np)
-    lo = sum((n - 1) * s for n, s in zip(imp.shape, imp.strides) if s < 0) * isz
-    hi = (sum((n - 1) * s for n, s in zip(imp.shape, imp.strides) if s > 0) + 1) * isz
-    buf = (ctypes.c_uint8 * (hi - lo)).from_address(imp.ptr + lo)
-    return np.ndarray(imp.shape, dtype=imp.dtype.np, buffer=buf, offset=-lo,
-                      strides=[s * isz for s in imp.strides])
 
 
 def load(prog_or_path: Any, device: Any = None, check_hazards: bool = False,
