@@ -77,7 +77,7 @@ def _torchvision() -> list[Case]:
     for name in torchvision.models.list_models(module=torchvision.models.segmentation):
         def build(name: str = name) -> tuple[Any, tuple]:
             m = torchvision.models.get_model(name, weights=None, weights_backbone=None)
-            return _Outputs(m), _img(96)
+            return _flat(m), _img(96)
         cases.append(Case("torchvision-seg", name, build))
     for name in torchvision.models.list_models(module=torchvision.models.video):
         if name.startswith(("mvit", "swin3d", "s3d")):
@@ -204,28 +204,24 @@ def _hf_config(model_type: str) -> Any:
     return cfg
 
 
-class _Outputs:
-    """Wraps a module so that it returns a flat tuple of its tensor outputs."""
+def _flat(inner: Any, kwargs_names: tuple[str, ...] = ()) -> Any:
+    """`inner` wrapped so that it returns a flat tuple of its tensor outputs (positional
+    arguments passed by these keyword names when given)."""
+    import torch
+    import torch.utils._pytree as pytree
 
-    def __new__(cls, inner: Any, kwargs_names: tuple[str, ...] = ()) -> Any:
-        import torch
-        import torch.utils._pytree as pytree
+    class Flat(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.inner = inner
 
-        class Flat(torch.nn.Module):
-            def __init__(self) -> None:
-                super().__init__()
-                self.inner = inner
-
-            def forward(self, *args: Any) -> tuple:
-                if kwargs_names:
-                    out = self.inner(**dict(zip(kwargs_names, args)))
-                else:
-                    out = self.inner(*args)
-                if hasattr(out, "to_tuple"):
-                    out = out.to_tuple()
-                leaves = pytree.tree_leaves(out)
-                return tuple(t for t in leaves if isinstance(t, torch.Tensor))
-        return Flat().eval()
+        def forward(self, *args: Any) -> tuple:
+            out = self.inner(**dict(zip(kwargs_names, args))) if kwargs_names else \
+                self.inner(*args)
+            if hasattr(out, "to_tuple"):
+                out = out.to_tuple()
+            return tuple(t for t in pytree.tree_leaves(out) if isinstance(t, torch.Tensor))
+    return Flat().eval()
 
 
 def _hf() -> list[Case]:
@@ -255,25 +251,25 @@ def _hf() -> list[Case]:
                 m = (cls[0] if isinstance(cls, tuple) else cls)(cfg).eval()
             ids = torch.randint(0, 500, (1, 16), generator=g)
             if kind == "text":
-                return _Outputs(m, ("input_ids",)), (ids,)
+                return _flat(m, ("input_ids",)), (ids,)
             if kind == "seq2seq":
-                return _Outputs(m, ("input_ids", "decoder_input_ids")), (ids, ids[:, :8])
+                return _flat(m, ("input_ids", "decoder_input_ids")), (ids, ids[:, :8])
             if kind == "image":
                 size = getattr(cfg, "image_size", 64)
                 size = size if isinstance(size, int) else size[0]
                 ch = getattr(cfg, "num_channels", 3)
-                return _Outputs(m, ("pixel_values",)), (torch.randn(1, ch, size, size),)
+                return _flat(m, ("pixel_values",)), (torch.randn(1, ch, size, size),)
             if kind == "audio":
-                return _Outputs(m, ("input_values",)), (torch.randn(1, 16000),)
+                return _flat(m, ("input_values",)), (torch.randn(1, 16000),)
             if kind == "whisper":
                 n = cfg.num_mel_bins
-                return _Outputs(m, ("input_features", "decoder_input_ids")), (
+                return _flat(m, ("input_features", "decoder_input_ids")), (
                     torch.randn(1, n, 2 * cfg.max_source_positions), ids[:, :4])
             if kind == "speech2text":
-                return _Outputs(m, ("input_features", "decoder_input_ids")), (
+                return _flat(m, ("input_features", "decoder_input_ids")), (
                     torch.randn(1, 64, cfg.input_feat_per_channel), ids[:, :4])
             if kind == "clip":
-                return _Outputs(m, ("input_ids", "pixel_values")), (
+                return _flat(m, ("input_ids", "pixel_values")), (
                     ids, torch.randn(1, 3, cfg.vision_config.image_size,
                                      cfg.vision_config.image_size))
             raise ValueError(kind)
@@ -311,7 +307,7 @@ def _ultralytics() -> list[Case]:
             x = torch.randn(1, 3, 160, 160)
             with torch.no_grad():
                 m(x)            # heads cache anchors and strides on the first call
-            return _Outputs(m), (x,)
+            return _flat(m), (x,)
         note = ("ill-conditioned: its decoder queries are a top-k selection over encoder "
                 "scores, so eager fp32 itself is far from fp64 and a near-tie picks other "
                 "queries; a mismatch here needs a look, not a verdict" if

@@ -14,7 +14,7 @@ import os
 import threading
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Callable, Iterator, Sequence
+from typing import TYPE_CHECKING, Any, Iterator, Sequence
 
 from aotrt.errors import AotrtError, DeviceError, HazardError, InvalidArgument, Unsupported
 from aotrt.kernels import ir
@@ -697,6 +697,3 @@ def cuda_available() -> bool:
 def default_device() -> str:
     """'cuda' when present, else 'cpu'."""
     return "cuda" if cuda_available() else "cpu"
-
-
-Work = Callable[[], None]

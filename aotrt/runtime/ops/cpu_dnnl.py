@@ -406,11 +406,11 @@ class Dnnl:
         """
         lib = self.lib
         run = _Run(lib, self.engine)
-        copies: dict[int, tuple[Handle, np.ndarray, int]] = {}
+        copies: dict[Handle, tuple[np.ndarray, int]] = {}   # by the view itself
         for h in detach:
             lo, hi = h.byte_range()
             buf, base = _aligned(hi - lo, h.alloc.ptr + lo)
-            copies[id(h)] = (h, buf, base)
+            copies[h] = (buf, base)
         sets: list[tuple[Any, Callable[[], int]]] = []   # (memory, its address at run time)
         pre: list[tuple[Any, Any]] = []                  # (reorder, args) before the conv
         post: list[tuple[Any, Any]] = []                 # (reorder, args) after it
@@ -433,10 +433,10 @@ class Dnnl:
             return m_impl
 
         def addr(h: Handle) -> Callable[[], int]:
-            c = copies.get(id(h))
+            c = copies.get(h)
             if c is None:
                 return lambda: h.address
-            src, buf, base = c
+            src, base = h, c[1]          # c[0], the buffer, lives in work.keep
 
             def copied() -> int:
                 lo, hi = src.byte_range()
