@@ -10,8 +10,6 @@ Importing aotrt never imports torch: `export` loads the exporter on first call.
 
 from __future__ import annotations
 
-import sys
-import types
 from typing import Any
 
 from aotrt import errors
@@ -28,38 +26,13 @@ __version__ = "0.1.0"
 
 
 def export(model: Any, example_inputs: Any, *args: Any, **kwargs: Any) -> Program:
-    """Export a torch.nn.Module on example inputs to an aotrt.Program (imports torch)."""
-    import importlib
+    """Export a torch.nn.Module (or ExportedProgram) to an aotrt.Program (imports torch)."""
+    # The exporter lives in aotrt.exporter, a separate package so that this name stays a
+    # plain function; importing it here, on first call, keeps `import aotrt` free of torch.
+    from aotrt.exporter import export as _export
 
-    fn = None
-    for name in ("aotrt.export", "aotrt.export.lower"):
-        try:
-            fn = getattr(importlib.import_module(name), "export", None)
-        except ModuleNotFoundError as e:
-            if e.name not in ("aotrt.export", "aotrt.export.lower"):
-                raise
-        if callable(fn):
-            break
-    if not callable(fn):
-        raise Unsupported("aotrt.export: the exporter (aotrt/export) is not available here")
-    return fn(model, example_inputs, *args, **kwargs)
+    return _export(model, example_inputs, *args, **kwargs)
 
-
-class _Package(types.ModuleType):
-    """The aotrt module: `aotrt.export` stays the function above even after the
-    `aotrt.export` subpackage is imported (the import system would rebind the name)."""
-
-    @property
-    def export(self) -> Any:
-        return export
-
-    @export.setter
-    def export(self, value: Any) -> None:
-        # The subpackage itself is reachable as sys.modules["aotrt.export"].
-        pass
-
-
-sys.modules[__name__].__class__ = _Package
 
 __all__ = [
     "export", "load", "Program", "ProgramBuilder", "Delegate", "Tensor", "DType", "Limits",

@@ -1,7 +1,7 @@
 """The command line: `python -m aotrt demo | export | run | bench | inspect`.
 
 `run`, `bench` and `inspect` need only the runtime (numpy); `demo` and `export` live in
-aotrt/export/demo.py, the only place that imports torch for them.
+aotrt/exporter/demo.py, the only place that imports torch for them.
 """
 
 from __future__ import annotations
@@ -84,12 +84,12 @@ def _synced_run(m: Any, inputs: Sequence[Any]) -> Any:
 
 def cmd_demo(args: argparse.Namespace) -> int:
     """Export a YOLO-style detector, run it, and compare it with torch eager."""
-    return importlib.import_module("aotrt.export.demo").run_demo(args)
+    return importlib.import_module("aotrt.exporter.demo").run_demo(args)
 
 
 def cmd_export(args: argparse.Namespace) -> int:
     """Export a model to a .aotp file."""
-    return importlib.import_module("aotrt.export.demo").run_export(args)
+    return importlib.import_module("aotrt.exporter.demo").run_export(args)
 
 
 def cmd_run(args: argparse.Namespace) -> int:

@@ -858,7 +858,7 @@ def read_safetensors(data: bytes) -> tuple[dict[str, str], dict[str, np.ndarray]
 
 
 class ProgramBuilder:
-    """Build a Program step by step; arena buffers are planned (aotrt.export.plan) at build().
+    """Build a Program step by step; arena buffers are planned (aotrt.exporter.plan) at build().
 
     Tensor ids are returned by every method that makes a view. Intermediates live in
     `buffer(nbytes)`s whose lifetimes come from the instructions that touch their views.
@@ -985,7 +985,7 @@ class ProgramBuilder:
 
     def build(self, arena_nbytes: int | None = None, align: int = 64) -> Program:
         """Plan the buffers into the arena and return the validated Program."""
-        from aotrt.export.plan import plan
+        from aotrt.exporter.plan import plan
 
         lives = self.lifetimes()
         sizes = [n if life is not None else 0 for n, life in zip(self.buffers, lives)]

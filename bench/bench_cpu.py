@@ -72,7 +72,7 @@ def build(name: str) -> tuple[Any, tuple[Any, ...]]:
     if ROOT not in sys.path:
         sys.path.insert(0, ROOT)
     # The module definitions of the export tests (they import torch and aotrt only).
-    from tests.export import modules as tm
+    from tests.exporter import modules as tm
 
     torch.manual_seed(0)
     g = torch.Generator().manual_seed(1234)

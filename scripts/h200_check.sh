@@ -25,7 +25,7 @@ done
 if [ "$mode" = full ]; then
     python3 bench/bench.py --out "$out/bench.json" --budget 390 --iters 30 2>&1 \
         | grep -v Warning | grep -v "return cls" | tail -12 >> "$s"
-    timeout 280 python3 -m pytest -q -p no:cacheprovider -x tests/export/test_modules.py \
+    timeout 280 python3 -m pytest -q -p no:cacheprovider -x tests/exporter/test_modules.py \
         -k cuda 2>&1 | tail -15 >> "$s"
 fi
 cat "$s"

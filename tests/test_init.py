@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import subprocess
 import sys
+import types
 
 import aotrt
 
@@ -20,7 +21,7 @@ def test_public_names() -> None:
 def test_runtime_imports_leave_torch_out() -> None:
     code = (
         "import sys\n"
-        "import aotrt, aotrt.program, aotrt.cli, aotrt.export.plan\n"
+        "import aotrt, aotrt.program, aotrt.cli, aotrt.exporter.plan\n"
         "import aotrt.runtime.delegate, aotrt.runtime.public, aotrt.runtime.dlpack\n"
         "import aotrt.runtime.shims, aotrt.runtime.ops\n"
         "import aotrt.runtime.devices.cpu\n"
@@ -33,10 +34,10 @@ def test_runtime_imports_leave_torch_out() -> None:
     assert proc.returncode == 0, proc.stdout + proc.stderr
 
 
-def test_export_stays_the_function_after_the_subpackage_import() -> None:
+def test_export_stays_the_function_after_the_exporter_import() -> None:
     import importlib
 
-    importlib.import_module("aotrt.export")
+    importlib.import_module("aotrt.exporter")
     assert callable(aotrt.export)
     assert aotrt.export.__module__ == "aotrt"
-    assert sys.modules["aotrt.export"].__name__ == "aotrt.export"
+    assert type(aotrt) is types.ModuleType

@@ -1,8 +1,8 @@
-"""Lowering rules (aotrt/export/lower.py and capture.py): what the program looks like for
+"""Lowering rules (aotrt/exporter/lower.py and capture.py): what the program looks like for
 views, cats, mutations, batch-norm folding, outputs, constants and the memory plan, and
 that unsupported models are refused at export, naming the op and the line.
 
-Each structural check is paired with a numeric one (tests/export/harness.check_module).
+Each structural check is paired with a numeric one (tests/exporter/harness.check_module).
 """
 
 from __future__ import annotations
@@ -15,10 +15,10 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 import aotrt
-from aotrt.export.capture import KEPT_OPS, capture, decomposition_table
-from aotrt.export.lower import Buf, TView, runs_whole, slice_view, view_strides
-from tests.export import modules as M
-from tests.export.harness import check_module, count_ops, randn
+from aotrt.exporter.capture import KEPT_OPS, capture, decomposition_table
+from aotrt.exporter.lower import Buf, TView, runs_whole, slice_view, view_strides
+from tests.exporter import modules as M
+from tests.exporter.harness import check_module, count_ops, randn
 
 aten = torch.ops.aten
 

@@ -15,7 +15,7 @@ import torch
 from aotrt.errors import Unsupported
 from aotrt.kernels import ir
 from aotrt.kernels.ir import Const, Expr, Reduce
-from aotrt.export.pointwise import (
+from aotrt.exporter.pointwise import (
     BOOL, F32, I64, ZERO, OpDef, Space, _ov, compute_dtype, const, node_args, norm_dim, numel,
     op, register, shape_of, where_from,
 )

@@ -23,14 +23,14 @@ def export(model: Any, example_inputs: Sequence[Any], *, kwargs: dict[str, Any] 
 
     `layout` lays out the activations: "channels_last" (NHWC activations, KRSC weights),
     "contiguous", or "auto": channels-last when the model has 2-D convolutions and the
-    default device prefers it (aotrt/export/layout.py). Inputs keep row-major specs and
+    default device prefers it (aotrt/exporter/layout.py). Inputs keep row-major specs and
     outputs torch's layouts.
     Raises aotrt.errors.Unsupported, naming the op and the model's source line, for anything
     the runtime cannot run; nothing unsupported is left to fail at run time.
     """
-    from aotrt.export.capture import capture
-    from aotrt.export.layout import for_layout
-    from aotrt.export.lower import lower, runs_whole
+    from aotrt.exporter.capture import capture
+    from aotrt.exporter.layout import for_layout
+    from aotrt.exporter.lower import lower, runs_whole
 
     t0 = time.perf_counter()
     traced, channels_last = for_layout(model, layout)

@@ -1,4 +1,4 @@
-"""Tests for aotrt/export/layout.py: channels-last export of convolution networks."""
+"""Tests for aotrt/exporter/layout.py: channels-last export of convolution networks."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import torch.nn as nn
 
 import aotrt
 from aotrt.errors import InvalidArgument
-from aotrt.export import layout
+from aotrt.exporter import layout
 from tests.support import rel_err
 
 
@@ -87,8 +87,8 @@ def test_auto_follows_the_default_device(monkeypatch: pytest.MonkeyPatch) -> Non
 def test_lowering_lays_out_nhwc_whatever_torch_propagated() -> None:
     """torch 2.11 on cuda traced channels-last modules with NCHW activations; simulate that
     with a row-major capture: the lowering's pass still makes the activations NHWC."""
-    from aotrt.export.capture import capture
-    from aotrt.export.lower import lower, runs_whole
+    from aotrt.exporter.capture import capture
+    from aotrt.exporter.lower import lower, runs_whole
 
     m = _model()
     x = torch.randn(2, 3, 8, 8)
@@ -111,8 +111,8 @@ def test_lowering_lays_out_nhwc_whatever_torch_propagated() -> None:
 
 def test_propagation_stops_at_views_and_reductions() -> None:
     """Only convolutions and what elementwise ops or pooling compute from them change."""
-    from aotrt.export.capture import capture
-    from aotrt.export.lower import is_pointwise, runs_whole
+    from aotrt.exporter.capture import capture
+    from aotrt.exporter.lower import is_pointwise, runs_whole
 
     with torch.no_grad():
         ep = capture(_model(), (torch.randn(2, 3, 8, 8),), runs_whole=runs_whole)

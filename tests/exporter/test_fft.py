@@ -1,4 +1,4 @@
-"""aotrt.export.fft: real/imaginary parts of FFTs of real tensors become DFT matrix products
+"""aotrt.exporter.fft: real/imaginary parts of FFTs of real tensors become DFT matrix products
 (numerics are in test_modules.py's test_fft_parts); other complex uses stay refused."""
 
 from __future__ import annotations
@@ -8,9 +8,9 @@ import torch
 import torch.nn as nn
 
 import aotrt
-from aotrt.export.capture import capture
-from aotrt.export.lower import runs_whole
-from tests.export import modules as M
+from aotrt.exporter.capture import capture
+from aotrt.exporter.lower import runs_whole
+from tests.exporter import modules as M
 
 aten = torch.ops.aten
 

@@ -1,4 +1,4 @@
-"""Tests for aotrt/export/histc.py: torch.histc exports (MoE routing) and matches eager."""
+"""Tests for aotrt/exporter/histc.py: torch.histc exports (MoE routing) and matches eager."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import pytest
 import torch
 
 import aotrt
-from aotrt.export.histc import histc
+from aotrt.exporter.histc import histc
 
 
 class Hist(torch.nn.Module):

@@ -1,4 +1,4 @@
-"""aotrt/export/plan.py: offsets keep live-together buffers apart, and reuse the rest."""
+"""aotrt/exporter/plan.py: offsets keep live-together buffers apart, and reuse the rest."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from aotrt.errors import InvalidArgument
-from aotrt.export.plan import check_plan, plan
+from aotrt.exporter.plan import check_plan, plan
 
 
 def random_program(rng: random.Random, n: int, steps: int) -> tuple[list[int], list[tuple]]:

@@ -17,7 +17,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from tests.export.harness import MakeInputs, randn
+from tests.exporter.harness import MakeInputs, randn
 
 F32, BF16 = torch.float32, torch.bfloat16
 

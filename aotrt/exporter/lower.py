@@ -14,7 +14,7 @@ of one `Buf` (an arena intermediate, an input, an output or a constant).
   slot.
 - Functional scatters (slice/select/diagonal_scatter, index_put) mutate their base in place
   when no older alias of its Buf is read later; otherwise they write a copy.
-- Pointwise and reduction nodes go to aotrt.export.fuse (partition + build_kernel, which
+- Pointwise and reduction nodes go to aotrt.exporter.fuse (partition + build_kernel, which
   sees the views' real strides); GEMMs, convolution, attention, topk (and sort, as a topk
   of the whole dim), pooling and nearest upsampling become library instructions
   (aotrt.runtime.ops).
@@ -45,7 +45,7 @@ from torch.export.graph_signature import InputKind, OutputKind
 
 from aotrt import dtypes
 from aotrt.errors import AotrtError, InvalidArgument, Unsupported
-from aotrt.export import fuse, layout
+from aotrt.exporter import fuse, layout
 from aotrt.kernels import ir
 from aotrt.program import Program, ProgramBuilder
 from aotrt.runtime.tensor import contiguous_strides, is_packed
@@ -857,7 +857,7 @@ class Lowering:
                 if pending[v] == 0:
                     heapq.heappush(ready, (key[v], v))
         if len(order) != len(units):
-            raise Unsupported("fusion produced a cyclic schedule (aotrt.export.fuse bug)")
+            raise Unsupported("fusion produced a cyclic schedule (aotrt.exporter.fuse bug)")
         return [units[u] for u in order]
 
     def _is_fusible(self, node: torch.fx.Node) -> bool:
@@ -1766,5 +1766,5 @@ def runs_whole(node: torch.fx.Node) -> bool:
 def lower(ep: torch.export.ExportedProgram, name: str = "module",
           channels_last: bool = False) -> Program:
     """Lower a decomposed ExportedProgram into a validated Program (`channels_last`: lay
-    2-D convolution activations out NHWC, aotrt/export/layout.py)."""
+    2-D convolution activations out NHWC, aotrt/exporter/layout.py)."""
     return Lowering(ep, name, channels_last=channels_last).run()

@@ -32,11 +32,11 @@ import torch
 from aotrt.errors import Unsupported
 from aotrt.kernels import ir
 from aotrt.kernels.ir import Const, Expr, Idx, Load
-from aotrt.export.pointwise import (
+from aotrt.exporter.pointwise import (
     I64, OPS, ZERO, OpDef, Space, broadcast_coords, const, dtype_name,
     node_args, numel, shape_of, val, where_from,
 )
-from aotrt.export.reductions import OPS_SPACE  # importing it registers the reductions
+from aotrt.exporter.reductions import OPS_SPACE  # importing it registers the reductions
 
 log = logging.getLogger(__name__)
 

@@ -18,9 +18,9 @@ import torch
 
 import aotrt
 from aotrt.runtime.device import get_device
-from tests.export import modules as M
+from tests.exporter import modules as M
 from tests.conftest import DEVICES
-from tests.export.harness import check_module, count_ops, randn, rel_err
+from tests.exporter.harness import check_module, count_ops, randn, rel_err
 
 DTYPES = [pytest.param(torch.float32, id="float32"), pytest.param(torch.bfloat16, id="bfloat16")]
 
@@ -38,7 +38,7 @@ def _run(case: M.Case, dtype: torch.dtype, device: str) -> None:
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("case", M.REGISTRY, ids=lambda c: c.name)
 def test_registry(case: M.Case, dtype: torch.dtype, device: str) -> None:
-    """behaviors.md §5 entries (reduced sizes are noted in tests/export/modules.py)."""
+    """behaviors.md §5 entries (reduced sizes are noted in tests/exporter/modules.py)."""
     _run(case, dtype, device)
 
 

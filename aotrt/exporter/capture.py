@@ -3,7 +3,7 @@
 `scaled_dot_product_attention`, `layer_norm` and `linear` stay whole because the runtime has
 a library op or a generated kernel for each that beats their decompositions (sdpa's becomes
 a dozen ops with a mask guard; linear's a permute plus addmm). FFTs of real inputs whose real
-or imaginary part is taken become DFT matrix products (aotrt.export.fft): the runtime has no
+or imaginary part is taken become DFT matrix products (aotrt.exporter.fft): the runtime has no
 complex dtype.
 """
 
@@ -16,8 +16,8 @@ import torch
 import torch.fx
 
 from aotrt.errors import InvalidArgument, Unsupported
-from aotrt.export.fft import rewrite_real_ffts
-from aotrt.export.histc import histc
+from aotrt.exporter.fft import rewrite_real_ffts
+from aotrt.exporter.histc import histc
 
 log = logging.getLogger(__name__)
 
