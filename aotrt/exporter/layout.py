@@ -80,7 +80,7 @@ def propagate_channels_last(graph: torch.fx.Graph,
         if t is aten.convolution.default:
             w = node.args[1].meta.get("val") if isinstance(node.args[1], torch.fx.Node) else None
             take = (isinstance(w, torch.Tensor) and w.dim() == 4 and not node.args[6])
-        elif t in _POOLS or is_pointwise(node):
+        elif t in _POOLS or is_pointwise(node) or _elementwise(node):
             take = any(a in marked for a in node.all_input_nodes[:1 if t in _POOLS else None])
         elif t is operator.getitem:
             take = node.args[0] in marked
@@ -89,6 +89,17 @@ def propagate_channels_last(graph: torch.fx.Graph,
         if take and _relayout(node):
             marked.add(node)
     return len(marked)
+
+
+def _elementwise(node: torch.fx.Node) -> bool:
+    """True for ops the lowering's own table lowers elementwise. torch leaves the pointwise
+    tag off some (hardswish, _to_copy, where.Scalar*, rsub), and a cast or a hardswish
+    between two convolutions must not turn the activations back to NCHW (MobileNetV3; YOLO
+    at fp16 on torch 2.11, whose traced SiLU went through a cast)."""
+    from aotrt.exporter import pointwise
+
+    opdef = pointwise.OPS.get(node.target)
+    return opdef is not None and opdef.kind == "pointwise"
 
 
 def _relayout(node: torch.fx.Node) -> bool:

@@ -10,6 +10,7 @@ import torch.nn as nn
 import aotrt
 from aotrt.errors import InvalidArgument
 from aotrt.exporter import layout
+from tests.conftest import DEVICES
 from tests.support import rel_err
 
 
@@ -45,8 +46,9 @@ def _nhwc_tensors(prog: aotrt.Program) -> int:
                and t["sizes"][1] > 1 and t["strides"][1] == 1)
 
 
+@pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("which", ["channels_last", "contiguous"])
-def test_layouts_match_eager(which: str) -> None:
+def test_layouts_match_eager(which: str, device: str) -> None:
     m = _model()
     x = torch.randn(2, 3, 8, 8)
     before = [p.stride() for p in m.parameters()]
@@ -58,14 +60,14 @@ def test_layouts_match_eager(which: str) -> None:
         assert _nhwc_tensors(prog) >= 3
     else:
         assert _nhwc_tensors(prog) == 0
-    with aotrt.load(prog, device="cpu", check_hazards=True) as d:
+    with aotrt.load(prog, device=device, check_hazards=True) as d:
         for seed in range(2):
             xs = torch.randn(2, 3, 8, 8, generator=torch.Generator().manual_seed(seed))
             with torch.no_grad():
                 ref = m.double()(xs.double()).numpy()
                 m.float()
             got = np.asarray(d.run(xs.numpy())[0]).astype(np.float64)
-            assert rel_err(got, ref) < 1e-5
+            assert rel_err(got, ref) < 1e-4
 
 
 def test_auto_follows_the_default_device(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -106,7 +108,7 @@ def test_lowering_lays_out_nhwc_whatever_torch_propagated() -> None:
             ref = m.double()(xs.double()).numpy()
             m.float()
         got = np.asarray(d.run(xs.numpy())[0]).astype(np.float64)
-    assert rel_err(got, ref) < 1e-5
+    assert rel_err(got, ref) < 1e-4
 
 
 def test_propagation_stops_at_views_and_reductions() -> None:
@@ -137,3 +139,32 @@ def test_auto_needs_a_conv2d_and_a_device_that_prefers_it() -> None:
 def test_unknown_layout_is_refused() -> None:
     with pytest.raises(InvalidArgument, match="layout: expected one of"):
         aotrt.export(_model(), (torch.randn(1, 3, 8, 8),), layout="nhwc")
+
+
+def test_propagation_crosses_ops_torch_does_not_tag_pointwise() -> None:
+    """hardswish and a dtype cast carry no pointwise tag in torch; from a row-major capture
+    (what torch 2.11 on cuda gave), NHWC must still flow through them to the next conv."""
+    from aotrt.exporter.capture import capture
+    from aotrt.exporter.lower import lower, runs_whole
+
+    class Hs(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.a = nn.Conv2d(3, 8, 3, padding=1)
+            self.b = nn.Conv2d(8, 8, 1)
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            y = nn.functional.hardswish(self.a(x))
+            return self.b(y.half().float())
+
+    torch.manual_seed(0)
+    m = Hs().eval()
+    x = torch.randn(1, 3, 8, 8)
+    with torch.no_grad():
+        prog = lower(capture(m, (x,), runs_whole=runs_whole), "hs", channels_last=True)
+        ref = m(x).double().numpy()     # eager fp32: the model rounds through fp16 itself
+    convs = [i for i in prog.instructions if i.get("fn") == "convolution"]
+    assert [prog.tensors[c["ins"][0]]["strides"][1] for c in convs] == [64, 1]
+    with aotrt.load(prog, device="cpu") as d:
+        got = np.asarray(d.run(x.numpy())[0]).astype(np.float64)
+    assert rel_err(got, ref) < 1e-4
