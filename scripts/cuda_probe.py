@@ -167,14 +167,13 @@ def _():
 
 @probe("conv_im2col_forced")
 def _():
-    from aotrt.runtime.ops.cuda import conv as cuda_conv
-    saved = dict(cuda_conv._dnn)
-    cuda_conv._dnn[id(dev)] = None
+    from aotrt.runtime.ops.cuda.conv import Dnn
+    dnn = dev.libraries.state(Dnn)
+    saved, dnn.available = dnn.available, False
     try:
         return conv_case(2, 16, 40, 32, 3, 1, 1)
     finally:
-        cuda_conv._dnn.clear()
-        cuda_conv._dnn.update(saved)
+        dnn.available = saved
 
 
 def sdpa_case(b, h, l, e, causal=False, mask=False):

@@ -430,6 +430,7 @@ class CudaDevice(Device):
         self.cache = KernelCache()
         self._helpers: Any = None
         self._helper_lock = threading.Lock()
+        self._libraries: Any = None
         super().__init__()
 
     def ensure_current(self) -> None:
@@ -440,6 +441,17 @@ class CudaDevice(Device):
 
     def _create_stream(self, options: StreamOptions) -> Stream:
         return CudaStream(self, options)
+
+    @property
+    def libraries(self) -> Any:
+        """This device's library state (cuBLASLt, cuDNN, plan caches, index buffers):
+        aotrt.runtime.ops.cuda.libraries.CudaLibraries, made on first use."""
+        with self._helper_lock:
+            if self._libraries is None:
+                from aotrt.runtime.ops.cuda.libraries import CudaLibraries
+
+                self._libraries = CudaLibraries(self)
+            return self._libraries
 
     # -- memory -------------------------------------------------------------------------------
 
@@ -509,7 +521,7 @@ class CudaDevice(Device):
             for d in range(handle.ndim - 1, -1, -1):
                 strides[d] = acc
                 acc *= handle.sizes[d]
-            self._strided(handle.address, tmp_ptr, handle.sizes, handle.strides, strides,
+            self.strided_work(handle.address, tmp_ptr, handle.sizes, handle.strides, strides,
                           isz, None)(self._alloc_stream)
             self._alloc_stream.sync()
         finally:
@@ -572,10 +584,11 @@ class CudaDevice(Device):
                 self._helpers = self.compile_cubin(_COPY_SOURCE, "copy/fill helpers")
             return self._helpers
 
-    def _strided(self, dst_ptr: int, src_ptr: int | None, sizes: Sequence[int],
+    def strided_work(self, dst_ptr: int, src_ptr: int | None, sizes: Sequence[int],
                  dst_strides: Sequence[int], src_strides: Sequence[int], itemsize: int,
                  fill: int | None) -> Work:
-        """Work copying (or filling with the repeated byte `fill`) a strided view."""
+        """Work copying (or filling with the repeated byte `fill`) a strided view between raw
+        device addresses (the library ops' packed temporaries have no Handle)."""
         if src_ptr is None:
             msz, (mst,) = _merge_dims(sizes, dst_strides)
             mst2 = [0] * len(mst)
@@ -606,12 +619,12 @@ class CudaDevice(Device):
 
     def strided_copy_work(self, dst: Handle, src: Handle) -> Work:
         """Work of an element-wise copy between two views of any layout."""
-        return self._strided(dst.address, src.address, dst.sizes, dst.strides, src.strides,
+        return self.strided_work(dst.address, src.address, dst.sizes, dst.strides, src.strides,
                              dst.dtype.itemsize, None)
 
     def strided_fill_work(self, view: Handle, byte: int) -> Work:
         """Work setting every byte of a view's elements to `byte`."""
-        return self._strided(view.address, None, view.sizes, view.strides, view.strides,
+        return self.strided_work(view.address, None, view.sizes, view.strides, view.strides,
                              view.dtype.itemsize, byte)
 
     # -- foreign memory -----------------------------------------------------------------------

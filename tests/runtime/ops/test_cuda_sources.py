@@ -1,7 +1,8 @@
 """Every CUDA source aotrt ships compiles with NVRTC, on a machine without a GPU (CI).
 
 NVRTC needs no device, so a broken kernel fails here instead of waiting for the next GPU
-run (issue #9, tests): the library ops' own kernels (aotrt/runtime/ops/cuda/common.py),
+run (issue #9, tests): each library op's own kernels (KERNELS in aotrt/runtime/ops/cuda/<op>.py, compiled after
+common.PRELUDE),
 the device's copy/fill helpers (aotrt/runtime/devices/cuda.py) and the CUDA renderer's
 output for the fuzzer's seed programs (integer, division, cast, reduction and softmax
 kernels; aotrt/kernels/render_cuda.py).
@@ -32,10 +33,21 @@ def _nvrtc_ok() -> bool:
 pytestmark = pytest.mark.skipif(not _nvrtc_ok(), reason="NVRTC is not installed here")
 
 
+OP_KERNELS = {
+    "pool": ("aot_maxpool_float16", "aot_maxpool_bfloat16"),
+    "upsample": ("aot_upsample1", "aot_upsample8"),
+    "sdpa": ("aot_softmax_float16_float32", "aot_softmax_bfloat16_bfloat16"),
+    "conv": ("aot_im2col2", "aot_col2im_float32"),
+    "topk": ("aot_topk_int64", "aot_topk_uint8"),
+}
+
+
 @pytest.mark.parametrize("arch", ARCHS)
-def test_library_op_kernels_compile(arch: str) -> None:
-    code = cuda_mod.compile_source(common._KERNELS, arch, "library op kernels")
-    for name in ("aot_maxpool_float16", "aot_topk_int64", "aot_col2im_float32"):
+@pytest.mark.parametrize("op", sorted(OP_KERNELS))
+def test_library_op_kernels_compile(op: str, arch: str) -> None:
+    mod = pytest.importorskip(f"aotrt.runtime.ops.cuda.{op}")
+    code = cuda_mod.compile_source(common.PRELUDE + mod.KERNELS, arch, f"{op} kernels")
+    for name in OP_KERNELS[op]:
         assert name.encode() in code
 
 
@@ -58,7 +70,8 @@ def test_rendered_seed_programs_compile(seed: str) -> None:
 
 
 def test_a_broken_kernel_fails_with_its_log() -> None:
-    bad = common._KERNELS.replace("AOT_TOPK(aot_topk_uint8, unsigned char)",
+    topk = pytest.importorskip("aotrt.runtime.ops.cuda.topk")
+    bad = common.PRELUDE + topk.KERNELS.replace("AOT_TOPK(aot_topk_uint8, unsigned char)",
                                   "AOT_TOPK(aot_topk_uint8, no_such_type)")
     with pytest.raises(CompileError) as info:
         cuda_mod.compile_source(bad, "sm_90", "library op kernels")

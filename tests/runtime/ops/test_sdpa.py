@@ -154,11 +154,12 @@ def test_sdpa_bool_mask(kit, stream, mask_shape):
     _check(kit, stream, "float32", q, k, v, mask)
 
 
-@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16", "float16"])
 @pytest.mark.parametrize("kind", ["bool", "float"])
-def test_sdpa_fully_masked_row_gives_zeros_like_torch(kit, stream, dtype, kind):
-    q, k, v = kit.randn((1, 2, 3, 4), dtype), kit.randn((1, 2, 5, 4), dtype), kit.randn(
-        (1, 2, 5, 4), dtype)
+@pytest.mark.parametrize("e", [4, 8])     # 8: cuDNN's fused attention takes half types
+def test_sdpa_fully_masked_row_gives_zeros_like_torch(kit, stream, dtype, kind, e):
+    q, k, v = kit.randn((1, 2, 3, e), dtype), kit.randn((1, 2, 5, e), dtype), kit.randn(
+        (1, 2, 5, e), dtype)
     if kind == "bool":
         mask = np.ones((3, 5), dtype=bool)
         mask[1] = False
@@ -374,3 +375,30 @@ def test_refuses_int_inputs(kit, stream):
 def test_refuses_non_numeric_scale(kit, stream):
     with pytest.raises(InvalidArgument, match="scale"):
         _call(kit, stream, scale="1")
+
+
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+@pytest.mark.parametrize("case", ["plain", "bshd", "causal", "mask", "gqa"])
+def test_sdpa_half_types_take_cudnns_fused_attention_on_cuda(kit, stream, dtype, case):
+    """Half-type attention with 16-byte rows runs as one cuDNN graph, reading the heads by
+    strides (no copies), and matches torch; checked through the device's graph cache."""
+    if not hasattr(kit.dev, "libraries"):
+        pytest.skip("the fused path is the cuda device's")
+    from aotrt.runtime.ops.cuda.libraries import Dnn
+
+    dnn = kit.dev.libraries.state(Dnn)
+    if not dnn.available:
+        pytest.fail("cuDNN is missing on the cuda device")
+    b, h, n, e = 2, 4, 24, 64
+    hk = 2 if case == "gqa" else h
+    q = kit.randn((b, h, n, e), dtype, 0.5)
+    k, v = kit.randn((b, hk, n + 3, e), dtype, 0.5), kit.randn((b, hk, n + 3, e), dtype)
+    kw = {"strides": _bhle_strides(b, h, n, e), "offset": 8} if case == "bshd" else None
+    mask = kit.randn((b, 1, n, n + 3), dtype) if case == "mask" else None
+    with dnn.lock:      # forget built graphs, so that this call must build its own
+        for key in [key for key in dnn.graphs if key[0] == "sdpa"]:
+            del dnn.graphs[key]
+    _check(kit, stream, dtype, q, k, v, mask, is_causal=case == "causal",
+           enable_gqa=case == "gqa", q_kw=kw, out_layout="strided" if kw else "packed")
+    built = [val for key, val in dnn.graphs.items() if key[0] == "sdpa"]
+    assert len(built) == 1 and built[0] is not None, "the fused cuDNN path was not taken"

@@ -4,16 +4,16 @@ GEMMs."""
 from __future__ import annotations
 
 import logging
-import threading
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from aotrt.errors import Unsupported
-from aotrt.runtime.ops.cuda.common import (_CUDA_TYPE, Scratch, Work, _alignment, _blas_lock,
-                                           _copy_packed, _copy_unpacked, _i32, _kernel, _typed,
+from aotrt.runtime.ops.cuda.common import (CUDA_TYPE, Scratch, Work, alignment,
+                                           copy_packed, copy_unpacked, i32, kernel, typed,
                                            stream_workspace)
-from aotrt.runtime.ops.cuda.gemm import _operand, _plain_plan
+from aotrt.runtime.ops.cuda.gemm import operand, plain_plan
+from aotrt.runtime.ops.cuda.libraries import DNN_TYPES, Dnn
 from aotrt.runtime.tensor import Handle, contiguous_strides
 
 if TYPE_CHECKING:
@@ -24,35 +24,10 @@ log = logging.getLogger(__name__)
 # ---------------------------------------------------------------------------------------------
 # convolution: cuDNN (frontend graph, bias fused), else im2col + cuBLASLt
 
-_DNN_TYPES = {"float32": "FLOAT", "float16": "HALF", "bfloat16": "BFLOAT16"}
-
-
-class _Dnn:
-    """One cuDNN handle per device, with built graphs cached by shape."""
-
-    def __init__(self) -> None:
-        import cudnn
-
-        self.cudnn = cudnn
-        self.handle = cudnn.create_handle()
-        self.graphs: dict[tuple, Any] = {}
-        self.lock = threading.Lock()
-
-
-_dnn: dict[int, _Dnn | None] = {}
-
-
-def _get_dnn(dev: "CudaDevice") -> _Dnn | None:
-    """The device's cuDNN, or None where the frontend or library is missing."""
-    with _blas_lock:
-        if id(dev) not in _dnn:
-            try:
-                dev.ensure_current()
-                _dnn[id(dev)] = _Dnn()
-            except Exception as e:  # noqa: BLE001 - no cuDNN: the im2col path serves
-                log.info("cuDNN is not available (%r); convolutions use im2col + GEMM", e)
-                _dnn[id(dev)] = None
-        return _dnn[id(dev)]
+def _get_dnn(dev: "CudaDevice") -> Dnn | None:
+    """The device's cuDNN, or None where it is missing."""
+    dnn = dev.libraries.state(Dnn)
+    return dnn if dnn.available else None
 
 
 def _as4d(h: Handle) -> tuple[list[int], list[int]]:
@@ -85,11 +60,11 @@ def _dense4d(h: Handle) -> tuple[list[int], list[int], bool]:
     return sz, list(contiguous_strides(tuple(sz))), False
 
 
-def _cudnn_conv(dnn: _Dnn, out: Handle, x: Handle, w: Handle, bias: Handle | None,
+def _cudnn_conv(dnn: Dnn, out: Handle, x: Handle, w: Handle, bias: Handle | None,
                 p: Any, xb: Handle, ob: Handle) -> Work:
     cudnn = dnn.cudnn
     dev = out.device
-    dt = getattr(cudnn.data_type, _DNN_TYPES[out.dtype.name])
+    dt = getattr(cudnn.data_type, DNN_TYPES[out.dtype.name])
     xs, xst, x_direct = _dense4d(xb)
     ws, wst, w_direct = _dense4d(w)
     os_, ost, o_direct = _dense4d(ob)
@@ -148,7 +123,7 @@ def _cudnn_conv(dnn: _Dnn, out: Handle, x: Handle, w: Handle, bias: Handle | Non
                 sc = Scratch(s, view.numel * isz)
                 scratch.append(sc)
                 if copy_in:
-                    _copy_packed(dev, s, sc.ptr, view)
+                    copy_packed(dev, s, sc.ptr, view)
                 return sc.ptr
             pack = {X: packed(xv, x_direct, True), W: packed(wv, w_direct, True),
                     Y: packed(ov, o_direct, False)}
@@ -159,7 +134,7 @@ def _cudnn_conv(dnn: _Dnn, out: Handle, x: Handle, w: Handle, bias: Handle | Non
                 cudnn.set_stream(handle, s.handle)
                 g.execute(pack, ws_ptr, handle=handle)
             if not o_direct:
-                _copy_unpacked(dev, s, ov, pack[Y])
+                copy_unpacked(dev, s, ov, pack[Y])
         finally:
             for sc in scratch:
                 sc.free()
@@ -175,7 +150,7 @@ def make_conv(out: Handle, x: Handle, w: Handle, bias: Handle | None, p: Any) ->
     col2im transposed convolutions.
     """
     dev = out.device
-    if out.dtype.name not in _CUDA_TYPE:
+    if out.dtype.name not in CUDA_TYPE:
         raise Unsupported(f"cuda convolution: dtype {out.dtype.name}")
     if w.ndim == 5:
         # NOTE: the cuDNN and im2col paths here are written for 4-D operands; 3-D runs on cpu.
@@ -219,7 +194,7 @@ def _gemm_col2im_conv(out: Handle, w: Handle, bias: Handle | None, p: Any, xb: H
     wv = Handle(w.alloc, w.byte_offset, tuple(wsz), tuple(wst), w.dtype, w.device, w.owner)
     x_rows = Handle(None, 0, (n, cg, hw), (xst[0], xst[1], 1) if x_direct else
                     (cin * hw, hw, 1), out.dtype, out.device, out.owner)
-    if _operand(x_rows, False) is None:
+    if operand(x_rows, False) is None:
         x_direct = False
         x_rows = Handle(None, 0, (n, cg, hw), (cin * hw, hw, 1), out.dtype, out.device,
                         out.owner)
@@ -227,16 +202,16 @@ def _gemm_col2im_conv(out: Handle, w: Handle, bias: Handle | None, p: Any, xb: H
     c_rows = Handle(None, 0, (n, og * kk, hw), (groups * og * kk * hw, hw, 1), out.dtype,
                     out.device, out.owner)
     x_cs = xst[1] if x_direct else hw
-    w_al = _alignment(wv.address if w_direct else 0, cg * og * kk * isz)
-    x_al = _alignment(xv.address if x_direct else 0, cg * x_cs * isz,
+    w_al = alignment(wv.address if w_direct else 0, cg * og * kk * isz)
+    x_al = alignment(xv.address if x_direct else 0, cg * x_cs * isz,
                       (xst[0] if x_direct else cin * hw) * isz)
-    c_al = _alignment(og * kk * hw * isz, groups * og * kk * hw * isz)
-    plan, swap = _plain_plan(dev, c_rows, w_t, x_rows, (w_al, x_al, c_al))
-    kern = _kernel(dev, f"aot_col2im_{out.dtype.name}")
+    c_al = alignment(og * kk * hw * isz, groups * og * kk * hw * isz)
+    plan, swap = plain_plan(dev, c_rows, w_t, x_rows, (w_al, x_al, c_al))
+    kern = kernel(dev, KERNELS, f"aot_col2im_{out.dtype.name}")
     cfg = dev.launch_config(n * co * ho * wo)
     x_cstride = xst[1] if x_direct else hw
     tail = [bias.strides[0] if bias is not None else 0, n, co, groups, h, wd, ho, wo, *ost]
-    geo = [_i32(v) for v in (kh, kw, stride[0], stride[1], pad[0], pad[1], dil[0], dil[1])]
+    geo = [i32(v) for v in (kh, kw, stride[0], stride[1], pad[0], pad[1], dil[0], dil[1])]
 
     def work(s: "CudaStream") -> None:
         from cuda.core import launch
@@ -247,12 +222,12 @@ def _gemm_col2im_conv(out: Handle, w: Handle, bias: Handle | None, p: Any, xb: H
             if not x_direct:
                 sc = Scratch(s, xv.numel * isz)
                 scratch.append(sc)
-                _copy_packed(dev, s, sc.ptr, xv)
+                copy_packed(dev, s, sc.ptr, xv)
                 x_ptr = sc.ptr
             if not w_direct:
                 sc = Scratch(s, wv.numel * isz)
                 scratch.append(sc)
-                _copy_packed(dev, s, sc.ptr, wv)
+                copy_packed(dev, s, sc.ptr, wv)
                 w_ptr = sc.ptr
             cols = Scratch(s, n * groups * og * kk * hw * isz)
             scratch.append(cols)
@@ -262,7 +237,7 @@ def _gemm_col2im_conv(out: Handle, w: Handle, bias: Handle | None, p: Any, xb: H
                 cp = cols.ptr + gi * og * kk * hw * isz
                 a_ptr, b_ptr = (xp, wp) if swap else (wp, xp)
                 plan.run(s, a_ptr, b_ptr, cp, cp, 0, 1.0, 0.0)
-            args = _typed([cols.ptr, ob.address, bias.address if bias is not None else 0,
+            args = typed([cols.ptr, ob.address, bias.address if bias is not None else 0,
                            *tail])
             launch(s.cs, cfg, kern, *args, *geo)
         finally:
@@ -302,7 +277,7 @@ def _im2col_conv(out: Handle, w: Handle, bias: Handle | None, p: Any, xb: Handle
     if o_direct:
         o_rows = Handle(None, 0, (n, og, hw), (ost[0], ost[1], sp), out.dtype, out.device,
                         out.owner)
-        o_direct = _operand(o_rows, True) is not None
+        o_direct = operand(o_rows, True) is not None
     if not o_direct:
         o_rows = Handle(None, 0, (n, og, hw), (co * hw, hw, 1), out.dtype, out.device,
                         out.owner)
@@ -310,21 +285,21 @@ def _im2col_conv(out: Handle, w: Handle, bias: Handle | None, p: Any, xb: Handle
     if direct:
         col_rows = Handle(None, 0, (n, kg, hw), (xst[0], xst[1], 1), xb.dtype, xb.device,
                           xb.owner)
-        if _operand(col_rows, False) is None:
+        if operand(col_rows, False) is None:
             direct = False
     if not direct:
         col_rows = Handle(None, 0, (n, kg, hw), (c * kh * kw * hw, hw, 1), out.dtype,
                           out.device, out.owner)
-    w_al = _alignment(w.address if w_direct else 0, og * kg * isz)
-    c_al = (_alignment(xb.address, cg * xst[1] * isz, xst[0] * isz) if direct else
-            _alignment(kg * hw * isz, c * kh * kw * hw * isz))
-    o_al = (_alignment(ob.address, og * ost[1] * isz, ost[0] * isz) if o_direct else
-            _alignment(og * hw * isz, co * hw * isz))
-    plan, swap = _plain_plan(dev, o_rows, w_rows, col_rows, (w_al, c_al, o_al))
-    im2col = None if direct else _kernel(dev, f"aot_im2col{isz}")
+    w_al = alignment(w.address if w_direct else 0, og * kg * isz)
+    c_al = (alignment(xb.address, cg * xst[1] * isz, xst[0] * isz) if direct else
+            alignment(kg * hw * isz, c * kh * kw * hw * isz))
+    o_al = (alignment(ob.address, og * ost[1] * isz, ost[0] * isz) if o_direct else
+            alignment(og * hw * isz, co * hw * isz))
+    plan, swap = plain_plan(dev, o_rows, w_rows, col_rows, (w_al, c_al, o_al))
+    im2col = None if direct else kernel(dev, KERNELS, f"aot_im2col{isz}")
     cfg = dev.launch_config(n * c * kh * kw * hw)
     im_args = [xb.address, 0, n, c, h, wd, ho, wo, *xst]
-    im_tail = [_i32(v) for v in (kh, kw, stride[0], stride[1], pad[0], pad[1], dil[0], dil[1])]
+    im_tail = [i32(v) for v in (kh, kw, stride[0], stride[1], pad[0], pad[1], dil[0], dil[1])]
     ov = Handle(ob.alloc, ob.byte_offset, (n, co, ho, wo), tuple(ost), ob.dtype, ob.device,
                 ob.owner)
     wv = Handle(w.alloc, w.byte_offset, tuple(wsz), tuple(wst), w.dtype, w.device, w.owner)
@@ -340,7 +315,7 @@ def _im2col_conv(out: Handle, w: Handle, bias: Handle | None, p: Any, xb: Handle
             if im2col is not None:
                 sc = Scratch(s, n * c * kh * kw * hw * isz)
                 scratch.append(sc)
-                args = _typed(list(im_args))
+                args = typed(list(im_args))
                 args[1] = np.int64(sc.ptr)
                 launch(s.cs, cfg, im2col, *args, *im_tail)
                 col_ptr = sc.ptr
@@ -348,7 +323,7 @@ def _im2col_conv(out: Handle, w: Handle, bias: Handle | None, p: Any, xb: Handle
             if not w_direct:
                 sc = Scratch(s, wv.numel * isz)
                 scratch.append(sc)
-                _copy_packed(dev, s, sc.ptr, wv)
+                copy_packed(dev, s, sc.ptr, wv)
                 w_ptr = sc.ptr
             o_ptr = ov.address
             if not o_direct:
@@ -358,7 +333,7 @@ def _im2col_conv(out: Handle, w: Handle, bias: Handle | None, p: Any, xb: Handle
             beta = 0.0
             if bias is not None:
                 o_st = ost if o_direct else contiguous_strides((n, co, ho, wo))
-                dev._strided(o_ptr, bias.address, (n, co, ho, wo), o_st,
+                dev.strided_work(o_ptr, bias.address, (n, co, ho, wo), o_st,
                              (0, bias.strides[0], 0, 0), isz, None)(s)
                 beta = 1.0
             for gi in range(groups):
@@ -368,8 +343,81 @@ def _im2col_conv(out: Handle, w: Handle, bias: Handle | None, p: Any, xb: Handle
                 a_ptr, b_ptr = (cp, wp) if swap else (wp, cp)
                 plan.run(s, a_ptr, b_ptr, op, op, 0, 1.0, beta)
             if not o_direct:
-                _copy_unpacked(dev, s, ov, o_ptr)
+                copy_unpacked(dev, s, ov, o_ptr)
         finally:
             for sc in scratch:
                 sc.free()
     return work
+
+
+# ---------------------------------------------------------------------------------------------
+# CUDA C (compiled after common.PRELUDE)
+
+KERNELS = r"""
+// col[n, (c*KH + a)*KW + b, oh*WO + ow] = x[n, c, oh*sh - ph + a*dh, ow*sw - pw + b*dw] or 0
+template <typename T>
+__device__ void im2col(const T* x, T* col, int64_t N, int64_t C, int64_t H, int64_t W,
+    int64_t HO, int64_t WO, int64_t xs0, int64_t xs1, int64_t xs2, int64_t xs3, int kh, int kw,
+    int sh, int sw, int ph, int pw, int dh, int dw) {
+  const int64_t total = N * C * kh * kw * HO * WO;
+  for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < total;
+       i += (int64_t)gridDim.x * blockDim.x) {
+    int64_t ow = i % WO, r = i / WO; int64_t oh = r % HO; r /= HO;
+    int64_t b = r % kw; r /= kw; int64_t a = r % kh; r /= kh;
+    int64_t c = r % C, n = r / C;
+    int64_t h = oh * sh - ph + a * dh, w = ow * sw - pw + b * dw;
+    T v; v.v = 0;
+    if (h >= 0 && h < H && w >= 0 && w < W) v = x[n * xs0 + c * xs1 + h * xs2 + w * xs3];
+    col[i] = v;
+  }
+}
+#define AOT_IM2COL(NAME, T) extern "C" __global__ void NAME(const T* x, T* col, int64_t N, \
+    int64_t C, int64_t H, int64_t W, int64_t HO, int64_t WO, int64_t xs0, int64_t xs1, \
+    int64_t xs2, int64_t xs3, int kh, int kw, int sh, int sw, int ph, int pw, int dh, \
+    int dw) { im2col<T>(x, col, N, C, H, W, HO, WO, xs0, xs1, xs2, xs3, kh, kw, sh, sw, ph, \
+    pw, dh, dw); }
+AOT_IM2COL(aot_im2col2, b2)
+AOT_IM2COL(aot_im2col4, b4)
+
+// Transposed convolution, second half: out[n, co, oh, ow] = bias[co] + the sum over taps
+// (a, b) with oh + ph - a*dh = ih*sh and ow + pw - b*dw = iw*sw (in range) of
+// cols[n, g, (j*KH + a)*KW + b, ih*W + iw], where co = g*OG + j (a gather: no atomics).
+template <typename T>
+__device__ void col2im(const T* cols, T* out, const T* bias, int64_t bs, int64_t N,
+    int64_t CO, int64_t G, int64_t H, int64_t W, int64_t HO, int64_t WO, int64_t os0,
+    int64_t os1, int64_t os2, int64_t os3, int kh, int kw, int sh, int sw, int ph, int pw,
+    int dh, int dw) {
+  const int64_t total = N * CO * HO * WO;
+  const int64_t OG = CO / G, KK = (int64_t)kh * kw, HW = H * W;
+  for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < total;
+       i += (int64_t)gridDim.x * blockDim.x) {
+    int64_t ow = i % WO, r = i / WO; int64_t oh = r % HO; r /= HO;
+    int64_t co = r % CO, n = r / CO;
+    int64_t g = co / OG, j = co % OG;
+    const T* cp = cols + ((n * G + g) * OG + j) * KK * HW;
+    float acc = bias ? ld(bias + co * bs) : 0.0f;
+    for (int a = 0; a < kh; a++) {
+      int64_t t = oh + ph - (int64_t)a * dh;
+      if (t < 0 || t % sh) continue;
+      int64_t ih = t / sh;
+      if (ih >= H) continue;
+      for (int b = 0; b < kw; b++) {
+        int64_t u = ow + pw - (int64_t)b * dw;
+        if (u < 0 || u % sw) continue;
+        int64_t iw = u / sw;
+        if (iw >= W) continue;
+        acc += ld(cp + ((int64_t)a * kw + b) * HW + ih * W + iw);
+      }
+    }
+    st(out + n * os0 + co * os1 + oh * os2 + ow * os3, acc);
+  }
+}
+#define AOT_COL2IM(NAME, T) extern "C" __global__ void NAME(const T* cols, T* out, \
+    const T* bias, int64_t bs, int64_t N, int64_t CO, int64_t G, int64_t H, int64_t W, \
+    int64_t HO, int64_t WO, int64_t os0, int64_t os1, int64_t os2, int64_t os3, int kh, \
+    int kw, int sh, int sw, int ph, int pw, int dh, int dw) { col2im<T>(cols, out, bias, bs, \
+    N, CO, G, H, W, HO, WO, os0, os1, os2, os3, kh, kw, sh, sw, ph, pw, dh, dw); }
+AOT_COL2IM(aot_col2im_float32, float)
+AOT_COL2IM(aot_col2im_float16, h16)
+AOT_COL2IM(aot_col2im_bfloat16, bf16)
+"""

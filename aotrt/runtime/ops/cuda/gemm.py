@@ -10,8 +10,8 @@ from typing import TYPE_CHECKING, Any, Sequence
 import numpy as np
 
 from aotrt.errors import Unsupported
-from aotrt.runtime.ops.cuda.common import (_CUDA_TYPE, Scratch, Work, _align, _blas_lock,
-                                           _broadcast_strides, _copy_packed, _copy_unpacked,
+from aotrt.runtime.ops.cuda.common import (CUDA_TYPE, Scratch, Work, align,
+                                           broadcast_strides, copy_packed, copy_unpacked,
                                            stream_workspace)
 from aotrt.runtime.tensor import Handle, contiguous_strides
 
@@ -34,27 +34,15 @@ def _lt() -> Any:
     return cublasLt
 
 
-class _Blas:
-    """One cuBLASLt handle per device, with a cache of matmul plans."""
+class Blas:
+    """The device's cuBLASLt handle and its cache of matmul plans (device.libraries state)."""
 
-    def __init__(self) -> None:
+    def __init__(self, device: "CudaDevice") -> None:
         L = _lt()
         self.L = L
         self.handle = L.create()
         self.plans: dict[tuple, "_GemmPlan"] = {}
         self.lock = threading.Lock()
-
-
-_blas: dict[int, _Blas] = {}
-
-
-def _get_blas(dev: "CudaDevice") -> _Blas:
-    with _blas_lock:
-        b = _blas.get(id(dev))
-        if b is None:
-            dev.ensure_current()
-            b = _blas[id(dev)] = _Blas()
-        return b
 
 
 @dataclass(frozen=True)
@@ -81,7 +69,7 @@ def _stored(sizes: Sequence[int], strides: Sequence[int]) -> tuple[str, int] | N
     return None
 
 
-def _operand(h: Handle, want_t: bool) -> _Operand | None:
+def operand(h: Handle, want_t: bool) -> _Operand | None:
     """`h` ([R, C] or [B, R, C]) as a cuBLASLt operand whose op gives X (or X^T if want_t)."""
     if h.ndim == 3:
         batch, bstride = h.sizes[0], (h.strides[0] if h.sizes[0] > 1 else 0)
@@ -101,13 +89,13 @@ def _operand(h: Handle, want_t: bool) -> _Operand | None:
 class _GemmPlan:
     """Descriptors, layouts and the chosen algorithm of one GEMM shape."""
 
-    def __init__(self, blas: _Blas, dtype: str, a: _Operand, b: _Operand, d: _Operand,
+    def __init__(self, blas: Blas, dtype: str, a: _Operand, b: _Operand, d: _Operand,
                  m: int, n: int, k: int, bias_epilogue: bool, has_c: bool,
                  aligns: tuple[int, int, int]) -> None:
         L = blas.L
         self.L = L
         self.blas = blas
-        dt = _CUDA_TYPE[dtype]
+        dt = CUDA_TYPE[dtype]
         compute = _COMPUTE_32F
         self.desc = L.matmul_desc_create(compute, 0)
         self._set_desc(L.MatmulDescAttribute.TRANSA, 1 if a.trans else 0)
@@ -210,11 +198,11 @@ class _Source:
 
 
 def _source(h: Handle, want_t: bool, full: Handle | None = None) -> tuple[_Source, _Operand]:
-    op = _operand(h, want_t) if full is None else None
+    op = operand(h, want_t) if full is None else None
     if op is not None:
         return _Source(h), op
     t = _dense_like(h)
-    return _Source(h, t, full), _operand(t, want_t)
+    return _Source(h, t, full), operand(t, want_t)
 
 
 def make_matmul(out: Handle, a: Handle, b: Handle, bias: Handle | None, beta: float,
@@ -226,19 +214,19 @@ def make_matmul(out: Handle, a: Handle, b: Handle, bias: Handle | None, beta: fl
     their leading dims do not fold; they go through packed scratch.
     """
     dev = out.device
-    blas = _get_blas(dev)
+    blas = dev.libraries.state(Blas)
     dtype = out.dtype.name
-    if dtype not in _CUDA_TYPE:
+    if dtype not in CUDA_TYPE:
         raise Unsupported(f"cuda matmul: dtype {dtype}")
     if a.sizes[-1] == 0:
         return _empty_product(out_full or out, bias, beta)
     # Output row-major (per batch) -> compute out^T = b^T a^T in column-major terms;
     # column-major -> out = a b directly; any other layout -> through packed scratch.
-    d_op = _operand(out, want_t=True) if out_full is None else None
+    d_op = operand(out, want_t=True) if out_full is None else None
     scatter = None
     if d_op is None:
         scatter = out_full if out_full is not None else out
-        d_op = _operand(_dense_like(out), want_t=True)
+        d_op = operand(_dense_like(out), want_t=True)
     row_out = not d_op.trans
     if row_out:
         (src_a, A), (src_b, B) = _source(b, True), _source(a, True, a_full)
@@ -266,7 +254,7 @@ def make_matmul(out: Handle, a: Handle, b: Handle, bias: Handle | None, beta: fl
             bias_vec = bias
         else:
             pre_bias = bias
-    aligns = tuple(min(16, _align(p)) for p in (
+    aligns = tuple(min(16, align(p)) for p in (
         src_a.desc.address or 256, src_b.desc.address or 256,
         (D.ptr if scatter is None else 0) or 256))
     key = (dtype, A.trans, B.trans, A.rows, A.cols, A.ld, A.bstride, B.rows, B.cols, B.ld,
@@ -292,7 +280,7 @@ def make_matmul(out: Handle, a: Handle, b: Handle, bias: Handle | None, beta: fl
                     continue
                 sc = Scratch(s, src.origin.numel * isz)
                 scratch.append(sc)
-                _copy_packed(dev, s, sc.ptr, src.origin)
+                copy_packed(dev, s, sc.ptr, src.origin)
                 ptrs.append(sc.ptr)
             d_ptr = out.address
             if scatter is not None:
@@ -302,11 +290,11 @@ def make_matmul(out: Handle, a: Handle, b: Handle, bias: Handle | None, beta: fl
             if pre_bias is not None:
                 shape = out_view.sizes
                 dst_st = out_view.strides if scatter is None else contiguous_strides(shape)
-                dev._strided(d_ptr, pre_bias.address, shape, dst_st,
-                             _broadcast_strides(pre_bias, shape), isz, None)(s)
+                dev.strided_work(d_ptr, pre_bias.address, shape, dst_st,
+                             broadcast_strides(pre_bias, shape), isz, None)(s)
             plan.run(s, ptrs[0], ptrs[1], d_ptr, d_ptr, bias_ptr, alpha, c_beta)
             if scatter is not None:
-                _copy_unpacked(dev, s, scatter, d_ptr)
+                copy_unpacked(dev, s, scatter, d_ptr)
         finally:
             for sc in scratch:
                 sc.free()
@@ -321,8 +309,8 @@ def _empty_product(out: Handle, bias: Handle | None, beta: float) -> Work:
     zero = dev.strided_fill_work(out, 0)
     copy = None
     if bias is not None and beta != 0.0:
-        copy = dev._strided(out.address, bias.address, out.sizes, out.strides,
-                            _broadcast_strides(bias, out.sizes), out.dtype.itemsize, None)
+        copy = dev.strided_work(out.address, bias.address, out.sizes, out.strides,
+                            broadcast_strides(bias, out.sizes), out.dtype.itemsize, None)
 
     def work(s: "CudaStream") -> None:
         (copy or zero)(s)
@@ -378,21 +366,21 @@ def _flatten_rows(h: Handle, rows: int, cols: int) -> Handle | None:
                   h.device, h.owner)
 
 
-def _plain_plan(dev: "CudaDevice", out: Handle, a: Handle, b: Handle,
+def plain_plan(dev: "CudaDevice", out: Handle, a: Handle, b: Handle,
                 aligns_abo: tuple[int, int, int] = (16, 16, 16)) -> tuple[_GemmPlan, bool]:
     """A plan for out = a @ b (views whose addresses may be placeholders); returns the plan
     and whether the operands go in swapped (b first), as make_matmul decides.
 
     `aligns_abo`: the alignment (bytes, at most 16) every pointer of a, b and out will have
     when the plan runs; cuBLASLt refuses at run time what a plan assumed wrongly."""
-    blas = _get_blas(dev)
-    d_op = _operand(out, want_t=True)
+    blas = dev.libraries.state(Blas)
+    d_op = operand(out, want_t=True)
     row_out = not d_op.trans
     if row_out:
-        A, B = _operand(b, True), _operand(a, True)
+        A, B = operand(b, True), operand(a, True)
         m, n = out.sizes[-1], out.sizes[-2]
     else:
-        A, B = _operand(a, False), _operand(b, False)
+        A, B = operand(a, False), operand(b, False)
         m, n = out.sizes[-2], out.sizes[-1]
     if A is None or B is None:
         raise Unsupported("cuda: an attention operand in a layout cuBLASLt cannot read")

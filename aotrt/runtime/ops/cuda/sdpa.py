@@ -1,19 +1,25 @@
-"""Attention on cuda: two batched cuBLASLt GEMMs around a fused scale/mask/softmax kernel."""
+"""Attention on cuda: cuDNN's fused flash attention for half types where it takes the views
+as they are (strided heads included), else two batched cuBLASLt GEMMs around a fused
+scale/mask/softmax kernel."""
 
 from __future__ import annotations
 
+import logging
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from aotrt.errors import Unsupported
-from aotrt.runtime.ops.cuda.common import (_CUDA_TYPE, Scratch, Work, _alignment,
-                                           _broadcast_strides, _i32, _kernel, _typed)
-from aotrt.runtime.ops.cuda.gemm import _operand, _plain_plan
+from aotrt.runtime.ops.cuda.common import (CUDA_TYPE, Scratch, Work, alignment,
+                                           broadcast_strides, i32, kernel, typed)
+from aotrt.runtime.ops.cuda.gemm import operand, plain_plan
+from aotrt.runtime.ops.cuda.libraries import DNN_TYPES, Dnn
 from aotrt.runtime.tensor import Handle, contiguous_strides
 
 if TYPE_CHECKING:
     from aotrt.runtime.devices.cuda import CudaStream
+
+log = logging.getLogger(__name__)
 
 # ---------------------------------------------------------------------------------------------
 # attention: two batched GEMMs around a fused scale/mask/softmax kernel
@@ -32,7 +38,7 @@ def _fold_batch(h: Handle, nb: int) -> Handle | None:
             expect = st * s
     if h.numel and nb != max(1, h.numel // (h.sizes[-1] * h.sizes[-2])):
         return None
-    ok = _operand(Handle(None, 0, (nb,) + tuple(h.sizes[-2:]), (stride,) + tuple(h.strides[-2:]),
+    ok = operand(Handle(None, 0, (nb,) + tuple(h.sizes[-2:]), (stride,) + tuple(h.strides[-2:]),
                          h.dtype, h.device, h.owner), False)
     if ok is None:
         return None
@@ -45,7 +51,7 @@ def make_sdpa(out: Handle, q: Handle, k: Handle, v: Handle, mask: Handle | None,
     """softmax(q k^T * scale + mask) v for [..., L, E] views (batch dims broadcast, GQA)."""
     dev = out.device
     dt = out.dtype.name
-    if dt not in _CUDA_TYPE:
+    if dt not in CUDA_TYPE:
         raise Unsupported(f"cuda sdpa: dtype {dt}")
     batch = tuple(out.sizes[:-2])
     nb = 1
@@ -57,6 +63,9 @@ def make_sdpa(out: Handle, q: Handle, k: Handle, v: Handle, mask: Handle | None,
         raise Unsupported("cuda sdpa: more than 4 batch dims")
     if s_len == 0:
         return dev.strided_fill_work(out, 0)  # no keys: torch gives zeros
+    fused = _cudnn_sdpa(out, q, k, v, mask, is_causal, scale)
+    if fused is not None:
+        return fused
 
     def expanded(h: Handle) -> tuple[tuple[int, ...], tuple[int, ...]]:
         """sizes/strides of h broadcast to the full batch (GQA heads repeated)."""
@@ -104,25 +113,25 @@ def make_sdpa(out: Handle, q: Handle, k: Handle, v: Handle, mask: Handle | None,
     isz0 = out.dtype.itemsize
 
     def al(d: Handle, packed: Any) -> int:
-        return 16 if packed is not None else _alignment(d.address, d.strides[0] * isz0)
+        return 16 if packed is not None else alignment(d.address, d.strides[0] * isz0)
 
-    o_al = 16 if od.alloc is None else _alignment(od.address, od.strides[0] * isz0)
-    plan1, swap1 = _plain_plan(dev, sc_desc, qd, kt, (al(qd, qpack), al(kd, kpack), 16))
-    plan2, swap2 = _plain_plan(dev, od, sc_desc, vd, (16, al(vd, vpack), o_al))
+    o_al = 16 if od.alloc is None else alignment(od.address, od.strides[0] * isz0)
+    plan1, swap1 = plain_plan(dev, sc_desc, qd, kt, (al(qd, qpack), al(kd, kpack), 16))
+    plan2, swap2 = plain_plan(dev, od, sc_desc, vd, (16, al(vd, vpack), o_al))
     # mask: strides broadcast over (batch..., lq, s)
     mask_kind, mptr, mst, mname = 0, 0, [0] * 6, "float32"
     if mask is not None:
         full = batch + (lq, s_len)
-        mst = list(_broadcast_strides(mask, full))
+        mst = list(broadcast_strides(mask, full))
         mask_kind = 2 if mask.dtype.name == "bool" else 1
         mptr = mask.address
         mname = "float32" if mask_kind == 2 else mask.dtype.name
     bdims = list(batch) + [1] * (4 - len(batch))
     bms = mst[:len(batch)] + [0] * (4 - len(batch))
-    sm_kernel = _kernel(dev, f"aot_softmax_{dt}_{mname}")
+    sm_kernel = kernel(dev, KERNELS, f"aot_softmax_{dt}_{mname}")
     sm_cfg = dev.launch_config(nb * lq * 32)
-    sm_args = [0, mptr, _i32(mask_kind), nb, lq, s_len, np.float32(1.0),
-               _i32(1 if is_causal else 0), _i32(len(batch)), *bdims, *bms, mst[-2], mst[-1]]
+    sm_args = [0, mptr, i32(mask_kind), nb, lq, s_len, np.float32(1.0),
+               i32(1 if is_causal else 0), i32(len(batch)), *bdims, *bms, mst[-2], mst[-1]]
     isz = out.dtype.itemsize
 
     def work(s: "CudaStream") -> None:
@@ -139,7 +148,7 @@ def make_sdpa(out: Handle, q: Handle, k: Handle, v: Handle, mask: Handle | None,
                 src, sizes, strides = pack
                 sc = Scratch(s, d.numel * isz)
                 scratch.append(sc)
-                dev._strided(sc.ptr, src, sizes, contiguous_strides(sizes), strides, isz,
+                dev.strided_work(sc.ptr, src, sizes, contiguous_strides(sizes), strides, isz,
                              None)(s)
                 ptr[name] = sc.ptr
             sbuf = Scratch(s, nb * lq * s_len * isz)
@@ -147,7 +156,7 @@ def make_sdpa(out: Handle, q: Handle, k: Handle, v: Handle, mask: Handle | None,
             a1, b1 = (ptr["k"], ptr["q"]) if swap1 else (ptr["q"], ptr["k"])
             # scale in the GEMM's alpha keeps half-precision scores in range
             plan1.run(s, a1, b1, sbuf.ptr, sbuf.ptr, 0, scale, 0.0)
-            args = _typed(list(sm_args))
+            args = typed(list(sm_args))
             args[0] = np.int64(sbuf.ptr)
             launch(s.cs, sm_cfg, sm_kernel, *args)
             o_ptr = od.address
@@ -158,9 +167,198 @@ def make_sdpa(out: Handle, q: Handle, k: Handle, v: Handle, mask: Handle | None,
             a2, b2 = (ptr["v"], sbuf.ptr) if swap2 else (sbuf.ptr, ptr["v"])
             plan2.run(s, a2, b2, o_ptr, o_ptr, 0, 1.0, 0.0)
             if o_scatter:
-                dev._strided(out.address, o_ptr, out.sizes, out.strides,
+                dev.strided_work(out.address, o_ptr, out.sizes, out.strides,
                              contiguous_strides(out.sizes), isz, None)(s)
         finally:
             for sc in scratch:
                 sc.free()
     return work
+
+
+# ---------------------------------------------------------------------------------------------
+# cuDNN's fused attention (fp16/bf16)
+
+_FUSED_MAX_HEAD_DIM = 128
+
+
+def _bhsd(h: Handle) -> tuple[list[int], list[int]] | None:
+    """A [..., S, D] view as cuDNN's 4-D (b, h, s, d) dims and strides; None past 4-D, or
+    when a dim is broadcast (stride 0) or the rows are not 16-byte aligned."""
+    if not 2 <= h.ndim <= 4 or h.strides[-1] != 1:
+        return None
+    sizes, strides = [1] * (4 - h.ndim) + list(h.sizes), [0] * (4 - h.ndim) + list(h.strides)
+    # size-1 dims get the stride a packed tensor would have (cuDNN checks every stride)
+    for d in range(3, -1, -1):
+        if sizes[d] == 1:
+            strides[d] = sizes[d + 1] * strides[d + 1] if d < 3 else 1
+        elif strides[d] == 0 or (d < 3 and strides[d] % 8):
+            return None
+    if h.address % 16:
+        return None
+    return sizes, strides
+
+
+def _cudnn_sdpa(out: Handle, q: Handle, k: Handle, v: Handle, mask: Handle | None,
+                is_causal: bool, scale: float) -> Work | None:
+    """Work of one cuDNN flash-attention graph reading q, k, v (and an additive mask) and
+    writing out in place, by strides; None where cuDNN does not take these operands."""
+    dev = out.device
+    dt_name = out.dtype.name
+    if dt_name not in ("float16", "bfloat16") or q.sizes[-1] != v.sizes[-1] or \
+            q.sizes[-1] % 8 or q.sizes[-1] > _FUSED_MAX_HEAD_DIM:
+        return None
+    if mask is not None and mask.dtype.name != dt_name:
+        return None         # boolean masks (and other dtypes) go the two-GEMM way
+    dims = [_bhsd(h) for h in (q, k, v, out)]
+    if any(d is None for d in dims) or q.ndim != k.ndim or q.ndim != v.ndim:
+        return None
+    (qd, qs), (kd, ks), (vd, vs), (od, os_) = dims  # type: ignore[misc]
+    if kd[0] != qd[0] or vd[:2] != kd[:2] or qd[1] % kd[1]:
+        return None
+    md = ms = None
+    if mask is not None:
+        if mask.ndim > 4 or mask.address % 16:
+            return None
+        full = [qd[0], qd[1], qd[2], kd[2]]
+        mst = list(broadcast_strides(mask, full))
+        md = [1 if st == 0 else n for n, st in zip(full, mst)]
+        ms = list(mst)
+        for d in range(3, -1, -1):
+            if md[d] == 1:
+                ms[d] = md[d + 1] * ms[d + 1] if d < 3 else 1
+    dnn = dev.libraries.state(Dnn)
+    if not dnn.available:
+        return None
+    cudnn = dnn.cudnn
+    key = ("sdpa", dt_name, tuple(map(tuple, (qd, qs, kd, ks, vd, vs, od, os_))),
+           None if md is None else (tuple(md), tuple(ms)), bool(is_causal), float(scale))
+    with dnn.lock:
+        entry = dnn.graphs.get(key, False)
+        if entry is False:
+            entry = dnn.graphs[key] = _build_sdpa(dnn, dt_name, qd, qs, kd, ks, vd, vs, od,
+                                                  os_, md, ms, is_causal, scale)
+    if entry is None:
+        return None
+    g, tensors, wsize = entry
+    handle = dnn.handle
+    views = (q, k, v, out) + ((mask,) if mask is not None else ())
+    ptrs = {t: h.address for t, h in zip(tensors, views)}
+
+    def work(s: "CudaStream") -> None:
+        from aotrt.runtime.ops.cuda.common import stream_workspace
+
+        ws_ptr = stream_workspace(s, wsize) if wsize else 0
+        with dnn.lock:
+            cudnn.set_stream(handle, s.handle)
+            g.execute(ptrs, ws_ptr, handle=handle)
+    return work
+
+
+def _build_sdpa(dnn: Dnn, dt_name: str, qd: list, qs: list, kd: list, ks: list, vd: list,
+                vs: list, od: list, os_: list, md: list | None, ms: list | None,
+                is_causal: bool, scale: float) -> tuple | None:
+    """Build and plan the graph once per shape; None (logged) where cuDNN refuses it."""
+    cudnn = dnn.cudnn
+    dt = getattr(cudnn.data_type, DNN_TYPES[dt_name])
+    try:
+        g = cudnn.pygraph(io_data_type=dt, intermediate_data_type=cudnn.data_type.FLOAT,
+                          compute_data_type=cudnn.data_type.FLOAT, handle=dnn.handle)
+        Q = g.tensor(name="q", dim=qd, stride=qs, data_type=dt)
+        K = g.tensor(name="k", dim=kd, stride=ks, data_type=dt)
+        V = g.tensor(name="v", dim=vd, stride=vs, data_type=dt)
+        kw: dict[str, Any] = dict(name="sdpa", q=Q, k=K, v=V, attn_scale=scale,
+                                  generate_stats=False)
+        tensors = [Q, K, V]
+        if md is not None:
+            B = g.tensor(name="bias", dim=md, stride=ms, data_type=dt)
+            kw["bias"] = B
+        if is_causal:
+            # torch's is_causal: query i sees keys j <= i, aligned at the top left
+            kw["diagonal_alignment"] = cudnn.diagonal_alignment.TOP_LEFT
+            kw["diagonal_band_right_bound"] = 0
+        O, _ = g.sdpa(**kw)
+        O.set_output(True).set_dim(od).set_stride(os_).set_data_type(dt)
+        tensors.append(O)
+        if md is not None:
+            tensors.append(B)
+        g.validate()
+        g.build_operation_graph()
+        g.create_execution_plans([cudnn.heur_mode.A, cudnn.heur_mode.FALLBACK])
+        g.check_support()
+        g.build_plans()
+        return g, tensors, int(g.get_workspace_size())
+    except Exception as e:  # noqa: BLE001 - cuDNN refused: the two-GEMM path serves
+        log.info("cuDNN sdpa refused %s q%s k%s mask %s: %s", dt_name, qd, kd, md, e)
+        return None
+
+
+# ---------------------------------------------------------------------------------------------
+# CUDA C (compiled after common.PRELUDE)
+
+KERNELS = r"""
+// Softmax over rows of a packed [NB, L, S] score block, in place, one warp per row:
+// p = softmax(s * scale + mask) with an optional additive or boolean mask (read through
+// strides over up to 4 batch dims) and an optional top-left causal mask (col <= row).
+template <typename T, typename M>
+__device__ void softmax_rows(T* s, const M* mask, int mask_kind, int64_t NB, int64_t L,
+    int64_t S, float scale, int causal, int nbd, int64_t b0, int64_t b1, int64_t b2,
+    int64_t b3, int64_t m0, int64_t m1, int64_t m2, int64_t m3, int64_t ml, int64_t ms) {
+  const int lane = threadIdx.x & 31;
+  const int64_t rows = NB * L;
+  const int64_t nw = ((int64_t)gridDim.x * blockDim.x) >> 5;
+  for (int64_t row = ((int64_t)blockIdx.x * blockDim.x + threadIdx.x) >> 5; row < rows;
+       row += nw) {
+    const int64_t l = row % L, b = row / L;
+    int64_t moff = 0;
+    if (mask_kind) {
+      const int64_t B[4] = {b0, b1, b2, b3}; const int64_t MS[4] = {m0, m1, m2, m3};
+      int64_t r = b;
+      for (int d = nbd - 1; d >= 0; d--) { moff += (r % B[d]) * MS[d]; r /= B[d]; }
+      moff += l * ml;
+    }
+    T* p = s + row * S;
+    float mx = -AOT_INF;
+    for (int64_t j = lane; j < S; j += 32) {
+      float v = ld(p + j) * scale;
+      if (mask_kind == 1) v += ld(mask + moff + j * ms);
+      if (mask_kind == 2 && !((const uint8_t*)mask)[moff + j * ms]) v = -AOT_INF;
+      if (causal && j > l) v = -AOT_INF;
+      mx = fmaxf(mx, v);
+    }
+    for (int o = 16; o > 0; o >>= 1) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, o));
+    float sum = 0.0f;
+    for (int64_t j = lane; j < S; j += 32) {
+      float v = ld(p + j) * scale;
+      if (mask_kind == 1) v += ld(mask + moff + j * ms);
+      if (mask_kind == 2 && !((const uint8_t*)mask)[moff + j * ms]) v = -AOT_INF;
+      if (causal && j > l) v = -AOT_INF;
+      sum += __expf(v - mx);
+    }
+    for (int o = 16; o > 0; o >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, o);
+    // a fully masked row gives zeros, as torch does (not 0/0)
+    const float inv = mx == -AOT_INF ? 0.0f : 1.0f / sum;
+    if (mx == -AOT_INF) mx = 0.0f;
+    for (int64_t j = lane; j < S; j += 32) {
+      float v = ld(p + j) * scale;
+      if (mask_kind == 1) v += ld(mask + moff + j * ms);
+      if (mask_kind == 2 && !((const uint8_t*)mask)[moff + j * ms]) v = -AOT_INF;
+      if (causal && j > l) v = -AOT_INF;
+      st(p + j, __expf(v - mx) * inv);
+    }
+  }
+}
+
+
+#define AOT_SOFTMAX(NAME, T, M) extern "C" __global__ void NAME(T* s, const M* mask, \
+    int mask_kind, int64_t NB, int64_t L, int64_t S, float scale, int causal, int nbd, \
+    int64_t b0, int64_t b1, int64_t b2, int64_t b3, int64_t m0, int64_t m1, int64_t m2, \
+    int64_t m3, int64_t ml, int64_t ms) { softmax_rows<T, M>(s, mask, mask_kind, NB, L, S, \
+    scale, causal, nbd, b0, b1, b2, b3, m0, m1, m2, m3, ml, ms); }
+AOT_SOFTMAX(aot_softmax_float32_float32, float, float)
+AOT_SOFTMAX(aot_softmax_float16_float16, h16, h16)
+AOT_SOFTMAX(aot_softmax_float16_float32, h16, float)
+AOT_SOFTMAX(aot_softmax_bfloat16_bfloat16, bf16, bf16)
+AOT_SOFTMAX(aot_softmax_bfloat16_float32, bf16, float)
+AOT_SOFTMAX(aot_softmax_float32_float16, float, h16)
+AOT_SOFTMAX(aot_softmax_float32_bfloat16, float, bf16)
+"""

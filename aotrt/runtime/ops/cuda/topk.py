@@ -6,8 +6,8 @@ from typing import TYPE_CHECKING, Sequence
 
 import numpy as np
 
-from aotrt.runtime.ops.cuda.common import (Scratch, Work, _copy_packed, _copy_unpacked, _kernel,
-                                           _typed)
+from aotrt.runtime.ops.cuda.common import (Scratch, Work, copy_packed, copy_unpacked, kernel,
+                                           typed)
 from aotrt.runtime.tensor import Handle
 
 if TYPE_CHECKING:
@@ -22,7 +22,7 @@ def make_topk(values_out: Handle, indices_out: Handle, x: Handle, k: int, dim: i
         return _topk_scalar(values_out, indices_out, x)
     n = x.sizes[dim]
     kern_name = f"aot_topk_{x.dtype.name}"
-    _kernel(dev, kern_name)  # refuse early if the module lacks it
+    kernel(dev, KERNELS, kern_name)  # refuse early if the module lacks it
 
     def rows_of(h: Handle) -> tuple[int, int, int] | None:
         sizes = [s for i, s in enumerate(h.sizes) if i != dim]
@@ -45,7 +45,7 @@ def make_topk(values_out: Handle, indices_out: Handle, x: Handle, k: int, dim: i
     # outputs over the input must read the old values: go through packed copies then
     direct = (rx is not None and rv is not None and ri is not None
               and not _overlaps(values_out, x) and not _overlaps(indices_out, x))
-    kern = _kernel(dev, kern_name)
+    kern = kernel(dev, KERNELS, kern_name)
     cfg = dev.launch_config(rows)
     isz = x.dtype.itemsize
     xm, vm, im = moved(x), moved(values_out), moved(indices_out)
@@ -56,16 +56,16 @@ def make_topk(values_out: Handle, indices_out: Handle, x: Handle, k: int, dim: i
         if direct:
             args = [x.address, values_out.address, indices_out.address, rows, n, k, rx[1], rx[2],
                     rv[1], rv[2], ri[1], ri[2]]
-            launch(s.cs, cfg, kern, *_typed(args), np.int32(1 if largest else 0))
+            launch(s.cs, cfg, kern, *typed(args), np.int32(1 if largest else 0))
             return
         xs, vs, ins = (Scratch(s, rows * n * isz), Scratch(s, rows * k * isz),
                        Scratch(s, rows * k * 8))
         try:
-            _copy_packed(dev, s, xs.ptr, xm)
+            copy_packed(dev, s, xs.ptr, xm)
             args = [xs.ptr, vs.ptr, ins.ptr, rows, n, k, n, 1, k, 1, k, 1]
-            launch(s.cs, cfg, kern, *_typed(args), np.int32(1 if largest else 0))
-            _copy_unpacked(dev, s, vm, vs.ptr)
-            _copy_unpacked(dev, s, im, ins.ptr)
+            launch(s.cs, cfg, kern, *typed(args), np.int32(1 if largest else 0))
+            copy_unpacked(dev, s, vm, vs.ptr)
+            copy_unpacked(dev, s, im, ins.ptr)
         finally:
             for sc in (xs, vs, ins):
                 sc.free()
@@ -84,7 +84,7 @@ def _overlaps(a: Handle, b: Handle) -> bool:
 def _topk_scalar(values_out: Handle, indices_out: Handle, x: Handle) -> Work:
     """torch: a 0-D input gives itself and index 0."""
     dev = x.device
-    copy = dev._strided(values_out.address, x.address, (1,), (1,), (1,), x.dtype.itemsize, None)
+    copy = dev.strided_work(values_out.address, x.address, (1,), (1,), (1,), x.dtype.itemsize, None)
     zero = dev.strided_fill_work(indices_out, 0)
 
     def work(s: "CudaStream") -> None:
@@ -97,3 +97,68 @@ def _merge(sizes: Sequence[int], strides: Sequence[int]) -> tuple[list[int], lis
     from aotrt.runtime.devices.cuda import _merge_dims
 
     return _merge_dims(sizes, strides)
+
+
+# ---------------------------------------------------------------------------------------------
+# CUDA C (compiled after common.PRELUDE)
+
+KERNELS = r"""
+// topk along the last dim of a [rows, n] view (row stride rs, element stride es): one
+// thread per row, k selection passes; NaN ranks above numbers; ties by ascending index.
+// Values are compared as double (exact for every dtype here) and copied bit for bit.
+static __device__ __forceinline__ double ldd(const float* p) { return *p; }
+static __device__ __forceinline__ double ldd(const h16* p) { return ld(p); }
+static __device__ __forceinline__ double ldd(const bf16* p) { return ld(p); }
+static __device__ __forceinline__ double ldd(const long long* p) { return (double)*p; }
+static __device__ __forceinline__ double ldd(const int* p) { return *p; }
+static __device__ __forceinline__ double ldd(const short* p) { return *p; }
+static __device__ __forceinline__ double ldd(const signed char* p) { return *p; }
+static __device__ __forceinline__ double ldd(const unsigned char* p) { return *p; }
+template <typename T>
+__device__ void topk_rows(const T* x, T* vals, int64_t* idx, int64_t rows, int64_t n,
+    int64_t k, int64_t rs, int64_t es, int64_t vrs, int64_t ves, int64_t irs, int64_t ies,
+    int largest) {
+  for (int64_t r = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; r < rows;
+       r += (int64_t)gridDim.x * blockDim.x) {
+    const T* xp = x + r * rs;
+    double pv = 0.0; int64_t pi = -1;
+    for (int64_t t = 0; t < k; t++) {
+      double bv = 0.0; int64_t bi = -1;
+      for (int64_t j = 0; j < n; j++) {
+        double v = ldd(xp + j * es);
+        // is (v, j) after (pv, pi) in rank order, i.e. still available?
+        if (pi >= 0) {
+          bool vn = v != v, pn = pv != pv;
+          bool after;
+          if (largest)
+            after = pn ? (vn ? j > pi : true) : (!vn && (v < pv || (v == pv && j > pi)));
+          else
+            after = pn ? (vn && j > pi) : (vn || v > pv || (v == pv && j > pi));
+          if (!after) continue;
+        }
+        if (bi < 0) { bv = v; bi = j; continue; }
+        bool vn = v != v, bn = bv != bv;
+        bool better;
+        if (largest) better = vn ? !bn : (!bn && v > bv);
+        else better = vn ? false : (bn || v < bv);
+        if (better) { bv = v; bi = j; }
+      }
+      vals[r * vrs + t * ves] = xp[bi * es];
+      idx[r * irs + t * ies] = bi;
+      pv = bv; pi = bi;
+    }
+  }
+}
+#define AOT_TOPK(NAME, T) extern "C" __global__ void NAME(const T* x, T* vals, int64_t* idx, \
+    int64_t rows, int64_t n, int64_t k, int64_t rs, int64_t es, int64_t vrs, int64_t ves, \
+    int64_t irs, int64_t ies, int largest) { topk_rows<T>(x, vals, idx, rows, n, k, rs, es, \
+    vrs, ves, irs, ies, largest); }
+AOT_TOPK(aot_topk_float32, float)
+AOT_TOPK(aot_topk_float16, h16)
+AOT_TOPK(aot_topk_bfloat16, bf16)
+AOT_TOPK(aot_topk_int64, long long)
+AOT_TOPK(aot_topk_int32, int)
+AOT_TOPK(aot_topk_int16, short)
+AOT_TOPK(aot_topk_int8, signed char)
+AOT_TOPK(aot_topk_uint8, unsigned char)
+"""

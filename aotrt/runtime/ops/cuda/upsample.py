@@ -2,46 +2,53 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
-
 import numpy as np
 
-from aotrt.errors import DeviceError
-from aotrt.runtime.ops.cuda.common import Work, _blas_lock, _launch
+from aotrt.runtime.ops.cuda.common import Work, i32, launch
 from aotrt.runtime.tensor import Handle
-
-if TYPE_CHECKING:
-    from aotrt.runtime.devices.cuda import CudaDevice
 
 
 def make_upsample(out: Handle, x: Handle, rows: np.ndarray, cols: np.ndarray) -> Work:
     """Nearest upsampling as a gather through the op's own source-index arrays (uploaded
-    once per distinct array and kept on the device)."""
+    once per distinct array and kept by the device's library state)."""
     dev = out.device
     n, c, h, w = x.sizes
     ho, wo = out.sizes[2:]
-    args = [x.address, out.address, _index_buffer(dev, rows), _index_buffer(dev, cols), n, c,
-            h, w, ho, wo, *x.strides, *out.strides]
-    return _launch(dev, f"aot_upsample{x.dtype.itemsize}", n * c * ho * wo, args)
+    libs = dev.libraries
+    cl = out.strides[1] == 1 and c > 1      # NHWC output: threads walk the channels fastest
+    args = [x.address, out.address, libs.int64_buffer(rows), libs.int64_buffer(cols), n, c,
+            h, w, ho, wo, *x.strides, *out.strides, i32(cl)]
+    return launch(dev, KERNELS, f"aot_upsample{x.dtype.itemsize}", n * c * ho * wo, args)
 
 
-_index_buffers: dict[tuple[int, bytes], Any] = {}
+# ---------------------------------------------------------------------------------------------
+# CUDA C (compiled after common.PRELUDE)
 
+KERNELS = r"""
+// out[n, c, oh, ow] = x[n, c, rows[oh], cols[ow]] (the op computes torch's source indices);
+// `cl`: channel-fastest thread order, for NHWC tensors (see maxpool)
+template <typename T>
+__device__ void upsample(const T* x, T* out, const int64_t* rows, const int64_t* cols,
+    int64_t N, int64_t C, int64_t H, int64_t W, int64_t HO, int64_t WO, int64_t xs0,
+    int64_t xs1, int64_t xs2, int64_t xs3, int64_t os0, int64_t os1, int64_t os2,
+    int64_t os3, int cl) {
+  const int64_t total = N * C * HO * WO;
+  for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < total;
+       i += (int64_t)gridDim.x * blockDim.x) {
+    int64_t n, c, oh, ow;
+    aot_coords(i, C, HO, WO, cl, &n, &c, &oh, &ow);
+    out[n * os0 + c * os1 + oh * os2 + ow * os3] =
+        x[n * xs0 + c * xs1 + rows[oh] * xs2 + cols[ow] * xs3];
+  }
+}
 
-def _index_buffer(dev: "CudaDevice", arr: np.ndarray) -> int:
-    """Device address of an int64 copy of `arr` (cached; small and immutable)."""
-    from cuda.bindings import driver
-
-    data = np.ascontiguousarray(arr, dtype=np.int64)
-    key = (id(dev), data.tobytes())
-    with _blas_lock:
-        buf = _index_buffers.get(key)
-        if buf is None:
-            dev.ensure_current()
-            buf = dev.core.allocate(max(data.nbytes, 8), stream=dev._alloc_stream)
-            dev._alloc_stream.sync()
-            err = driver.cuMemcpyHtoD(int(buf.handle), data.ctypes.data, data.nbytes)[0]
-            if int(err) != 0:
-                raise DeviceError(f"cuda: upload of upsample indices failed: {err}")
-            _index_buffers[key] = buf
-        return int(buf.handle)
+#define AOT_UP(NAME, T) extern "C" __global__ void NAME(const T* x, T* out, \
+    const int64_t* rows, const int64_t* cols, int64_t N, int64_t C, int64_t H, int64_t W, \
+    int64_t HO, int64_t WO, int64_t xs0, int64_t xs1, int64_t xs2, int64_t xs3, int64_t os0, \
+    int64_t os1, int64_t os2, int64_t os3, int cl) { upsample<T>(x, out, rows, cols, N, C, \
+    H, W, HO, WO, xs0, xs1, xs2, xs3, os0, os1, os2, os3, cl); }
+AOT_UP(aot_upsample1, b1)
+AOT_UP(aot_upsample2, b2)
+AOT_UP(aot_upsample4, b4)
+AOT_UP(aot_upsample8, b8)
+"""
