@@ -4,7 +4,7 @@ torch eager.
 
     .venv/bin/python bench/zoo.py [--families torchvision,timm,hf,ultralytics]
         [--device cpu] [--dtypes float32[,float16]] [--only NAME,...] [--limit N]
-        [--timeout 600] [--out bench/results/zoo-cpu.json]
+        [--timeout 600] [--workers 1] [--threads 0] [--time] [--out bench/results/zoo-cpu.json]
 
 Each model runs in a subprocess of its own (a crash or a hang in one cannot stop the run),
 with a progress line as it ends. Per model and dtype it records one status:
@@ -18,16 +18,26 @@ The reference is the model in float64 eager on the same inputs (float32 where fl
 not run); the bound is max(floor, 2 x eager's own error in the dtype), floors fp32 1e-4,
 fp16/bf16 2e-2. Outputs are every floating tensor the model returns, compared one by one.
 A table by family and status is printed at the end, and the JSON has every row.
+
+`--workers N` runs N models at once (each still in its own process); `--threads N` caps
+the threads of a cpu delegate (aotrt.load(threads=N)), so that workers do not oversubscribe
+the cores. `--time` (cuda) also times each model that matched, in its own process: torch
+eager against aotrt's default runner (a CUDA graph replay), median of 20 runs after 5,
+CUDA events on each runner's stream. Only one process times at a time (a file lock), so
+the GPU is not shared while it is timed; the other workers go on exporting meanwhile.
 """
 
 from __future__ import annotations
 
 import argparse
 import collections
+import concurrent.futures
+import itertools
 import json
 import os
 import subprocess
 import sys
+import threading
 import time
 import traceback
 from dataclasses import dataclass
@@ -349,7 +359,62 @@ def _floats(out: Any) -> list:
     return [t for t in outs if isinstance(t, torch.Tensor) and t.is_floating_point()]
 
 
-def run_case(case: Case, device: str, dtype_name: str, seed: int = 0) -> dict:
+def _time_model(m_dt: Any, fresh: list, d: Any) -> dict:
+    """Median ms of eager and of the aotrt delegate, one runner after the other, under the
+    zoo's timing lock (one process times the GPU at a time)."""
+    import fcntl
+    import statistics
+
+    import torch
+
+    def median(fn: Callable[[], Any], start: Callable[[], Any], stop: Callable[[], float]
+               ) -> float:
+        for _ in range(5):
+            fn()
+        torch.cuda.synchronize()
+        d.stream.commit_and_wait()
+        times = []
+        for _ in range(20):
+            h = start()
+            fn()
+            times.append(stop(h))
+        return statistics.median(times)
+
+    def t_start() -> Any:
+        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        a.record()
+        return a, b
+
+    def t_stop(h: Any) -> float:
+        a, b = h
+        b.record()
+        b.synchronize()
+        return a.elapsed_time(b)
+
+    def a_start() -> Any:
+        return d.stream.timing_event()
+
+    def a_stop(e0: Any) -> float:
+        e1 = d.stream.timing_event()
+        e1.sync()
+        return e1 - e0
+
+    m_gpu = m_dt.to("cuda")
+    x_gpu = [x.to("cuda") for x in fresh]
+    lock = Path(os.environ.get("AOTRT_ZOO_LOCK", "/tmp/aotrt-zoo-time.lock"))
+    with open(lock, "w") as f, torch.no_grad():
+        fcntl.flock(f, fcntl.LOCK_EX)
+        try:
+            eager = median(lambda: m_gpu(*x_gpu), t_start, t_stop)
+            aot = median(lambda: d.run(*x_gpu), a_start, a_stop)
+        finally:
+            fcntl.flock(f, fcntl.LOCK_UN)
+    return {"eager_ms": round(eager, 4), "aotrt_ms": round(aot, 4),
+            "graph": bool(getattr(d, "uses_graph", False))}
+
+
+def run_case(case: Case, device: str, dtype_name: str, seed: int = 0, threads: int = 0,
+             timed: bool = False) -> dict:
     """Build, export, run and judge one model in one dtype; a row of the zoo table."""
     import copy
 
@@ -388,13 +453,29 @@ def run_case(case: Case, device: str, dtype_name: str, seed: int = 0) -> dict:
     fresh = [torch.randn(x.shape, generator=g).to(x.dtype) if x.is_floating_point() else x
              for x in cast]
     try:
-        with aotrt.load(prog, device=device) as d:
-            outs = d.run(*[x.numpy() if x.dtype != torch.bfloat16 else x for x in fresh])
-            got_f = [torch.from_numpy(np.asarray(o).astype(np.float64)) for o in outs
-                     if o.dtype.name in FLOOR]
+        load_kw = {"threads": threads} if threads and device == "cpu" else {}
+        d = aotrt.load(prog, device=device, **load_kw)
+        inputs_np = [x.numpy() if x.dtype != torch.bfloat16 else x for x in fresh]
+        outs = d.run(*inputs_np)
+        got_f = [torch.from_numpy(np.asarray(o).astype(np.float64)) for o in outs
+                 if o.dtype.name in FLOOR]
     except Exception as e:  # noqa: BLE001 - recorded
         row.update(status="aotrt_run", error=f"{type(e).__name__}: {e}"[:400])
         return row
+    try:
+        return _judge(row, m, m_dt, fresh, got_f, dtype_name, t0, d,
+                      timed and device == "cuda")
+    finally:
+        d.close()
+
+
+def _judge(row: dict, m: Any, m_dt: Any, fresh: list, got_f: list, dtype_name: str,
+           t0: float, d: Any, timed: bool) -> dict:
+    """Compare with eager and the float64 reference; time the model if asked and it matched."""
+    import copy
+
+    import torch
+
     with torch.no_grad():
         eager = _floats(m_dt(*fresh))
         try:
@@ -414,6 +495,11 @@ def run_case(case: Case, device: str, dtype_name: str, seed: int = 0) -> dict:
     row["err"] = max(errs) if errs else 0.0
     row["eager_err"] = max(eerrs) if eerrs else 0.0
     row["status"] = "ok" if all(e <= b for e, b in zip(errs, bound)) else "mismatch"
+    if timed and row["status"] == "ok":
+        try:
+            row.update(_time_model(m_dt, fresh, d))
+        except Exception as e:  # noqa: BLE001 - a timing failure is noted, not a verdict
+            row["time_error"] = f"{type(e).__name__}: {e}"[:200]
     row["seconds"] = round(time.perf_counter() - t0, 2)
     return row
 
@@ -422,12 +508,12 @@ def run_case(case: Case, device: str, dtype_name: str, seed: int = 0) -> dict:
 # driver
 
 
-def _child(name: str, family: str, device: str, dtype: str) -> None:
+def _child(name: str, family: str, device: str, dtype: str, threads: int, timed: bool) -> None:
     # "torchvision-seg" and "torchvision-video" come from the torchvision family's list
     case = next(c for c in FAMILIES[family.split("-")[0]]() if c.name == name
                 and c.family == family)
     try:
-        row = run_case(case, device, dtype)
+        row = run_case(case, device, dtype, threads=threads, timed=timed)
     except BaseException as e:  # noqa: BLE001 - reported as a row
         row = {"family": family, "model": name, "dtype": dtype, "device": device,
                "status": "crash", "error": traceback.format_exc()[-600:] or repr(e)}
@@ -444,10 +530,15 @@ def main() -> int:
     ap.add_argument("--limit", type=int, default=0, help="at most N models per family")
     ap.add_argument("--timeout", type=float, default=600.0, help="seconds per model")
     ap.add_argument("--out", default=str(ROOT / "bench" / "results" / "zoo-latest.json"))
+    ap.add_argument("--workers", type=int, default=1, help="models run at once")
+    ap.add_argument("--threads", type=int, default=0,
+                    help="threads of each cpu delegate (0: the runtime's default)")
+    ap.add_argument("--time", action="store_true",
+                    help="cuda: time eager and aotrt for each model that matched")
     ap.add_argument("--child", nargs=4, help=argparse.SUPPRESS)
     a = ap.parse_args()
     if a.child:
-        _child(*a.child)
+        _child(*a.child, a.threads, a.time)
         return 0
     chosen = cases(a.families.split(","))
     if a.only:
@@ -459,32 +550,56 @@ def main() -> int:
     rows: list[dict] = []
     env = dict(os.environ, PYTHONPATH=str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""),
                YOLO_OFFLINE="1", HF_HUB_OFFLINE="1")
-    total = len(chosen) * len(a.dtypes.split(","))
+    # families taken in turn, so that a run cut short still covers each of them
+    by_family: dict[str, list[Case]] = collections.defaultdict(list)
+    for c in chosen:
+        by_family[c.family].append(c)
+    turns = [c for group in itertools.zip_longest(*by_family.values()) for c in group if c]
+    jobs = [(dtype, c) for dtype in a.dtypes.split(",") for c in turns]
+    total = len(jobs)
     t_start = time.perf_counter()
-    for dtype in a.dtypes.split(","):
-        for c in chosen:
-            t = time.perf_counter()
-            cmd = [sys.executable, __file__, "--child", c.name, c.family, a.device, dtype]
-            try:
-                p = subprocess.run(cmd, capture_output=True, text=True, timeout=a.timeout,
-                                   env=env, cwd=ROOT)
-                lines = [ln for ln in p.stdout.splitlines() if ln.startswith("ROW ")]
-                row = json.loads(lines[-1][4:]) if lines else {
-                    "family": c.family, "model": c.name, "dtype": dtype, "device": a.device,
-                    "status": "crash", "error": f"exit {p.returncode}: {p.stderr[-400:]}"}
-            except subprocess.TimeoutExpired:
-                row = {"family": c.family, "model": c.name, "dtype": dtype,
-                       "device": a.device, "status": "timeout",
-                       "error": f"over {a.timeout:.0f} s"}
-            if c.note:
-                row["note"] = c.note
+    lock = threading.Lock()
+
+    def one(job: tuple[str, Case]) -> None:
+        dtype, c = job
+        t = time.perf_counter()
+        cmd = [sys.executable, __file__, "--child", c.name, c.family, a.device, dtype,
+               "--threads", str(a.threads)] + (["--time"] if a.time else [])
+        try:
+            p = subprocess.run(cmd, capture_output=True, text=True, timeout=a.timeout,
+                               env=env, cwd=ROOT)
+            lines = [ln for ln in p.stdout.splitlines() if ln.startswith("ROW ")]
+            row = json.loads(lines[-1][4:]) if lines else {
+                "family": c.family, "model": c.name, "dtype": dtype, "device": a.device,
+                "status": "crash", "error": f"exit {p.returncode}: {p.stderr[-400:]}"}
+        except subprocess.TimeoutExpired:
+            row = {"family": c.family, "model": c.name, "dtype": dtype,
+                   "device": a.device, "status": "timeout",
+                   "error": f"over {a.timeout:.0f} s"}
+        if c.note:
+            row["note"] = c.note
+        with lock:
             rows.append(row)
-            err = f" err {row['err']:.1e} (eager {row['eager_err']:.1e})" if "err" in row else ""
+            err = (f" err {row['err']:.1e} (eager {row['eager_err']:.1e})" if "err" in row
+                   else "")
+            ms = (f" {row['aotrt_ms']:.3f} ms vs eager {row['eager_ms']:.3f}"
+                  if "aotrt_ms" in row else "")
             print(f"[{len(rows)}/{total}] {c.family:18s} {c.name:34s} {dtype:8s} "
-                  f"{row['status']:12s}{err} {time.perf_counter() - t:.0f}s "
+                  f"{row['status']:12s}{err}{ms} {time.perf_counter() - t:.0f}s "
                   f"{row.get('error', '')[:120]}", flush=True)
             _save(a.out, a, rows, time.perf_counter() - t_start)
+
+    with concurrent.futures.ThreadPoolExecutor(max(1, a.workers)) as pool:
+        list(pool.map(one, jobs))
     print(table(rows))
+    timed = [r for r in rows if "aotrt_ms" in r]
+    if timed:
+        slow = sorted((r for r in timed if r["aotrt_ms"] > r["eager_ms"]),
+                      key=lambda r: r["eager_ms"] / r["aotrt_ms"])
+        print(f"\ntimed {len(timed)}; aotrt slower than eager on {len(slow)}:")
+        for r in slow:
+            print(f"  {r['model']} {r['dtype']}: {r['aotrt_ms']:.3f} ms vs eager "
+                  f"{r['eager_ms']:.3f}")
     return 0
 
 

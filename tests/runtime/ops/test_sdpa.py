@@ -158,13 +158,14 @@ def test_sdpa_bool_mask(kit, stream, mask_shape):
 @pytest.mark.parametrize("kind", ["bool", "float"])
 @pytest.mark.parametrize("e", [4, 8])     # 8: cuDNN's fused attention takes half types
 def test_sdpa_fully_masked_row_gives_zeros_like_torch(kit, stream, dtype, kind, e):
-    q, k, v = kit.randn((1, 2, 3, e), dtype), kit.randn((1, 2, 5, e), dtype), kit.randn(
-        (1, 2, 5, e), dtype)
+    s = 5 if e == 4 else 8
+    q, k, v = kit.randn((1, 2, 3, e), dtype), kit.randn((1, 2, s, e), dtype), kit.randn(
+        (1, 2, s, e), dtype)
     if kind == "bool":
-        mask = np.ones((3, 5), dtype=bool)
+        mask = np.ones((3, s), dtype=bool)
         mask[1] = False
     else:
-        mask = np.zeros((3, 5), dtype=np.float32)
+        mask = np.zeros((3, s), dtype=np.float32)
         mask[1] = -np.inf
         mask[0, 2] = -np.inf
         mask = mask.astype(kit.randn((1,), dtype).dtype)
@@ -378,7 +379,8 @@ def test_refuses_non_numeric_scale(kit, stream):
 
 
 @pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
-@pytest.mark.parametrize("case", ["plain", "bshd", "causal", "mask", "gqa"])
+@pytest.mark.parametrize("case", ["plain", "bshd", "causal", "mask", "bool_mask", "f32_mask",
+                                  "gqa"])
 def test_sdpa_half_types_take_cudnns_fused_attention_on_cuda(kit, stream, dtype, case):
     """Half-type attention with 16-byte rows runs as one cuDNN graph, reading the heads by
     strides (no copies), and matches torch; checked through the device's graph cache."""
@@ -394,11 +396,14 @@ def test_sdpa_half_types_take_cudnns_fused_attention_on_cuda(kit, stream, dtype,
     q = kit.randn((b, h, n, e), dtype, 0.5)
     k, v = kit.randn((b, hk, n + 3, e), dtype, 0.5), kit.randn((b, hk, n + 3, e), dtype)
     kw = {"strides": _bhle_strides(b, h, n, e), "offset": 8} if case == "bshd" else None
-    mask = kit.randn((b, 1, n, n + 3), dtype) if case == "mask" else None
+    mask = {"mask": lambda: kit.randn((b, 1, n, n + 3), dtype),
+            "f32_mask": lambda: kit.randn((1, n + 3), "float32"),
+            "bool_mask": lambda: kit.rng.random((b, 1, 1, n + 3)) > 0.3}.get(case,
+                                                                          lambda: None)()
     with dnn.lock:      # forget built graphs, so that this call must build its own
         for key in [key for key in dnn.graphs if key[0] == "sdpa"]:
             del dnn.graphs[key]
     _check(kit, stream, dtype, q, k, v, mask, is_causal=case == "causal",
-           enable_gqa=case == "gqa", q_kw=kw, out_layout="strided" if kw else "packed")
+           enable_gqa=case == "gqa", q_kw=kw)
     built = [val for key, val in dnn.graphs.items() if key[0] == "sdpa"]
     assert len(built) == 1 and built[0] is not None, "the fused cuDNN path was not taken"

@@ -49,7 +49,7 @@ __device__ void maxpool(const T* x, T* out, int64_t* idx, int64_t N, int64_t C, 
   for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < total;
        i += (int64_t)gridDim.x * blockDim.x) {
     int64_t n, c, oh, ow;
-    aot_coords(i, C, HO, WO, cl, &n, &c, &oh, &ow);
+    aot_coords(i, total, C, HO, WO, cl, &n, &c, &oh, &ow);
     const T* xp = x + n * xs0 + c * xs1;
     float best = -AOT_INF; int64_t at = -1;
     for (int a = 0; a < kh; a++) {

@@ -11,7 +11,8 @@ import numpy as np
 
 from aotrt.errors import Unsupported
 from aotrt.runtime.ops.cuda.common import (CUDA_TYPE, Scratch, Work, alignment,
-                                           broadcast_strides, i32, kernel, typed)
+                                           broadcast_strides, i32, kernel, stream_workspace,
+                                           typed)
 from aotrt.runtime.ops.cuda.gemm import operand, plain_plan
 from aotrt.runtime.ops.cuda.libraries import DNN_TYPES, Dnn
 from aotrt.runtime.tensor import Handle, contiguous_strides
@@ -207,25 +208,28 @@ def _cudnn_sdpa(out: Handle, q: Handle, k: Handle, v: Handle, mask: Handle | Non
     if dt_name not in ("float16", "bfloat16") or q.sizes[-1] != v.sizes[-1] or \
             q.sizes[-1] % 8 or q.sizes[-1] > _FUSED_MAX_HEAD_DIM:
         return None
-    if mask is not None and mask.dtype.name != dt_name:
-        return None         # boolean masks (and other dtypes) go the two-GEMM way
+    if mask is not None and mask.dtype.name not in ("bool", "float32", "float16", "bfloat16"):
+        return None
     dims = [_bhsd(h) for h in (q, k, v, out)]
     if any(d is None for d in dims) or q.ndim != k.ndim or q.ndim != v.ndim:
         return None
     (qd, qs), (kd, ks), (vd, vs), (od, os_) = dims  # type: ignore[misc]
     if kd[0] != qd[0] or vd[:2] != kd[:2] or qd[1] % kd[1]:
         return None
+    # A mask becomes cuDNN's additive bias: a dense (b|1, h|1, L, S) copy in the io dtype,
+    # rows padded to 16 bytes, made by a small kernel in the same work (bool: 0 or -inf).
     md = ms = None
+    bias_fill = None
     if mask is not None:
-        if mask.ndim > 4 or mask.address % 16:
+        if mask.ndim > 4:
             return None
         full = [qd[0], qd[1], qd[2], kd[2]]
         mst = list(broadcast_strides(mask, full))
-        md = [1 if st == 0 else n for n, st in zip(full, mst)]
-        ms = list(mst)
-        for d in range(3, -1, -1):
-            if md[d] == 1:
-                ms[d] = md[d + 1] * ms[d + 1] if d < 3 else 1
+        bm, hm, sp = (qd[0] if mst[0] else 1), (qd[1] if mst[1] else 1), -(-kd[2] // 8) * 8
+        md, ms = [bm, hm, qd[2], kd[2]], [hm * qd[2] * sp, qd[2] * sp, sp, 1]
+        bias_fill = (kernel(dev, KERNELS, f"aot_mask_bias_{dt_name}_{mask.dtype.name}"),
+                     dev.launch_config(bm * hm * qd[2] * kd[2]),
+                     [mask.address, 0, bm, hm, qd[2], kd[2], sp, *mst], bm * hm * qd[2] * sp)
     dnn = dev.libraries.state(Dnn)
     if not dnn.available:
         return None
@@ -241,16 +245,28 @@ def _cudnn_sdpa(out: Handle, q: Handle, k: Handle, v: Handle, mask: Handle | Non
         return None
     g, tensors, wsize = entry
     handle = dnn.handle
-    views = (q, k, v, out) + ((mask,) if mask is not None else ())
-    ptrs = {t: h.address for t, h in zip(tensors, views)}
+    ptrs = {t: h.address for t, h in zip(tensors, (q, k, v, out))}
+    isz = out.dtype.itemsize
 
     def work(s: "CudaStream") -> None:
-        from aotrt.runtime.ops.cuda.common import stream_workspace
+        from cuda.core import launch as core_launch
 
         ws_ptr = stream_workspace(s, wsize) if wsize else 0
-        with dnn.lock:
-            cudnn.set_stream(handle, s.handle)
-            g.execute(ptrs, ws_ptr, handle=handle)
+        bias = None
+        try:
+            if bias_fill is not None:
+                kern, cfg, args, n = bias_fill
+                bias = Scratch(s, n * isz)
+                args = typed(list(args))
+                args[1] = np.int64(bias.ptr)
+                core_launch(s.cs, cfg, kern, *args)
+                ptrs[tensors[4]] = bias.ptr
+            with dnn.lock:
+                cudnn.set_stream(handle, s.handle)
+                g.execute(ptrs, ws_ptr, handle=handle)
+        finally:
+            if bias is not None:
+                bias.free()
     return work
 
 
@@ -296,6 +312,34 @@ def _build_sdpa(dnn: Dnn, dt_name: str, qd: list, qs: list, kd: list, ks: list, 
 # CUDA C (compiled after common.PRELUDE)
 
 KERNELS = r"""
+// cuDNN's additive attention bias from a mask: bias[b, h, l, s] (rows of Sp elements) =
+// mask read through broadcast strides; a bool mask gives 0 where true and -inf elsewhere.
+static __device__ __forceinline__ float ldm(const uint8_t* p) { return *p ? 0.f : -AOT_INF; }
+static __device__ __forceinline__ float ldm(const float* p) { return *p; }
+static __device__ __forceinline__ float ldm(const h16* p) { return ld(p); }
+static __device__ __forceinline__ float ldm(const bf16* p) { return ld(p); }
+template <typename T, typename M>
+__device__ void mask_bias(const M* m, T* bias, int64_t B, int64_t H, int64_t L, int64_t S,
+    int64_t Sp, int64_t m0, int64_t m1, int64_t m2, int64_t m3) {
+  const int64_t total = B * H * L * S;
+  for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < total;
+       i += (int64_t)gridDim.x * blockDim.x) {
+    int64_t s = i % S, r = i / S; int64_t l = r % L; r /= L; int64_t h = r % H, b = r / H;
+    st(bias + ((b * H + h) * L + l) * Sp + s, ldm(m + b * m0 + h * m1 + l * m2 + s * m3));
+  }
+}
+#define AOT_MASK_BIAS(NAME, T, M) extern "C" __global__ void NAME(const M* m, T* bias, \
+    int64_t B, int64_t H, int64_t L, int64_t S, int64_t Sp, int64_t m0, int64_t m1, \
+    int64_t m2, int64_t m3) { mask_bias<T, M>(m, bias, B, H, L, S, Sp, m0, m1, m2, m3); }
+AOT_MASK_BIAS(aot_mask_bias_float16_bool, h16, uint8_t)
+AOT_MASK_BIAS(aot_mask_bias_float16_float32, h16, float)
+AOT_MASK_BIAS(aot_mask_bias_float16_float16, h16, h16)
+AOT_MASK_BIAS(aot_mask_bias_float16_bfloat16, h16, bf16)
+AOT_MASK_BIAS(aot_mask_bias_bfloat16_bool, bf16, uint8_t)
+AOT_MASK_BIAS(aot_mask_bias_bfloat16_float32, bf16, float)
+AOT_MASK_BIAS(aot_mask_bias_bfloat16_float16, bf16, h16)
+AOT_MASK_BIAS(aot_mask_bias_bfloat16_bfloat16, bf16, bf16)
+
 // Softmax over rows of a packed [NB, L, S] score block, in place, one warp per row:
 // p = softmax(s * scale + mask) with an optional additive or boolean mask (read through
 // strides over up to 4 batch dims) and an optional top-left causal mask (col <= row).

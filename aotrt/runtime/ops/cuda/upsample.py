@@ -36,7 +36,7 @@ __device__ void upsample(const T* x, T* out, const int64_t* rows, const int64_t*
   for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < total;
        i += (int64_t)gridDim.x * blockDim.x) {
     int64_t n, c, oh, ow;
-    aot_coords(i, C, HO, WO, cl, &n, &c, &oh, &ow);
+    aot_coords(i, total, C, HO, WO, cl, &n, &c, &oh, &ow);
     out[n * os0 + c * os1 + oh * os2 + ow * os3] =
         x[n * xs0 + c * xs1 + rows[oh] * xs2 + cols[ow] * xs3];
   }
