@@ -10,6 +10,8 @@ Each model runs in a subprocess of its own (a crash or a hang in one cannot stop
 with a progress line as it ends. Per model and dtype it records one status:
 - `ok`: aotrt's output matches the reference as well as eager's own does in that dtype;
 - `mismatch`: it runs, but its error is worse than that bound;
+- `eager_unstable`: eager's own error in the dtype is 0.5 or more (or not finite): the
+  model overflows in that dtype with random weights, and no verdict is possible;
 - `torch_export`: torch.export itself cannot capture the model (torch's own error);
 - `aotrt_export`, `aotrt_run`: aotrt refused or failed (its error);
 - `build`, `timeout`, `crash`: the zoo could not build the model, or the subprocess
@@ -46,6 +48,9 @@ from typing import Any, Callable
 
 ROOT = Path(__file__).resolve().parents[1]
 FLOOR = {"float32": 1e-4, "float16": 2e-2, "bfloat16": 2e-2}
+#: eager's own error from which a model cannot be judged in a dtype (random weights at
+#: fp16 overflow some deep networks: eager's error is then inf, nan or about 1)
+UNSTABLE = 0.5
 
 # ------------------------------------------------------------------------------------------
 # the models
@@ -495,6 +500,9 @@ def _judge(row: dict, m: Any, m_dt: Any, fresh: list, got_f: list, dtype_name: s
     row["err"] = max(errs) if errs else 0.0
     row["eager_err"] = max(eerrs) if eerrs else 0.0
     row["status"] = "ok" if all(e <= b for e, b in zip(errs, bound)) else "mismatch"
+    if not all(ee < UNSTABLE for ee in eerrs):
+        # eager itself is lost in this dtype (overflow, or an error near 100%): no verdict
+        row["status"] = "eager_unstable"
     if timed and row["status"] == "ok":
         try:
             row.update(_time_model(m_dt, fresh, d))
@@ -611,7 +619,7 @@ def _save(path: str, a: argparse.Namespace, rows: list[dict], seconds: float) ->
 
 def table(rows: list[dict]) -> str:
     """Counts by family and status, as a markdown table."""
-    statuses = ["ok", "mismatch", "torch_export", "aotrt_export", "aotrt_run", "build",
+    statuses = ["ok", "mismatch", "eager_unstable", "torch_export", "aotrt_export", "aotrt_run", "build",
                 "timeout", "crash"]
     by: dict[tuple, collections.Counter] = collections.defaultdict(collections.Counter)
     for r in rows:

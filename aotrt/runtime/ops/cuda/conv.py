@@ -24,6 +24,11 @@ log = logging.getLogger(__name__)
 # ---------------------------------------------------------------------------------------------
 # convolution: cuDNN (frontend graph, bias fused), else im2col + cuBLASLt
 
+#: cuDNN numerical notes of engines whose results miss the dtype's own accuracy
+_INEXACT_NOTES = ("REDUCED_PRECISION_REDUCTION", "DOWN_CONVERT_INPUTS", "FFT", "WINOGRAD",
+                  "WINOGRAD_TILE_4x4", "WINOGRAD_TILE_6x6", "WINOGRAD_TILE_13x13")
+
+
 def _get_dnn(dev: "CudaDevice") -> Dnn | None:
     """The device's cuDNN, or None where it is missing."""
     dnn = dev.libraries.state(Dnn)
@@ -97,10 +102,16 @@ def _cudnn_conv(dnn: Dnn, out: Handle, x: Handle, w: Handle, bias: Handle | None
             g.validate()
             g.build_operation_graph()
             g.create_execution_plans([cudnn.heur_mode.A, cudnn.heur_mode.FALLBACK])
+            # Engines that trade accuracy for speed are not used: Winograd and FFT transforms,
+            # reductions in the io type and inputs converted down lose about 1e-2 per
+            # convolution in half types, which a deep network (ResNet-101, RegNet-16GF and
+            # ConvNeXt-B at fp16 in the zoo) compounds into a wrong answer. Tensor-core
+            # engines run float32 as TF32 (10-bit mantissa): float32 keeps float32 engines.
+            notes = [getattr(cudnn.numerical_note, n) for n in _INEXACT_NOTES
+                     if hasattr(cudnn.numerical_note, n)]
             if out.dtype.name == "float32":
-                # Tensor-core engines run float32 as TF32 (10-bit mantissa), which misses
-                # float32 accuracy: keep the engines that compute in float32.
-                g.deselect_numeric_notes([cudnn.numerical_note.TENSOR_CORE])
+                notes.append(cudnn.numerical_note.TENSOR_CORE)
+            g.deselect_numeric_notes(notes)
             g.check_support()
             g.build_plans()
             entry = dnn.graphs[key] = (g, X, W, B, Y, int(g.get_workspace_size()))
