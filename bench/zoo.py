@@ -482,7 +482,13 @@ def _judge(row: dict, m: Any, m_dt: Any, fresh: list, got_f: list, dtype_name: s
     import torch
 
     with torch.no_grad():
-        eager = _floats(m_dt(*fresh))
+        if d.device.name == "cuda":
+            # eager's own error is judged on the device, in the dtype: torch's cpu half
+            # kernels (depthwise convolutions among them) are not what a cuda user runs
+            eager = [t.cpu() for t in _floats(copy.deepcopy(m_dt).to("cuda")(
+                *[x.to("cuda") for x in fresh]))]
+        else:
+            eager = _floats(m_dt(*fresh))
         try:
             ref = _floats(copy.deepcopy(m).double()(*[
                 x.double() if x.is_floating_point() else x for x in fresh]))
@@ -543,8 +549,13 @@ def main() -> int:
                     help="threads of each cpu delegate (0: the runtime's default)")
     ap.add_argument("--time", action="store_true",
                     help="cuda: time eager and aotrt for each model that matched")
+    ap.add_argument("--report", metavar="JSON",
+                    help="print the markdown tables of a saved run and exit")
     ap.add_argument("--child", nargs=4, help=argparse.SUPPRESS)
     a = ap.parse_args()
+    if a.report:
+        print(report(json.loads(Path(a.report).read_text())))
+        return 0
     if a.child:
         _child(*a.child, a.threads, a.time)
         return 0
@@ -615,6 +626,36 @@ def _save(path: str, a: argparse.Namespace, rows: list[dict], seconds: float) ->
     doc = {"device": a.device, "dtypes": a.dtypes, "families": a.families,
            "seconds": round(seconds, 1), "load_avg": os.getloadavg()[0], "rows": rows}
     Path(path).write_text(json.dumps(doc, indent=1))
+
+
+def report(doc: dict) -> str:
+    """Markdown of a saved run: counts by family and status, the rows that are not ok,
+    and the timed models (eager vs aotrt). Rows saved before the `eager_unstable` status
+    existed are judged again by it from their recorded errors."""
+    rows = doc["rows"]
+    for r in rows:
+        ee = r.get("eager_err")
+        if r.get("status") in ("ok", "mismatch") and ee is not None and not ee < UNSTABLE:
+            r["status"] = "eager_unstable"
+    out = [f"device {doc['device']}, dtypes {doc['dtypes']}, {len(rows)} rows, "
+           f"{doc['seconds']:.0f} s", "", table(rows), "", "| family | model | dtype | status "
+           "| aotrt err | eager err | error |", "|---|---|---|---|--:|--:|---|"]
+    for r in sorted(rows, key=lambda r: (r["status"], r["family"], r["model"])):
+        if r["status"] == "ok":
+            continue
+        err = f"{r['err']:.1e}" if "err" in r else ""
+        eerr = f"{r['eager_err']:.1e}" if "eager_err" in r else ""
+        msg = (r.get("error") or "").replace("|", "/").replace("\n", " ")[:160]
+        out.append(f"| {r['family']} | {r['model']} | {r['dtype']} | {r['status']} | {err} "
+                   f"| {eerr} | {msg} |")
+    timed = sorted((r for r in rows if "aotrt_ms" in r), key=lambda r: r["model"])
+    if timed:
+        faster = sum(r["aotrt_ms"] <= r["eager_ms"] for r in timed)
+        out += ["", f"timed {len(timed)}: aotrt at or below eager on {faster}", "",
+                "| model | dtype | eager ms | aotrt ms | graph |", "|---|---|--:|--:|---|"]
+        out += [f"| {r['model']} | {r['dtype']} | {r['eager_ms']:.3f} | {r['aotrt_ms']:.3f} "
+                f"| {r.get('graph')} |" for r in timed]
+    return "\n".join(out)
 
 
 def table(rows: list[dict]) -> str:
