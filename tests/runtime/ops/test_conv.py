@@ -385,9 +385,10 @@ def test_cpu_convolution_runs_through_onednn(kit, stream, case, dtype):
     before = dict(dnnl.stats)
     _run(kit, stream, dtype, x, w, bias, s, p, d, groups=g, layouts=(layout,) * 4)
     if dtype == "bfloat16" and not _cpu_has_bf16_isa():
-        # refused at plan time, and the numpy path gave the (checked) answer
-        assert dnnl.stats["refused"] == before["refused"] + 1, (case, dnnl.stats)
-        assert dnnl.stats["runs"] == before["runs"]
+        # refused at plan time (or found refused in the cache), and the numpy path gave
+        # the (checked) answer
+        assert dnnl.stats["refused"] >= 1 and dnnl.stats["runs"] == before["runs"]
+        assert dnnl.stats["numpy"] == before["numpy"] + 1, (case, dnnl.stats)
         return
     assert dnnl.stats["runs"] == before["runs"] + 1, (case, dnnl.stats)
     assert dnnl.stats["numpy"] == before["numpy"]
