@@ -28,6 +28,7 @@ from typing import Any, Callable, Sequence
 
 import numpy as np
 
+from aotrt import progress
 from aotrt.dtypes import DType, as_dtype
 from aotrt.errors import (AotrtError, CompileError, DeviceError, InvalidArgument, OutOfMemory,
                           Unsupported)
@@ -547,7 +548,8 @@ class CudaDevice(Device):
         name = f"{key[:32]}.cubin"
         code = self.cache.read(name)
         if code is None:
-            code = compile_source(source, self.arch, what)
+            with progress.step(f"compiling {what} with nvrtc for {self.arch}"):
+                code = compile_source(source, self.arch, what)
             root = self.cache.writable_root()
             try:
                 fd, tmp = tempfile.mkstemp(dir=root, suffix=".tmp")
