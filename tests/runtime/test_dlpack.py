@@ -165,7 +165,7 @@ def test_export_is_zero_copy_and_released_once(consumer: str) -> None:
         view = t.numpy()
         assert t.data_ptr() == arr.ctypes.data
     else:
-        view = np.from_dlpack(Producer(lambda: capsule))
+        view = np.from_dlpack(Producer(lambda c=capsule: c))
         assert view.ctypes.data == arr.ctypes.data
     np.testing.assert_array_equal(view, arr)
     if consumer == "torch":
