@@ -407,8 +407,6 @@ class CudaDevice(Device):
     supports_graphs = True
     prefers_channels_last = True     # cuDNN's engines are NHWC
     renderer = CudaRenderer()
-    #: DLPack device of this device's memory (kDLCUDA, ordinal 0)
-    dlpack_device = (2, 0)
 
     def __init__(self) -> None:
         if _IMPORT_ERROR is not None:
