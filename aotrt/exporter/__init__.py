@@ -1,6 +1,8 @@
-"""The ahead-of-time side: torch.nn.Module -> aotrt.Program. The only package that imports torch.
+"""The ahead-of-time side: torch.nn.Module (or ExportedProgram) -> aotrt.Program. The only
+package that imports torch.
 
     prog = aotrt.export(model, (x,))
+    prog = aotrt.export(torch.export.load("model.pt2"))
     prog.save("model.aotp")
 """
 
