@@ -25,7 +25,7 @@ from aotrt.runtime.public import Tensor
 __version__ = "0.1.0"
 
 
-def export(model: Any, example_inputs: Any, *args: Any, **kwargs: Any) -> Program:
+def export(model: Any, example_inputs: Any = None, *args: Any, **kwargs: Any) -> Program:
     """Export a torch.nn.Module (or ExportedProgram) to an aotrt.Program (imports torch)."""
     # The exporter lives in aotrt.exporter, a separate package so that this name stays a
     # plain function; importing it here, on first call, keeps `import aotrt` free of torch.

@@ -1,7 +1,10 @@
 """The command line: `python -m aotrt demo | export | run | bench | inspect`.
 
 `run`, `bench` and `inspect` need only the runtime (numpy); `demo` and `export` live in
-aotrt/exporter/demo.py, the only place that imports torch for them.
+aotrt/demo.py (models in aotrt/models.py), imported only when one of them runs, since they
+import torch. A mistake gives one line on stderr (exit 2 for bad arguments or files, 1 for a
+failed run; the traceback with --verbose); long steps show progress when stderr is a
+terminal (aotrt/progress.py).
 """
 
 from __future__ import annotations
@@ -13,48 +16,20 @@ import statistics
 import sys
 import time
 import traceback
-from typing import Any, Callable, Sequence
+from typing import Any, Sequence
 
 import numpy as np
 
-from aotrt import dtypes
+from aotrt import dtypes, progress
 from aotrt.errors import (AotrtError, CompileError, InvalidArgument, ProgramError,
                           Unsupported)
+from aotrt.measure import ms, synced_run, time_calls
 
 log = logging.getLogger(__name__)
 
 
 # ---------------------------------------------------------------------------------------------
 # helpers
-
-
-def _errors(got: Sequence[Any], ref: Sequence[Any]) -> tuple[float, float]:
-    """(max abs error, max abs error / max |ref|) over all outputs, in float64."""
-    abs_err, rel = 0.0, 0.0
-    for g, r in zip(got, ref):
-        g64 = np.asarray(g, dtype=np.float64)
-        r64 = np.asarray(r, dtype=np.float64)
-        if r64.size == 0:
-            continue
-        e = float(np.max(np.abs(g64 - r64)))
-        abs_err = max(abs_err, e)
-        rel = max(rel, e / max(float(np.max(np.abs(r64))), 1e-30))
-    return abs_err, rel
-
-
-def _time(fn: Callable[[], Any], runs: int, warmup: int) -> list[float]:
-    for _ in range(warmup):
-        fn()
-    times = []
-    for _ in range(runs):
-        t0 = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t0)
-    return times
-
-
-def _ms(seconds: float) -> str:
-    return f"{seconds * 1e3:.2f} ms"
 
 
 def _random_inputs(prog: Any, seed: int) -> list[np.ndarray]:
@@ -72,24 +47,18 @@ def _random_inputs(prog: Any, seed: int) -> list[np.ndarray]:
     return arrays
 
 
-def _synced_run(m: Any, inputs: Sequence[Any]) -> Any:
-    outs = m.run(*inputs)
-    m.stream.synchronize()
-    return outs
-
-
 # ---------------------------------------------------------------------------------------------
 # commands
 
 
 def cmd_demo(args: argparse.Namespace) -> int:
     """Export a YOLO-style detector, run it, and compare it with torch eager."""
-    return importlib.import_module("aotrt.exporter.demo").run_demo(args)
+    return importlib.import_module("aotrt.demo").run_demo(args)
 
 
 def cmd_export(args: argparse.Namespace) -> int:
-    """Export a model to a .aotp file."""
-    return importlib.import_module("aotrt.exporter.demo").run_export(args)
+    """Export a model (by name, module:factory, or a .pt2 file) to a .aotp file."""
+    return importlib.import_module("aotrt.demo").run_export(args)
 
 
 def cmd_run(args: argparse.Namespace) -> int:
@@ -125,13 +94,13 @@ def cmd_bench(args: argparse.Namespace) -> int:
     t0 = time.perf_counter()
     with aotrt.load(prog, device=args.device) as m:
         load_s = time.perf_counter() - t0
-        times = _time(lambda: _synced_run(m, inputs), args.runs, args.warmup)
+        times = time_calls(lambda: synced_run(m, inputs), args.runs, args.warmup)
         dev = m.device
     times.sort()
     print(f"device:  {dev.name}")
     print(f"load:    {load_s:.3f} s")
-    print(f"latency: median {_ms(statistics.median(times))}, min {_ms(times[0])}, "
-          f"p90 {_ms(times[int(0.9 * (len(times) - 1))])} over {len(times)} runs")
+    print(f"latency: median {ms(statistics.median(times))}, min {ms(times[0])}, "
+          f"p90 {ms(times[int(0.9 * (len(times) - 1))])} over {len(times)} runs")
     print(f"memory:  peak {dev.memory.peak_raw_bytes / 2**20:.1f} MiB of device memory")
     return 0
 
@@ -148,50 +117,75 @@ def parser() -> argparse.ArgumentParser:
     """The argument parser of `aotrt`."""
     p = argparse.ArgumentParser(prog="aotrt", description="aotrt: export and run PyTorch "
                                 "programs from a small Python runtime.")
-    p.add_argument("-v", "--verbose", action="store_true", help="debug logging")
-    sub = p.add_subparsers(dest="command", required=True)
+    p.add_argument("-v", "--verbose", action="store_true",
+                   help="debug logging; on an error, the traceback and any compiler log too")
+    sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
-    d = sub.add_parser("demo", help="export a YOLO-style detector and run it vs torch eager")
+    def device(q: argparse.ArgumentParser) -> None:
+        q.add_argument("--device", default=None,
+                       help="cpu or cuda (default: cuda if present, else cpu)")
+
+    def seed(q: argparse.ArgumentParser, what: str) -> None:
+        q.add_argument("--seed", type=int, default=0,
+                       help=f"seed of the random {what} (default: 0)")
+
+    def timing(q: argparse.ArgumentParser, runs: int, warmup: int) -> None:
+        q.add_argument("--runs", type=int, default=runs,
+                       help=f"timed runs (default: {runs})")
+        q.add_argument("--warmup", type=int, default=warmup,
+                       help=f"untimed runs before them (default: {warmup})")
+
+    d = sub.add_parser("demo", help="export a YOLO-style detector and run it vs torch eager",
+                       description=cmd_demo.__doc__)
     d.add_argument("--model", choices=("auto", "yolov8n", "tiny-yolo"), default="auto",
                    help="auto: ultralytics YOLOv8n when installed, else the built-in model")
-    d.add_argument("--size", type=int, default=320, help="input height and width")
-    d.add_argument("--runs", type=int, default=10)
-    d.add_argument("--warmup", type=int, default=3)
-    d.add_argument("--device", default=None, help="cpu or cuda (default: cuda if present)")
-    d.add_argument("--seed", type=int, default=0)
+    d.add_argument("--size", type=int, default=320,
+                   help="input height and width in pixels (default: 320)")
+    timing(d, 10, 3)
+    device(d)
+    seed(d, "input image and weights")
     d.set_defaults(fn=cmd_demo)
 
-    e = sub.add_parser("export", help="export a model to a .aotp program file")
-    e.add_argument("model", help="yolov8n, tiny-yolo, or package.module:factory")
-    e.add_argument("-o", "--output", required=True)
+    e = sub.add_parser("export", help="export a model to a .aotp program file",
+                       description=cmd_export.__doc__)
+    e.add_argument("model", help="yolov8n, tiny-yolo, package.module:factory (a module, its "
+                   "class, or a function returning one), or a .pt2 file written by "
+                   "torch.export.save")
+    e.add_argument("-o", "--output", required=True, help="the .aotp file to write")
     e.add_argument("--shape", action="append", help="an input shape like 1,3,320,320 "
-                   "(repeat for several inputs)")
-    e.add_argument("--size", type=int, default=320)
-    e.add_argument("--dtype", choices=("float32", "float16", "bfloat16"), default="float32")
-    e.add_argument("--seed", type=int, default=0)
+                   "(repeat for several inputs; default: 1,3,SIZE,SIZE; not for .pt2)")
+    e.add_argument("--size", type=int, default=320,
+                   help="height and width of the default input shape (default: 320)")
+    e.add_argument("--dtype", choices=("float32", "float16", "bfloat16"), default=None,
+                   help="dtype of the weights and inputs (default: float32; not for .pt2)")
+    seed(e, "example inputs")
     e.add_argument("--layout", choices=("auto", "channels_last", "contiguous"), default="auto",
                    help="activation layout: channels_last (NHWC convolutions), contiguous, or "
-                        "auto (channels-last for conv nets when the default device prefers it)")
+                        "auto (channels-last for conv nets when the default device prefers "
+                        "it; a .pt2 keeps its own)")
     e.set_defaults(fn=cmd_export)
 
-    r = sub.add_parser("run", help="run a program on .npz/.npy or random inputs")
-    r.add_argument("program")
-    r.add_argument("--inputs", help=".npz keyed by input name, or one .npy")
-    r.add_argument("--save", help="write the outputs to this .npz")
-    r.add_argument("--device", default=None)
-    r.add_argument("--seed", type=int, default=0)
+    r = sub.add_parser("run", help="run a program on .npz/.npy or random inputs",
+                       description=cmd_run.__doc__)
+    r.add_argument("program", help="the .aotp program file")
+    r.add_argument("--inputs", help=".npz keyed by input name, or one .npy "
+                   "(default: random inputs)")
+    r.add_argument("--save", help="write the outputs to this .npz, keyed by output name")
+    device(r)
+    seed(r, "inputs")
     r.set_defaults(fn=cmd_run)
 
-    b = sub.add_parser("bench", help="time loading and running a program")
-    b.add_argument("program")
-    b.add_argument("--runs", type=int, default=50)
-    b.add_argument("--warmup", type=int, default=5)
-    b.add_argument("--device", default=None)
-    b.add_argument("--seed", type=int, default=0)
+    b = sub.add_parser("bench", help="time loading and running a program",
+                       description=cmd_bench.__doc__)
+    b.add_argument("program", help="the .aotp program file")
+    timing(b, 50, 5)
+    device(b)
+    seed(b, "inputs")
     b.set_defaults(fn=cmd_bench)
 
-    i = sub.add_parser("inspect", help="print a program's summary")
-    i.add_argument("program")
+    i = sub.add_parser("inspect", help="print a program's summary",
+                       description=cmd_inspect.__doc__)
+    i.add_argument("program", help="the .aotp program file")
     i.set_defaults(fn=cmd_inspect)
     return p
 
@@ -206,12 +200,15 @@ def main(argv: Sequence[str] | None = None) -> int:
             print(f"aotrt: error: --{key} must be at least 1", file=sys.stderr)
             return 2
     try:
-        return args.fn(args)
+        with progress.shown_on(sys.stderr):
+            return args.fn(args)
     except KeyboardInterrupt:
         print(f"aotrt {args.command}: interrupted", file=sys.stderr)
         return 130
     except ImportError as e:
-        _report(args, f"{e} (install the 'export' extra for torch)", 1)
+        # Only torch missing is the install's fault; another module is named as it is.
+        hint = " (install the 'export' extra for torch)" if e.name == "torch" else ""
+        _report(args, f"{type(e).__name__}: {e}{hint}", 1)
         return 1
     except Exception as e:  # noqa: BLE001 - the CLI's contract: one line, never a traceback
         code = _exit_code(e)

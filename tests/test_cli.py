@@ -285,3 +285,200 @@ def test_keyboard_interrupt_is_one_line(seed_file: Path, capsys: pytest.CaptureF
     monkeypatch.setattr(Program, "load", interrupted)
     assert main(["run", str(seed_file)]) == 130
     assert capsys.readouterr().err.strip() == "aotrt run: interrupted"
+
+
+# -- every option says what it does (issue 10, item 4)
+
+
+def test_every_option_has_help() -> None:
+    import argparse
+
+    from aotrt.cli import parser
+
+    p = parser()
+    subs = [a for a in p._actions if isinstance(a, argparse._SubParsersAction)][0]
+    assert set(subs.choices) == {"demo", "export", "run", "bench", "inspect"}
+    helped = {c.dest: c.help for c in subs._choices_actions}
+    for name, sub in [("aotrt", p), *subs.choices.items()]:
+        if name != "aotrt":
+            assert helped.get(name), name
+            assert sub.description, name
+        for action in sub._actions:
+            if isinstance(action, argparse._SubParsersAction):
+                continue
+            assert action.help and len(action.help) > 8, (name, action.dest)
+
+
+@pytest.mark.parametrize("command", ["demo", "export", "run", "bench", "inspect"])
+def test_help_of_each_command(command: str) -> None:
+    proc = subprocess.run([sys.executable, "-m", "aotrt", command, "--help"],
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    assert "--help" in proc.stdout and proc.stderr == ""
+    # The runtime's commands never import torch, not even for --help.
+    assert "Traceback" not in proc.stdout
+
+
+# -- mistakes in `aotrt export` are one line and exit 2 (issue 10, item 4)
+
+
+def _aotrt(*argv: str, env: dict | None = None) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "aotrt", *argv], capture_output=True,
+                          text=True, timeout=300, env=env)
+
+
+def test_unknown_factory_is_one_line(tmp_path: Path) -> None:
+    """The issue's example: `aotrt export torchvision.models:nonexist`."""
+    pytest.importorskip("torch")
+    pytest.importorskip("torchvision")
+    proc = _aotrt("export", "torchvision.models:nonexist", "-o", str(tmp_path / "x.aotp"))
+    assert proc.returncode == 2, proc.stderr
+    line = _one_error_line(proc.stderr, "export")
+    assert "module 'torchvision.models' has no 'nonexist'" in line
+    assert not (tmp_path / "x.aotp").exists()
+    proc = _aotrt("-v", "export", "torchvision.models:nonexist", "-o", str(tmp_path / "x.aotp"))
+    assert proc.returncode == 2 and "Traceback" in proc.stderr      # --verbose shows it
+
+
+def test_missing_pt2_is_one_line(tmp_path: Path) -> None:
+    pytest.importorskip("torch")
+    proc = _aotrt("export", str(tmp_path / "missing.pt2"), "-o", str(tmp_path / "x.aotp"))
+    assert proc.returncode == 2, proc.stderr
+    assert "no such file" in _one_error_line(proc.stderr, "export")
+
+
+def small_factory() -> Any:
+    """A factory for the tests below: conv, relu, pooled linear head."""
+    import torch
+
+    torch.manual_seed(0)
+    return torch.nn.Sequential(torch.nn.Conv2d(3, 4, 3), torch.nn.ReLU(),
+                               torch.nn.AdaptiveAvgPool2d(1), torch.nn.Flatten(),
+                               torch.nn.Linear(4, 3))
+
+
+@pytest.mark.parametrize("argv,text", [
+    (["no.such.module:f"], "no module named 'no.such.module'"),
+    (["tests.test_cli:small_factori"], "has no 'small_factori' (did you mean 'small_factory'"),
+    (["tests.test_cli:json"], "is a module, not a torch.nn.Module"),
+    (["tests.test_cli:small_factory", "--shape", "1,x"], "--shape: expected sizes"),
+    (["tests.test_cli:small_factory", "--shape", "1,5"], "--shape: small_factory does not run"),
+    (["nonsense"], "expected 'yolov8n', 'tiny-yolo', 'module:factory' or a .pt2 file"),
+])
+def test_export_mistakes_are_exit_2(argv: list[str], text: str, tmp_path: Path,
+                                    capsys: pytest.CaptureFixture) -> None:
+    pytest.importorskip("torch")
+    assert main(["export", *argv, "-o", str(tmp_path / "x.aotp")]) == 2
+    assert text in _one_error_line(capsys.readouterr().err, "export")
+
+
+def test_export_of_a_pt2_file_then_run_matches_eager(tmp_path: Path,
+                                                     capsys: pytest.CaptureFixture) -> None:
+    torch = pytest.importorskip("torch")
+    model = small_factory().eval()
+    ep = torch.export.export(model, (torch.randn(2, 3, 9, 9),))
+    torch.export.save(ep, tmp_path / "small.pt2")
+    out = tmp_path / "small.aotp"
+    assert main(["export", str(tmp_path / "small.pt2"), "-o", str(out)]) == 0
+    assert f"exported small to {out}" in capsys.readouterr().out
+    x = rand([2, 3, 9, 9], seed=11)
+    np.savez(tmp_path / "in.npz", **{"input": x})
+    assert main(["run", str(out), "--device", "cpu", "--inputs", str(tmp_path / "in.npz"),
+                 "--save", str(tmp_path / "out.npz")]) == 0
+    got = np.load(tmp_path / "out.npz")
+    with torch.no_grad():
+        ref = model.double()(torch.from_numpy(x).double()).numpy()
+    assert rel_err(got[got.files[0]], ref) < 1e-4
+    # What a .pt2 fixes cannot be asked for.
+    for extra in (["--shape", "1,3,9,9"], ["--dtype", "float16"], ["--layout", "channels_last"]):
+        assert main(["export", str(tmp_path / "small.pt2"), "-o", str(out), *extra]) == 2
+        _one_error_line(capsys.readouterr().err, "export")
+
+
+def test_export_of_a_factory_matches_eager(tmp_path: Path) -> None:
+    pytest.importorskip("torch")
+    import aotrt
+    import torch
+
+    out = tmp_path / "f.aotp"
+    proc = _aotrt("export", "tests.test_cli:small_factory", "--shape", "1,3,7,7", "-o",
+                  str(out))
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stderr == ""                # not a terminal: no progress
+    x = rand([1, 3, 7, 7], seed=12)
+    with aotrt.load(out, device="cpu") as m, torch.no_grad():
+        ref = small_factory().double()(torch.from_numpy(x).double()).numpy()
+        assert rel_err(m.run(x)[0].numpy(), ref) < 1e-4
+
+
+# -- progress: on a terminal only (issue 10, item 4)
+
+
+def _on_a_terminal(argv: list[str], env: dict) -> tuple[int, str, str]:
+    """Run `python -m aotrt argv` with stderr a pseudo-terminal: (rc, stdout, stderr)."""
+    import pty
+
+    master, slave = pty.openpty()
+    try:
+        proc = subprocess.Popen([sys.executable, "-m", "aotrt", *argv], stdout=subprocess.PIPE,
+                                stderr=slave, env=env)
+    finally:
+        os.close(slave)
+    chunks = []
+    while True:
+        try:
+            data = os.read(master, 4096)
+        except OSError:                     # EIO: the child closed the terminal
+            break
+        if not data:
+            break
+        chunks.append(data)
+    os.close(master)
+    out, _ = proc.communicate(timeout=300)
+    return proc.returncode, out.decode(), b"".join(chunks).decode()
+
+
+def test_first_load_compile_shows_progress_on_a_terminal_only(seed_file: Path,
+                                                              tmp_path: Path) -> None:
+    env = dict(os.environ, AOTRT_CACHE_DIR=str(tmp_path / "cache"))
+    rc, out, err = _on_a_terminal(["run", str(seed_file), "--device", "cpu"], env)
+    assert rc == 0 and "y: float32[12, 5]" in out
+    assert "aotrt: compiling " in err and " kernel(s) with " in err
+    assert "\r\x1b[K" in err and err.rstrip().endswith(" s")
+    # A second load finds the kernels cached: nothing to show.
+    rc, _, err = _on_a_terminal(["run", str(seed_file), "--device", "cpu"], env)
+    assert rc == 0 and "compiling" not in err
+    # Not a terminal: quiet, even when it compiles.
+    env["AOTRT_CACHE_DIR"] = str(tmp_path / "cache2")
+    proc = _aotrt("run", str(seed_file), "--device", "cpu", env=env)
+    assert proc.returncode == 0 and proc.stderr == ""
+    assert list((tmp_path / "cache2").rglob("*.so"))       # it did compile
+
+
+def test_export_shows_progress_on_a_terminal(tmp_path: Path) -> None:
+    pytest.importorskip("torch")
+    env = dict(os.environ, AOTRT_CACHE_DIR=str(tmp_path / "cache"))
+    rc, out, err = _on_a_terminal(["export", "tests.test_cli:small_factory", "--shape",
+                                   "1,3,7,7", "-o", str(tmp_path / "f.aotp")], env)
+    assert rc == 0 and "exported small_factory" in out
+    assert "aotrt: capturing Sequential ..." in err and "aotrt: lowering Sequential: " in err
+
+
+def test_an_error_after_progress_is_still_on_its_own_line(tmp_path: Path) -> None:
+    """A step that fails ends its status line before the one error line."""
+    pytest.importorskip("torch")
+    env = dict(os.environ, AOTRT_CACHE_DIR=str(tmp_path / "cache"))
+    (tmp_path / "bad_model.py").write_text(
+        "import torch\n"
+        "class M(torch.nn.Module):\n"
+        "    def forward(self, x):\n"
+        "        return x[x > 0].sum() if x.sum() > 0 else x\n")
+    env["PYTHONPATH"] = os.pathsep.join([str(tmp_path), env.get("PYTHONPATH", ""),
+                                         str(Path(__file__).parents[1])])
+    rc, _, err = _on_a_terminal(["export", "bad_model:M", "--shape", "2,3",
+                                 "-o", str(tmp_path / "m.aotp")], env)
+    assert rc == 2, err
+    # The terminal writes "\r\n" for a newline; a status line is "\r\x1b[K" + text.
+    lines = [ln.split("\r\x1b[K")[-1] for ln in err.replace("\r\n", "\n").strip().split("\n")]
+    assert lines[-2] == "aotrt: capturing M: failed"
+    assert lines[-1].startswith("aotrt export: error: Unsupported: torch.export could not")

@@ -144,33 +144,77 @@ def decompose_unsupported(ep: torch.export.ExportedProgram,
     return ep
 
 
-def capture(model: torch.nn.Module, example_inputs: Sequence[Any],
+def capture(model: torch.nn.Module | torch.export.ExportedProgram,
+            example_inputs: Sequence[Any] | None,
             kwargs: dict[str, Any] | None = None, strict: bool = False,
             runs_whole: Callable[[torch.fx.Node], bool] | None = None
             ) -> torch.export.ExportedProgram:
     """Export `model` on `example_inputs` with static shapes and decompose it to core ATen
-    (then, given `runs_whole`, decompose further what the lowering cannot run whole)."""
-    if not isinstance(model, torch.nn.Module):
-        raise InvalidArgument(f"model: expected a torch.nn.Module, got {type(model).__name__}")
-    if isinstance(example_inputs, torch.Tensor):
-        example_inputs = (example_inputs,)
-    if not isinstance(example_inputs, (tuple, list)):
-        raise InvalidArgument("example_inputs: expected a tuple of example arguments, got "
-                              f"{type(example_inputs).__name__}")
-    args = tuple(example_inputs)
-    try:
-        ep = torch.export.export(model, args, kwargs=kwargs or {}, strict=strict)
-    except Exception as e:  # torch raises many types; the user needs its message
-        raise Unsupported(f"torch.export could not capture {type(model).__name__}: "
-                          f"{type(e).__name__}: {e}") from e
-    log.debug("exported %s: %d nodes", type(model).__name__, len(ep.graph.nodes))
+    (then, given `runs_whole`, decompose further what the lowering cannot run whole).
+
+    An ExportedProgram is taken as captured already: it gets the same decompositions (on a
+    copy; the caller's is left as it was), and `example_inputs`, when given, must match its
+    inputs' shapes and dtypes.
+    """
+    if isinstance(model, torch.export.ExportedProgram):
+        if example_inputs is not None:
+            check_inputs(model, example_inputs)
+        ep, what = model, "the ExportedProgram"
+    elif isinstance(model, torch.nn.Module):
+        ep, what = _export(model, example_inputs, kwargs, strict), type(model).__name__
+    else:
+        raise InvalidArgument("model: expected a torch.nn.Module or a "
+                              f"torch.export.ExportedProgram, got {type(model).__name__}")
     try:
         ep = ep.run_decompositions(decomposition_table())
     except Exception as e:
-        raise Unsupported(f"decomposing {type(model).__name__} to core ATen failed: "
+        raise Unsupported(f"decomposing {what} to core ATen failed: "
                           f"{type(e).__name__}: {e}") from e
     log.debug("decomposed: %d nodes", len(ep.graph.nodes))
     rewrite_real_ffts(ep.graph_module, decomposition_table())
     if runs_whole is not None:
         ep = decompose_unsupported(ep, runs_whole)
     return ep
+
+
+def _example_args(example_inputs: Any) -> tuple[Any, ...]:
+    """`example_inputs` as a tuple of arguments (a lone tensor is one argument)."""
+    if isinstance(example_inputs, torch.Tensor):
+        return (example_inputs,)
+    if not isinstance(example_inputs, (tuple, list)):
+        raise InvalidArgument("example_inputs: expected a tuple of example arguments, got "
+                              f"{type(example_inputs).__name__}")
+    return tuple(example_inputs)
+
+
+def _export(model: torch.nn.Module, example_inputs: Any, kwargs: dict[str, Any] | None,
+            strict: bool) -> torch.export.ExportedProgram:
+    """torch.export.export, its failures as Unsupported naming the model."""
+    args = _example_args(example_inputs)
+    try:
+        ep = torch.export.export(model, args, kwargs=kwargs or {}, strict=strict)
+    except Exception as e:  # torch raises many types; the user needs its message
+        raise Unsupported(f"torch.export could not capture {type(model).__name__}: "
+                          f"{type(e).__name__}: {e}") from e
+    log.debug("exported %s: %d nodes", type(model).__name__, len(ep.graph.nodes))
+    return ep
+
+
+def check_inputs(ep: torch.export.ExportedProgram, example_inputs: Any) -> None:
+    """InvalidArgument unless the tensors of `example_inputs` match, in number, shape and
+    dtype, the user inputs `ep` was exported with."""
+    import torch.utils._pytree as pytree
+
+    got = [t for t in pytree.tree_leaves(_example_args(example_inputs))
+           if isinstance(t, torch.Tensor)]
+    user = set(ep.graph_signature.user_inputs)
+    want = [n.meta.get("val") for n in ep.graph.nodes
+            if n.op == "placeholder" and n.name in user]
+    want = [v for v in want if isinstance(v, torch.Tensor)]
+    if len(got) != len(want):
+        raise InvalidArgument(f"example_inputs: {len(got)} tensor(s), but the "
+                              f"ExportedProgram takes {len(want)}")
+    for i, (g, w) in enumerate(zip(got, want)):
+        if tuple(g.shape) != tuple(w.shape) or g.dtype != w.dtype:
+            raise InvalidArgument(f"example_inputs[{i}]: {g.dtype}{list(g.shape)}, but the "
+                                  f"ExportedProgram takes {w.dtype}{list(w.shape)}")

@@ -175,11 +175,6 @@ class Kernel:
             n *= s
         return n
 
-    @property
-    def written_args(self) -> tuple[int, ...]:
-        """Indices of arguments the kernel writes."""
-        return tuple(i for i, a in enumerate(self.args) if "w" in a.mode)
-
 
 # ---------------------------------------------------------------------------------------------
 # builders

@@ -35,8 +35,6 @@ class SyncKind(enum.Enum):
     COMMIT_AND_WAIT = "commit_and_wait"
     COMMIT_AND_CONTINUE = "commit_and_continue"
     FLUSH = "flush"
-    # NOTE: adaptive is plain commit, as in the anchor; documented, not guessed.
-    ADAPTIVE = "adaptive"
 
 
 def default_threads() -> int:

@@ -111,10 +111,3 @@ def free_hazard(alloc: "Allocation", what: str) -> HazardError | None:
                 f"{what} of {alloc.describe()} while command #{last} on {stream!r} may "
                 f"still use it (not committed; completed #{stream.completed_seq})")
     return None
-
-
-def check_free(alloc: "Allocation", what: str) -> None:
-    """Raise if `alloc` is freed or recycled while checked work on it is still uncommitted."""
-    err = free_hazard(alloc, what)
-    if err is not None:
-        raise err

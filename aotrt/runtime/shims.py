@@ -14,7 +14,7 @@ from aotrt.dtypes import DType, as_dtype
 from aotrt.errors import InvalidArgument
 from aotrt.runtime.device import Device
 from aotrt.runtime.device import get_device as _get_device
-from aotrt.runtime.memory import Allocation, current_owner
+from aotrt.runtime.memory import current_owner
 from aotrt.runtime.tensor import (EXTENT_LIMIT, INT64_MAX, MAX_DIMS, Handle, check_live,
                                   contiguous_strides, is_packed, numel_of, span)
 
@@ -347,9 +347,3 @@ def get_storage_size(handle: Handle) -> int:
     """Bytes in the allocation the view lives in."""
     check_live(handle, "handle")
     return handle.alloc.nbytes if handle.alloc is not None else 0
-
-
-def allocation_of(handle: Handle) -> Allocation | None:
-    """The allocation a handle lives in (for tests and tools)."""
-    check_live(handle, "handle")
-    return handle.alloc

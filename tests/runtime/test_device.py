@@ -137,7 +137,6 @@ VERBS = {
     "commit_and_continue": lambda s: s.commit_and_continue(),
     "synchronize(commit)": lambda s: s.synchronize("commit"),
     "synchronize(FLUSH)": lambda s: s.synchronize(SyncKind.FLUSH),
-    "synchronize(adaptive)": lambda s: s.synchronize("adaptive"),
     "synchronize(COMMIT_AND_CONTINUE)": lambda s: s.synchronize(SyncKind.COMMIT_AND_CONTINUE),
 }
 

@@ -327,7 +327,7 @@ def test_handle_shims_refuse(dev, stream, owner, case, call, match):
 
 GETTERS = [shims.get_sizes, shims.get_strides, shims.get_storage_offset, shims.get_dtype,
            shims.get_device, shims.get_device_index, shims.get_numel, shims.get_dim,
-           shims.get_data_ptr, shims.get_storage_size, shims.allocation_of]
+           shims.get_data_ptr, shims.get_storage_size]
 
 
 @pytest.mark.parametrize("getter", GETTERS, ids=[g.__name__ for g in GETTERS])
@@ -995,7 +995,6 @@ def test_getters_answer_from_the_handles_own_state(dev, stream, owner):
     assert shims.get_dim(v) == 2
     assert shims.get_data_ptr(v) == base.alloc.ptr + 20
     assert shims.get_storage_size(v) == 96
-    assert shims.allocation_of(v) is base.alloc
     delete(v, base)
 
 

@@ -22,6 +22,7 @@ from typing import Any, Callable, Sequence
 
 import numpy as np
 
+from aotrt import progress
 from aotrt.errors import AotrtError, CompileError, DeviceError, InvalidArgument, OutOfMemory
 from aotrt.kernels import ir
 from aotrt.kernels.render_c import CRenderer
@@ -443,9 +444,10 @@ class KernelCache:
                 src.write_text(source)
                 (Path(tmp) / "k.map").write_text(script)
                 so = Path(tmp) / "k.so"
-                proc = subprocess.run([cc, *flags, f"-Wl,--version-script={tmp}/k.map",
-                                       str(src), "-o", str(so), "-lm"],
-                                      capture_output=True, text=True)
+                with progress.step(f"compiling {count} kernel(s) with {Path(cc).name}"):
+                    proc = subprocess.run([cc, *flags, f"-Wl,--version-script={tmp}/k.map",
+                                           str(src), "-o", str(so), "-lm"],
+                                          capture_output=True, text=True)
                 if proc.returncode != 0:
                     raise CompileError(f"{cc} failed on {count} kernel(s)",
                                        proc.stderr + proc.stdout)

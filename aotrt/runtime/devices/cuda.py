@@ -28,6 +28,7 @@ from typing import Any, Callable, Sequence
 
 import numpy as np
 
+from aotrt import progress
 from aotrt.dtypes import DType, as_dtype
 from aotrt.errors import (AotrtError, CompileError, DeviceError, InvalidArgument, OutOfMemory,
                           Unsupported)
@@ -406,8 +407,6 @@ class CudaDevice(Device):
     supports_graphs = True
     prefers_channels_last = True     # cuDNN's engines are NHWC
     renderer = CudaRenderer()
-    #: DLPack device of this device's memory (kDLCUDA, ordinal 0)
-    dlpack_device = (2, 0)
 
     def __init__(self) -> None:
         if _IMPORT_ERROR is not None:
@@ -559,7 +558,8 @@ class CudaDevice(Device):
         name = f"{key[:32]}.cubin"
         code = self.cache.read(name)
         if code is None:
-            code = compile_source(source, self.arch, what)
+            with progress.step(f"compiling {what} with nvrtc for {self.arch}"):
+                code = compile_source(source, self.arch, what)
             root = self.cache.writable_root()
             try:
                 fd, tmp = tempfile.mkstemp(dir=root, suffix=".tmp")

@@ -1,26 +1,22 @@
-"""Models and the torch side of `aotrt demo` / `aotrt export` (the CLI imports this lazily,
-so that only aotrt.export imports torch)."""
+"""The models of `aotrt demo` and `aotrt export`, and how the CLI finds a model by name.
+
+torch is imported inside the functions only, so importing this module (or the CLI) stays
+torch-free.
+"""
 
 from __future__ import annotations
 
-import argparse
+import difflib
 import importlib
 import logging
 import os
-import statistics
 import tempfile
-import time
 from pathlib import Path
 from typing import Any, Sequence
 
-from aotrt.cli import _errors, _ms, _synced_run, _time
-from aotrt.errors import AotrtError
+from aotrt.errors import AotrtError, InvalidArgument
 
 log = logging.getLogger(__name__)
-
-
-# ---------------------------------------------------------------------------------------------
-# models (torch is imported inside the functions only)
 
 
 def tiny_yolo(imgsz: int = 320, nc: int = 8) -> Any:
@@ -157,115 +153,58 @@ def demo_model(choice: str, imgsz: int) -> tuple[str, Any]:
 
 
 def load_model(spec: str, imgsz: int) -> tuple[str, Any]:
-    """A model by name ('yolov8n', 'tiny-yolo') or 'package.module:factory'."""
+    """(name, model) for `spec`: 'yolov8n', 'tiny-yolo', 'package.module:factory' (a module,
+    a module class, or a function returning a module), or a `.pt2` file written by
+    torch.export.save (then the model is its ExportedProgram)."""
+    import torch
+
     if spec == "yolov8n":
         return "YOLOv8n", yolov8n()
     if spec == "tiny-yolo":
         return "TinyYolo", tiny_yolo(imgsz)
+    if spec.endswith(".pt2"):
+        return Path(spec).stem, load_pt2(spec)
     module, _, attr = spec.partition(":")
     if not module or not attr:
-        raise AotrtError(f"model: expected 'yolov8n', 'tiny-yolo' or 'module:factory', got "
-                         f"{spec!r}")
-    factory = getattr(importlib.import_module(module), attr)
-    model = factory() if callable(factory) and not hasattr(factory, "forward") else factory
+        raise InvalidArgument(f"model: expected 'yolov8n', 'tiny-yolo', 'module:factory' or a "
+                              f".pt2 file, got {spec!r}")
+    try:
+        mod = importlib.import_module(module)
+    except ModuleNotFoundError as e:
+        # Only a missing module of the path itself is the user's typo; a dependency that
+        # the module lacks (torch included) stays an ImportError with its own hint.
+        if e.name is None or not (module == e.name or module.startswith(e.name + ".")):
+            raise
+        raise InvalidArgument(f"model: no module named {module!r}") from None
+    if not hasattr(mod, attr):
+        close = difflib.get_close_matches(attr, [n for n in dir(mod) if not n.startswith("_")])
+        hint = f" (did you mean {', '.join(repr(c) for c in close)}?)" if close else ""
+        raise InvalidArgument(f"model: module {module!r} has no {attr!r}{hint}")
+    factory = getattr(mod, attr)
+    if isinstance(factory, torch.nn.Module):
+        model = factory
+    elif callable(factory):
+        try:
+            model = factory()
+        except Exception as e:  # noqa: BLE001 - the factory's own failure, named
+            raise AotrtError(f"model: {spec}() failed: {type(e).__name__}: {e}") from e
+    else:
+        raise InvalidArgument(f"model: {spec} is a {type(factory).__name__}, not a "
+                              f"torch.nn.Module, a module class or a factory")
+    if not isinstance(model, torch.nn.Module):
+        raise InvalidArgument(f"model: {spec}() returned a {type(model).__name__}, not a "
+                              f"torch.nn.Module")
     return attr, model.eval()
 
 
-# ---------------------------------------------------------------------------------------------
-# commands
-
-
-def _leaves(out: Any) -> list[Any]:
+def load_pt2(path: str) -> Any:
+    """The ExportedProgram that torch.export.save wrote to `path`."""
     import torch
 
-    if isinstance(out, torch.Tensor):
-        return [out]
-    if isinstance(out, dict):
-        return [x for v in out.values() for x in _leaves(v)]
-    if isinstance(out, (list, tuple)):
-        return [x for v in out for x in _leaves(v)]
-    return []
-
-
-def run_demo(args: argparse.Namespace) -> int:
-    """Export a YOLO-style detector, run it, and compare it with torch eager."""
-    import aotrt
-    import torch
-
-    torch.manual_seed(args.seed)
-    name, model = demo_model(args.model, args.size)
-    x = torch.rand(1, 3, args.size, args.size)
-    with torch.no_grad():
-        ref = _leaves(model(x))      # eager once first: Detect caches its anchors
-    nparams = sum(p.numel() for p in model.parameters())
-    print(f"model:    {name}, {nparams / 1e6:.2f} M parameters, input 1x3x{args.size}x{args.size}")
-    t0 = time.perf_counter()
-    prog = aotrt.export(model, (x,))
-    export_s = time.perf_counter() - t0
-    with tempfile.TemporaryDirectory(prefix="aotrt-demo-") as tmp:
-        path = Path(tmp) / "model.aotp"
-        prog.save(path)
-        size = path.stat().st_size
-        print(f"export:   {export_s:.2f} s, {len(prog.instructions)} instructions, "
-              f"{len(prog.kernels)} kernels, file {size / 2**20:.1f} MiB")
-        t0 = time.perf_counter()
-        with aotrt.load(path, device=args.device) as m:
-            load_s = time.perf_counter() - t0
-            dev = m.device.name
-            # The input lives on the delegate's device (a torch tensor, taken without a copy).
-            xd = x.to(dev) if dev == "cuda" else x.numpy()
-            outs = _synced_run(m, [xd])
-            got = [o.numpy() for o in outs]
-            if len(got) != len(ref):
-                print(f"note: {len(got)} program outputs vs {len(ref)} eager tensors; comparing "
-                      f"the first")
-                got, ref = got[:1], ref[:1]
-            abs_err, rel = _errors(got, [r.numpy() for r in ref])
-            times = _time(lambda: _synced_run(m, [xd]), args.runs, args.warmup)
-            eager_times = _eager_times(model, x, dev, args.runs, args.warmup)
-            print(f"device:   {dev}")
-            print(f"load:     {load_s:.3f} s")
-            print(f"error:    max abs {abs_err:.3e}, max relative {rel:.3e} vs eager "
-                  f"({len(got)} output(s))")
-            print(f"latency:  median {_ms(statistics.median(times))} over {args.runs} runs "
-                  f"(torch eager on {dev}: {_ms(statistics.median(eager_times))})")
-    tol = 1e-3
-    if rel > tol:
-        print(f"FAIL: relative error {rel:.3e} above {tol}")
-        return 1
-    return 0
-
-
-def _eager_times(model: Any, x: Any, dev: str, runs: int, warmup: int) -> list[float]:
-    """Median-ready timings of torch eager on `dev` (synchronized on cuda)."""
-    import torch
-
-    model, x = model.to(dev), x.to(dev)
-
-    def step() -> None:
-        model(x)
-        if dev == "cuda":
-            torch.cuda.synchronize()
-    with torch.no_grad():
-        return _time(step, runs, warmup)
-
-
-def run_export(args: argparse.Namespace) -> int:
-    """Export a model to a .aotp file."""
-    import aotrt
-    import torch
-
-    name, model = load_model(args.model, args.size)
-    shapes = args.shape or [f"1,3,{args.size},{args.size}"]
-    tdt = getattr(torch, args.dtype)
-    torch.manual_seed(args.seed)
-    inputs = tuple(torch.rand(*[int(s) for s in sh.split(",")]).to(tdt) for sh in shapes)
-    model = model.to(tdt)
-    with torch.no_grad():
-        model(*inputs)
-    t0 = time.perf_counter()
-    prog = aotrt.export(model, inputs, layout=getattr(args, "layout", "auto"))
-    prog.save(args.output)
-    print(f"exported {name} to {args.output} in {time.perf_counter() - t0:.2f} s")
-    print(prog.summary())
-    return 0
+    if not os.path.isfile(path):
+        raise InvalidArgument(f"model: no such file {path!r}")
+    try:
+        return torch.export.load(path)
+    except Exception as e:  # noqa: BLE001 - torch raises many types for a bad archive
+        raise InvalidArgument(f"model: {path!r} is not a program saved by torch.export.save: "
+                              f"{type(e).__name__}: {e}") from e
