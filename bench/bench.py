@@ -115,6 +115,25 @@ def build(name: str):
 
         m = Whisper().eval().half().to(dev)
         return m, (torch.randn(1, 80, 3000, device=dev, dtype=torch.half),)
+    if name == "rtdetr_l":          # profiled, not benchmarked (issue #9's cliff)
+        os.environ.setdefault("YOLO_OFFLINE", "1")
+        from ultralytics.nn.tasks import RTDETRDetectionModel
+
+        inner = RTDETRDetectionModel("rtdetr-l.yaml", verbose=False).eval()
+
+        class Detr(torch.nn.Module):
+            def __init__(self) -> None:
+                super().__init__()
+                self.m = inner
+
+            def forward(self, x):
+                return self.m(x)[0]
+
+        m = Detr().eval().half().to(dev)
+        x = torch.randn(1, 3, 640, 640, device=dev, dtype=torch.half)
+        with torch.no_grad():
+            m(x)
+        return m, (x,)
     raise ValueError(f"unknown model {name}")
 
 

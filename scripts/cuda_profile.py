@@ -43,6 +43,20 @@ print(f"layout {layout}: {nhwc} of {len(convs)} convolutions write channels-last
 for ins in convs[:3]:
     print("  x/w/out strides", [prog.tensors[t]["strides"] for t in
                                 (ins["ins"][0], ins["ins"][1], ins["outs"][0])])
+# Layout breaks: instructions reading a 4-D NCHW activation while writing NHWC (or the
+# reverse), each one a transposing access that the channels-last export should not leave.
+breaks = []
+for i, ins in enumerate(prog.instructions):
+    four = [t for t in list(ins.get("ins", [])) + list(ins.get("outs", []))
+            if isinstance(t, int) and len(prog.tensors[t]["sizes"]) == 4
+            and prog.tensors[t]["sizes"][1] > 1 and prog.tensors[t].get("root") == "arena"]
+    kinds = {prog.tensors[t]["strides"][1] == 1 for t in four}
+    if len(kinds) > 1:
+        breaks.append((i, ins.get("fn") or ins.get("kernel") or ins["op"],
+                       [prog.tensors[t]["strides"] for t in four]))
+print(f"layout breaks: {len(breaks)}")
+for b in breaks[:8]:
+    print("  ", b)
 with aotrt.load(prog, device="cuda") as d:
     for _ in range(3):
         d.run(*inputs)

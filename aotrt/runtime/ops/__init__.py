@@ -18,8 +18,11 @@ with, per name (None marks an absent optional input):
     bmm                 outs [out]             ins [a, b]
     addmm               outs [out]             ins [bias, a, b]       params beta, alpha
     linear              outs [out]             ins [x, w, bias|None]
-    convolution         outs [out]             ins [x, w, bias|None]  params stride, padding,
-                                                   dilation, transposed, output_padding, groups
+    convolution         outs [out]             ins [x, w, bias|None(, residual|None)]
+                                                   params stride, padding, dilation,
+                                                   transposed, output_padding, groups,
+                                                   activation ("none", "relu", "silu"):
+                                                   out = act(conv + bias + residual)
     sdpa                outs [out]             ins [q, k, v, mask|None] params dropout_p,
                                                    is_causal, scale, enable_gqa
     topk                outs [values, indices] ins [x]                params k, dim, largest,
@@ -81,6 +84,8 @@ class _Spec:
     optional_ins: tuple[int, ...] = ()
     params: tuple[str, ...] = ()
     required: tuple[str, ...] = ()
+    #: how many of the last inputs may be left out of the list altogether
+    omissible: int = 0
 
 
 def _check_call(spec: _Spec, outs: Any, ins: Any, kw: Mapping[str, Any]) -> None:
@@ -90,9 +95,10 @@ def _check_call(spec: _Spec, outs: Any, ins: Any, kw: Mapping[str, Any]) -> None
         want = " or ".join(str(n) for n in spec.n_outs)
         raise InvalidArgument(f"{name}: outs: expected a list of {want} handles, got "
                               f"{outs!r}")
-    if not isinstance(ins, (list, tuple)) or len(ins) != spec.n_ins:
-        raise InvalidArgument(f"{name}: ins: expected a list of {spec.n_ins} inputs, got "
-                              f"{ins!r}")
+    lo = spec.n_ins - spec.omissible
+    if not isinstance(ins, (list, tuple)) or not lo <= len(ins) <= spec.n_ins:
+        want = f"{lo} to {spec.n_ins}" if lo < spec.n_ins else str(spec.n_ins)
+        raise InvalidArgument(f"{name}: ins: expected a list of {want} inputs, got {ins!r}")
     for i, h in enumerate(ins):
         if h is None and i not in spec.optional_ins:
             raise InvalidArgument(f"{name}: ins[{i}]: this input is required")
@@ -127,6 +133,10 @@ def _plain(o: list, i: list, kw: dict) -> tuple[list, dict]:
     return [o[0], *i], kw
 
 
+def _bind_conv(o: list, i: list, kw: dict) -> tuple[list, dict]:
+    return [o[0], i[0], i[1], i[2]], dict(kw, residual=i[3] if len(i) > 3 else None)
+
+
 def _bind_sdpa(o: list, i: list, kw: dict) -> tuple[list, dict]:
     return [o[0], i[0], i[1], i[2]], dict(kw, attn_mask=i[3])
 
@@ -144,8 +154,9 @@ _SPECS: dict[str, _Spec] = {s.name: s for s in (
     _Spec("bmm", bmm, check_bmm, _plain, (1,), 2),
     _Spec("addmm", addmm, check_addmm, _plain, (1,), 3, params=("beta", "alpha")),
     _Spec("linear", linear, check_linear, _plain, (1,), 3, (2,)),
-    _Spec("convolution", convolution, check_convolution, _plain, (1,), 3, (2,),
-          ("stride", "padding", "dilation", "transposed", "output_padding", "groups")),
+    _Spec("convolution", convolution, check_convolution, _bind_conv, (1,), 4, (2, 3),
+          ("stride", "padding", "dilation", "transposed", "output_padding", "groups",
+           "activation"), omissible=1),
     _Spec("sdpa", sdpa, check_sdpa, _bind_sdpa, (1,), 4, (3,),
           ("dropout_p", "is_causal", "scale", "enable_gqa")),
     _Spec("topk", topk, check_topk, _bind_topk, (2,), 1, (), ("dim", "largest", "sorted"),

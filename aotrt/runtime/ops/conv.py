@@ -42,14 +42,22 @@ class ConvParams:
     groups: int
     batched: bool
     out_shape: tuple[int, ...]
+    #: the fused epilogue: out = activation(conv + bias + residual)
+    activation: str = "none"
+    residual: bool = False
+
+
+#: activations a convolution's epilogue applies (after the bias and the residual add)
+ACTIVATIONS = ("none", "relu", "silu")
 
 
 def check_convolution(out: Any, x: Any, w: Any, bias: Any = None, stride: Any = (1,),
                       padding: Any = (0,), dilation: Any = (1,), transposed: Any = False,
-                      output_padding: Any = (0,), groups: Any = 1
-                      ) -> tuple[ConvParams, c.OpCost]:
-    """Validate convolution's metadata and params like aten.convolution; return the
-    geometry and the cost."""
+                      output_padding: Any = (0,), groups: Any = 1, residual: Any = None,
+                      activation: Any = "none") -> tuple[ConvParams, c.OpCost]:
+    """Validate convolution's metadata and params like aten.convolution (plus the fused
+    epilogue: a residual of the output's shape and an activation); return the geometry
+    and the cost."""
     op = "convolution"
     c.check_output(op, out, "out")
     c.check_dtype(op, out, "out")
@@ -115,9 +123,20 @@ def check_convolution(out: Any, x: Any, w: Any, bias: Any = None, stride: Any = 
             raise InvalidArgument(f"{op}: bias: expected {cout} elements, got {list(bias.sizes)}")
     out_shape = ((n,) if batched else ()) + (cout,) + out_sp
     c.check_shape(op, out, "out", out_shape)
+    if not isinstance(activation, str) or activation not in ACTIVATIONS:
+        raise InvalidArgument(f"{op}: activation: expected one of {list(ACTIVATIONS)}, got "
+                              f"{activation!r}")
+    if residual is not None:
+        c.check_same_dtype(op, out, "out", residual, "residual")
+        c.check_shape(op, residual, "residual", out_shape)
     p = ConvParams(stride, padding, dilation, output_padding, transposed, groups, batched,
-                   out_shape)
-    return p, conv_cost(out, x, w, bias, p)
+                   out_shape, activation, residual is not None)
+    cost = conv_cost(out, x, w, bias, p)
+    if residual is not None or activation != "none":
+        # the epilogue's pass over the output: a copy of the residual, float32 temporaries
+        extra = out.numel * (out.dtype.itemsize + 16)
+        cost = c.OpCost(cost.work + out.numel, cost.scratch_bytes + extra)
+    return p, cost
 
 
 def _lifted(x: Any, w: Any, p: ConvParams) -> tuple[tuple[int, ...], ...]:
@@ -184,13 +203,17 @@ def _full_extent(sp_in: Sequence[int], kernel: Sequence[int], stride: Sequence[i
 def convolution(stream: Stream, out: Handle, x: Handle, w: Handle, bias: Handle | None,
                 stride: Sequence[int] = (1,), padding: Sequence[int] = (0,),
                 dilation: Sequence[int] = (1,), transposed: bool = False,
-                output_padding: Sequence[int] = (0,), groups: int = 1) -> int:
-    """out = conv(x, w) + bias, aten.convolution semantics (1-D, 2-D and 3-D)."""
+                output_padding: Sequence[int] = (0,), groups: int = 1,
+                residual: Handle | None = None, activation: str = "none") -> int:
+    """out = activation(conv(x, w) + bias + residual), aten.convolution semantics (1-D, 2-D
+    and 3-D) with an optional fused epilogue."""
     op = "convolution"
-    c.check_handles(op, stream, [(out, "out"), (x, "x"), (w, "w"), (bias, "bias")])
+    c.check_handles(op, stream, [(out, "out"), (x, "x"), (w, "w"), (bias, "bias"),
+                                 (residual, "residual")])
     p, _ = check_convolution(out, x, w, bias, stride, padding, dilation, transposed,
-                             output_padding, groups)
-    return c.launch(op, stream, [out], [x, w, bias], _CONV, out, x, w, bias, p)
+                             output_padding, groups, residual, activation)
+    return c.launch(op, stream, [out], [x, w, bias, residual], _CONV, out, x, w, bias, p,
+                    residual)
 
 
 # -- cpu ----------------------------------------------------------------------------------------
@@ -307,8 +330,36 @@ def _dnnl_conv(out: Handle, x: Handle, w: Handle, bias: Handle | None,
     return dnnl.conv_work(prim, x, w, bias, out, detach, keep)
 
 
-def _cpu_conv(out: Handle, x: Handle, w: Handle, bias: Handle | None,
-              p: ConvParams) -> Callable[[], None]:
+def apply_epilogue(o: np.ndarray, res: np.ndarray | None, activation: str) -> np.ndarray:
+    """act(o + res) in float32 (o float32, res any float): the epilogue's reference."""
+    if res is not None:
+        o = o + c.load_f32(res)
+    if activation == "relu":
+        o = np.maximum(o, 0.0, dtype=np.float32)
+    elif activation == "silu":
+        o = o / (1.0 + np.exp(-o.astype(np.float64))).astype(np.float32)
+    return o
+
+
+def _cpu_conv(out: Handle, x: Handle, w: Handle, bias: Handle | None, p: ConvParams,
+              residual: Handle | None = None) -> Callable[[], None]:
+    from aotrt.runtime.devices.cpu import host_array
+
+    base = _cpu_conv_only(out, x, w, bias, p)
+    if residual is None and p.activation == "none":
+        return base
+
+    def work() -> None:
+        # A residual the output overlaps is read before the convolution writes over it.
+        res = None if residual is None else np.array(host_array(residual), copy=True)
+        base()
+        o = host_array(out)
+        c.store(o, apply_epilogue(c.load_f32(o), res, p.activation))
+    return work
+
+
+def _cpu_conv_only(out: Handle, x: Handle, w: Handle, bias: Handle | None,
+                   p: ConvParams) -> Callable[[], None]:
     from aotrt.runtime.devices.cpu import host_array
 
     dnnl_work = _dnnl_conv(out, x, w, bias, p)

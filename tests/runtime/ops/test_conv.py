@@ -453,3 +453,72 @@ def test_onednn_cache_evicts_least_recently_used(kit, stream, monkeypatch):
     _run(kit, stream, "float32", *a)
     assert dnnl.stats["created"] == before["created"] + 1, (before, dnnl.stats)
     assert dnnl.stats["hits"] == before["hits"]
+
+
+EPILOGUE_CASES = [
+    # x, w, stride, padding, groups, transposed
+    ((2, 8, 9, 8), (16, 8, 3, 3), [1, 1], [1, 1], 1, False),
+    ((1, 16, 8, 8), (16, 1, 3, 3), [1, 1], [1, 1], 16, False),    # depthwise
+    ((2, 8, 6, 6), (8, 8, 1, 1), [1, 1], [0, 0], 1, False),       # 1x1
+    ((1, 8, 5, 5), (8, 4, 3, 3), [2, 2], [1, 1], 1, True),        # transposed: kernel after
+]
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("activation", ["none", "relu", "silu"])
+@pytest.mark.parametrize("case", range(len(EPILOGUE_CASES)))
+@pytest.mark.parametrize("layout", ["packed", "offset", "channels_last"])
+def test_conv_epilogue_matches_torch(kit, stream, dtype, activation, case, layout):
+    """out = act(conv + bias + residual) in one library call, against float64 torch; the
+    residual and output are views of any layout (channels-last as the exporter makes them)."""
+    x_shape, w_shape, stride, padding, groups, transposed = EPILOGUE_CASES[case]
+    x_np, w_np = kit.randn(x_shape, dtype), kit.randn(w_shape, dtype, 0.5)
+    cout = w_shape[1] * groups if transposed else w_shape[0]
+    b_np = kit.randn((cout,), dtype)
+    ref = _ref(kit, x_np, w_np, b_np, stride, padding, [1, 1], transposed, [0, 0], groups)
+    r_np = kit.randn(tuple(ref.shape), dtype)
+    ref = ref + kit.t64(r_np)
+    ref = {"none": ref, "relu": torch.relu(ref), "silu": torch.nn.functional.silu(ref)}[
+        activation]
+    x, w, b = kit.tensor(x_np, layout), kit.tensor(w_np, "packed"), kit.tensor(b_np, "packed")
+    r = kit.tensor(r_np, layout)
+    out = kit.out(tuple(ref.shape), dtype, layout)
+    convolution(stream, out, x, w, b, stride, padding, [1, 1], transposed, [0, 0], groups,
+                residual=r, activation=activation)
+    kit.close(kit.read(out), ref, dtype)
+
+
+@pytest.mark.parametrize("activation", ["relu", "silu"])
+def test_conv_epilogue_without_residual(kit, stream, activation):
+    x_np, w_np = kit.randn((2, 4, 7, 7), "float32"), kit.randn((6, 4, 3, 3), "float32", 0.5)
+    ref = _ref(kit, x_np, w_np, None, [1, 1], [1, 1], [1, 1], False, [0, 0], 1)
+    ref = torch.relu(ref) if activation == "relu" else torch.nn.functional.silu(ref)
+    out = kit.out(tuple(ref.shape), "float32")
+    convolution(stream, out, kit.tensor(x_np), kit.tensor(w_np), None, [1, 1], [1, 1], [1, 1],
+                activation=activation)
+    kit.close(kit.read(out), ref, "float32")
+
+
+def test_conv_epilogue_over_its_own_residual_reads_the_old_values(kit, stream):
+    # The exporter may place the output over the residual's memory once the residual dies.
+    x_np, w_np = kit.randn((1, 4, 6, 6), "float32"), kit.randn((4, 4, 3, 3), "float32", 0.5)
+    r_np = kit.randn((1, 4, 6, 6), "float32")
+    ref = torch.relu(_ref(kit, x_np, w_np, None, [1, 1], [1, 1], [1, 1], False, [0, 0], 1)
+                     + kit.t64(r_np))
+    r = kit.tensor(r_np)
+    convolution(stream, r, kit.tensor(x_np), kit.tensor(w_np), None, [1, 1], [1, 1], [1, 1],
+                residual=r, activation="relu")
+    kit.close(kit.read(r), ref, "float32")
+
+
+@pytest.mark.parametrize("bad", [{"activation": "gelu"}, {"activation": 1},
+                                 {"residual_shape": (1, 4, 5, 6)}])
+def test_conv_epilogue_refusals(kit, stream, bad):
+    x, w = kit.tensor(kit.randn((1, 4, 6, 6), "float32")), kit.tensor(
+        kit.randn((4, 4, 3, 3), "float32"))
+    out = kit.out((1, 4, 6, 6), "float32")
+    r = kit.tensor(kit.randn(bad.get("residual_shape", (1, 4, 6, 6)), "float32"))
+    with pytest.raises(InvalidArgument) as info:
+        convolution(stream, out, x, w, None, [1, 1], [1, 1], [1, 1], residual=r,
+                    activation=bad.get("activation", "relu"))
+    assert "activation" in str(info.value) or "residual" in str(info.value)

@@ -37,7 +37,7 @@ OP_KERNELS = {
     "pool": ("aot_maxpool_float16", "aot_maxpool_bfloat16"),
     "upsample": ("aot_upsample1", "aot_upsample8"),
     "sdpa": ("aot_softmax_float16_float32", "aot_softmax_bfloat16_bfloat16"),
-    "conv": ("aot_im2col2", "aot_col2im_float32"),
+    "conv": ("aot_im2col2", "aot_col2im_float32", "aot_conv_epilogue_float16"),
     "topk": ("aot_topk_int64", "aot_topk_uint8"),
 }
 

@@ -66,7 +66,10 @@ def _dense4d(h: Handle) -> tuple[list[int], list[int], bool]:
 
 
 def _cudnn_conv(dnn: Dnn, out: Handle, x: Handle, w: Handle, bias: Handle | None,
-                p: Any, xb: Handle, ob: Handle) -> Work:
+                p: Any, xb: Handle, ob: Handle, residual: Handle | None = None,
+                activation: str = "none") -> Work:
+    """One cuDNN graph: conv_fprop (or dgrad), then bias, the residual add and the
+    activation as pointwise nodes, computed in float and written once."""
     cudnn = dnn.cudnn
     dev = out.device
     dt = getattr(cudnn.data_type, DNN_TYPES[out.dtype.name])
@@ -75,9 +78,12 @@ def _cudnn_conv(dnn: Dnn, out: Handle, x: Handle, w: Handle, bias: Handle | None
     os_, ost, o_direct = _dense4d(ob)
     b_direct = bias is None or (bias.strides[0] == 1 or bias.sizes[0] == 1) and \
         bias.address % 16 == 0
+    rb = None if residual is None else _batched(residual, p)
+    rs, rst, r_direct = _dense4d(rb) if rb is not None else ([], [], True)
     pad, stride, dil = _geometry(p, xb.ndim)
     key = (out.dtype.name, p.transposed, tuple(xs), tuple(xst), tuple(ws), tuple(wst),
-           tuple(os_), tuple(ost), tuple(pad), tuple(stride), tuple(dil), bias is not None)
+           tuple(os_), tuple(ost), tuple(pad), tuple(stride), tuple(dil), bias is not None,
+           tuple(rst), activation)
     with dnn.lock:
         entry = dnn.graphs.get(key)
         if entry is None:
@@ -98,6 +104,14 @@ def _cudnn_conv(dnn: Dnn, out: Handle, x: Handle, w: Handle, bias: Handle | None
                 co = bias.sizes[0]
                 B = g.tensor(name="b", dim=[1, co, 1, 1], stride=[co, 1, 1, 1], data_type=dt)
                 Y = g.bias(input=Y, bias=B, name="bias")
+            R = None
+            if rb is not None:
+                R = g.tensor(name="r", dim=rs, stride=rst, data_type=dt)
+                Y = g.add(a=Y, b=R, name="residual")
+            if activation == "relu":
+                Y = g.relu(input=Y, name="relu")
+            elif activation == "silu":
+                Y = g.swish(input=Y, name="silu")
             Y.set_output(True).set_data_type(dt).set_dim(os_).set_stride(ost)
             g.validate()
             g.build_operation_graph()
@@ -114,8 +128,8 @@ def _cudnn_conv(dnn: Dnn, out: Handle, x: Handle, w: Handle, bias: Handle | None
             g.deselect_numeric_notes(notes)
             g.check_support()
             g.build_plans()
-            entry = dnn.graphs[key] = (g, X, W, B, Y, int(g.get_workspace_size()))
-    g, X, W, B, Y, wsize = entry
+            entry = dnn.graphs[key] = (g, X, W, B, R, Y, int(g.get_workspace_size()))
+    g, X, W, B, R, Y, wsize = entry
     handle = dnn.handle
     isz = out.dtype.itemsize
     xv = Handle(xb.alloc, xb.byte_offset, tuple(_as4d(xb)[0]), tuple(_as4d(xb)[1]), xb.dtype,
@@ -124,6 +138,10 @@ def _cudnn_conv(dnn: Dnn, out: Handle, x: Handle, w: Handle, bias: Handle | None
                 w.device, w.owner)
     ov = Handle(ob.alloc, ob.byte_offset, tuple(_as4d(ob)[0]), tuple(_as4d(ob)[1]), ob.dtype,
                 ob.device, ob.owner)
+    rv = None if rb is None else Handle(rb.alloc, rb.byte_offset, tuple(_as4d(rb)[0]),
+                                        tuple(_as4d(rb)[1]), rb.dtype, rb.device, rb.owner)
+    # a residual the output overlaps is read from a copy, made before the graph writes
+    r_overlaps = rb is not None and _overlap(out, residual)
 
     def work(s: "CudaStream") -> None:
         scratch: list[Scratch] = []
@@ -140,6 +158,8 @@ def _cudnn_conv(dnn: Dnn, out: Handle, x: Handle, w: Handle, bias: Handle | None
                     Y: packed(ov, o_direct, False)}
             if B is not None:
                 pack[B] = packed(bias, b_direct, True)
+            if R is not None:
+                pack[R] = packed(rv, r_direct and not r_overlaps, True)
             ws_ptr = stream_workspace(s, wsize) if wsize else 0
             with dnn.lock:
                 cudnn.set_stream(handle, s.handle)
@@ -152,13 +172,15 @@ def _cudnn_conv(dnn: Dnn, out: Handle, x: Handle, w: Handle, bias: Handle | None
     return work
 
 
-def make_conv(out: Handle, x: Handle, w: Handle, bias: Handle | None, p: Any) -> Work:
-    """aten.convolution (1-D/2-D, strided, padded, dilated, grouped, transposed) on cuda;
-    3-D is Unsupported.
+def make_conv(out: Handle, x: Handle, w: Handle, bias: Handle | None, p: Any,
+              residual: Handle | None = None) -> Work:
+    """aten.convolution (1-D/2-D, strided, padded, dilated, grouped, transposed) on cuda,
+    with its fused epilogue (out = activation(conv + bias + residual)); 3-D is Unsupported.
 
     Every float dtype goes through cuDNN (float32 on engines without tensor cores, whose TF32
-    would miss float32 accuracy); im2col + a cuBLASLt GEMM serves what cuDNN refuses, and
-    col2im transposed convolutions.
+    would miss float32 accuracy), the epilogue inside the same graph; im2col + a cuBLASLt
+    GEMM serves what cuDNN refuses, and col2im transposed convolutions, with the epilogue as
+    one kernel after them.
     """
     dev = out.device
     if out.dtype.name not in CUDA_TYPE:
@@ -167,21 +189,86 @@ def make_conv(out: Handle, x: Handle, w: Handle, bias: Handle | None, p: Any) ->
         # NOTE: the cuDNN and im2col paths here are written for 4-D operands; 3-D runs on cpu.
         raise Unsupported(f"convolution: 3-D (w {list(w.sizes)}) is not implemented on the "
                           f"cuda device yet; load the program on cpu")
-    xb, ob = x, out
-    if not p.batched:  # (C, *spatial) -> (1, C, *spatial)
-        xb = Handle(x.alloc, x.byte_offset, (1,) + tuple(x.sizes),
-                    (x.numel,) + tuple(x.strides), x.dtype, x.device, x.owner)
-        ob = Handle(out.alloc, out.byte_offset, (1,) + tuple(out.sizes),
-                    (out.numel,) + tuple(out.strides), out.dtype, out.device, out.owner)
-    if p.transposed:
-        return _gemm_col2im_conv(out, w, bias, p, xb, ob)
-    dnn = _get_dnn(dev)
-    if dnn is not None:
+    xb, ob = _batched(x, p), _batched(out, p)
+    act = getattr(p, "activation", "none")
+    fused = residual is not None or act != "none"
+    if not p.transposed:
+        dnn = _get_dnn(dev)
+        if dnn is not None:
+            try:
+                return _cudnn_conv(dnn, out, x, w, bias, p, xb, ob, residual, act)
+            except Exception as e:  # noqa: BLE001 - any refusal: a path below still works
+                log.info("cuDNN refused a convolution%s (%s)",
+                         " with its epilogue" if fused else "", e)
+            if fused:
+                try:
+                    return _then_epilogue(_cudnn_conv(dnn, out, x, w, bias, p, xb, ob),
+                                          out, residual, act, p)
+                except Exception as e:  # noqa: BLE001
+                    log.info("cuDNN refused a convolution (%s); using im2col + GEMM", e)
+        base = _im2col_conv(out, w, bias, p, xb, ob)
+    else:
+        base = _gemm_col2im_conv(out, w, bias, p, xb, ob)
+    return _then_epilogue(base, out, residual, act, p) if fused else base
+
+
+def _batched(h: Handle, p: Any) -> Handle:
+    """An unbatched (C, *spatial) view as (1, C, *spatial)."""
+    if p.batched:
+        return h
+    return Handle(h.alloc, h.byte_offset, (1,) + tuple(h.sizes), (h.numel,) + tuple(h.strides),
+                  h.dtype, h.device, h.owner)
+
+
+def _overlap(a: Handle, b: Handle) -> bool:
+    """True when two views share bytes of one allocation (by byte range)."""
+    if a.alloc is None or b.alloc is None or a.alloc is not b.alloc:
+        return False
+    a0, a1 = a.byte_range()
+    b0, b1 = b.byte_range()
+    return a0 < b1 and b0 < a1
+
+
+_ACT_CODES = {"none": 0, "relu": 1, "silu": 2}
+
+
+def _then_epilogue(base: Work, out: Handle, residual: Handle | None, activation: str,
+                   p: Any) -> Work:
+    """`base` (the convolution), then one kernel: out = act(out + residual), in float."""
+    dev = out.device
+    ob = _batched(out, p)
+    (n, c, h, wd), ost = _as4d(ob)
+    if residual is not None:
+        rb = _batched(residual, p)
+        _, rst = _as4d(rb)
+        r_copy = _overlap(out, residual)
+    else:
+        rst, r_copy = [0, 0, 0, 0], False
+    total = n * c * h * wd
+    kern = kernel(dev, KERNELS, f"aot_conv_epilogue_{out.dtype.name}")
+    cfg = dev.launch_config(total)
+    isz = out.dtype.itemsize
+    cl = ost[1] == 1 and c > 1
+
+    def work(s: "CudaStream") -> None:
+        from cuda.core import launch
+
+        scratch = None
         try:
-            return _cudnn_conv(dnn, out, x, w, bias, p, xb, ob)
-        except Exception as e:  # noqa: BLE001 - any refusal: the GEMM path still works
-            log.info("cuDNN refused a convolution (%s); using im2col + GEMM", e)
-    return _im2col_conv(out, w, bias, p, xb, ob)
+            r_ptr = 0 if residual is None else residual.address
+            r_st = list(rst)
+            if r_copy:      # the convolution is about to write over the residual
+                scratch = Scratch(s, total * isz)
+                copy_packed(dev, s, scratch.ptr, residual)
+                r_ptr, r_st = scratch.ptr, list(contiguous_strides((n, c, h, wd)))
+            base(s)
+            launch(s.cs, cfg, kern, *typed([out.address, r_ptr, n, c, h, wd, *ost, *r_st]),
+                   i32(1 if residual is not None else 0), i32(_ACT_CODES[activation]),
+                   i32(cl))
+        finally:
+            if scratch is not None:
+                scratch.free()
+    return work
 
 
 def _gemm_col2im_conv(out: Handle, w: Handle, bias: Handle | None, p: Any, xb: Handle,
@@ -365,6 +452,34 @@ def _im2col_conv(out: Handle, w: Handle, bias: Handle | None, p: Any, xb: Handle
 # CUDA C (compiled after common.PRELUDE)
 
 KERNELS = r"""
+// A convolution's epilogue where no library fused it: out = act(out + res) in float, over
+// (N, C, H, W) by strides; act 0 none, 1 relu, 2 silu.
+template <typename T>
+__device__ void conv_epilogue(T* out, const T* res, int64_t N, int64_t C, int64_t H,
+    int64_t W, int64_t os0, int64_t os1, int64_t os2, int64_t os3, int64_t rs0, int64_t rs1,
+    int64_t rs2, int64_t rs3, int has_res, int act, int cl) {
+  const int64_t total = N * C * H * W;
+  for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < total;
+       i += (int64_t)gridDim.x * blockDim.x) {
+    int64_t n, c, h, w;
+    aot_coords(i, total, C, H, W, cl, &n, &c, &h, &w);
+    T* o = out + n * os0 + c * os1 + h * os2 + w * os3;
+    float v = ld(o);
+    if (has_res) v += ld(res + n * rs0 + c * rs1 + h * rs2 + w * rs3);
+    if (act == 1) v = v > 0.f ? v : 0.f;
+    else if (act == 2) v = v / (1.f + expf(-v));
+    st(o, v);
+  }
+}
+#define AOT_CONV_EPI(NAME, T) extern "C" __global__ void NAME(T* out, const T* res, \
+    int64_t N, int64_t C, int64_t H, int64_t W, int64_t os0, int64_t os1, int64_t os2, \
+    int64_t os3, int64_t rs0, int64_t rs1, int64_t rs2, int64_t rs3, int has_res, int act, \
+    int cl) { conv_epilogue<T>(out, res, N, C, H, W, os0, os1, os2, os3, rs0, rs1, rs2, rs3, \
+    has_res, act, cl); }
+AOT_CONV_EPI(aot_conv_epilogue_float32, float)
+AOT_CONV_EPI(aot_conv_epilogue_float16, h16)
+AOT_CONV_EPI(aot_conv_epilogue_bfloat16, bf16)
+
 // col[n, (c*KH + a)*KW + b, oh*WO + ow] = x[n, c, oh*sh - ph + a*dh, ow*sw - pw + b*dw] or 0
 template <typename T>
 __device__ void im2col(const T* x, T* col, int64_t N, int64_t C, int64_t H, int64_t W,

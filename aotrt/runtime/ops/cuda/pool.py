@@ -26,7 +26,9 @@ def make_maxpool(out: Handle, indices_out: Handle | None, x: Handle, p: Any) -> 
     else:
         is_, iptr = (0, 0, 0, 0), 0
     (kh, kw), (sh, sw), (ph, pw), (dh, dw) = p.kernel, p.stride, p.padding, p.dilation
-    cl = os_[1] == 1 and c > 1      # NHWC output: threads walk the channels fastest
+    # Threads walk the elements in the input's order (it is read kh*kw times, the output
+    # once): channel fastest for an NHWC input, so that neighbours read neighbouring bytes.
+    cl = xs[1] == 1 and c > 1
     args = [x.address, out.address, iptr, n, c, h, w, ho, wo, *xs, *os_, *is_,
             *(i32(v) for v in (kh, kw, sh, sw, ph, pw, dh, dw, cl))]
     return launch(dev, KERNELS, f"aot_maxpool_{x.dtype.name}", n * c * ho * wo, args)
