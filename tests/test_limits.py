@@ -14,7 +14,9 @@ import aotrt
 from aotrt.errors import InvalidArgument, ProgramError
 from aotrt.kernels import ir
 from aotrt.limits import DEFAULT, Limits
-from aotrt.program import Program, ProgramBuilder, kernel_cost
+from aotrt.analysis import kernel_cost
+from aotrt.exporter.builder import ProgramBuilder
+from aotrt.program import Program
 from aotrt.runtime.ops import TensorMeta, check
 
 BIG = (1 << 31) - 1

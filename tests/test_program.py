@@ -17,8 +17,9 @@ from hypothesis import strategies as st
 
 from aotrt.errors import InvalidArgument, ProgramError
 from aotrt.kernels import ir
-from aotrt.program import (METADATA_KEY, Program, ProgramBuilder, kernel_accesses,
-                           read_safetensors)
+from aotrt.exporter.builder import ProgramBuilder
+from aotrt.kernels.bounds import kernel_accesses
+from aotrt.program import METADATA_KEY, Program, read_safetensors
 
 
 def add_kernel(name: str = "k_add", shape=(4, 3)) -> ir.Kernel:

@@ -47,7 +47,8 @@ from aotrt import dtypes
 from aotrt.errors import AotrtError, InvalidArgument, Unsupported
 from aotrt.exporter import fuse, layout
 from aotrt.kernels import ir
-from aotrt.program import Program, ProgramBuilder
+from aotrt.exporter.builder import ProgramBuilder
+from aotrt.program import Program
 from aotrt.runtime.tensor import contiguous_strides, is_packed
 
 log = logging.getLogger(__name__)

@@ -18,7 +18,8 @@ import numpy as np
 
 from aotrt.kernels import ir
 from aotrt.kernels.ir import Arg, Const, Idx, Kernel, Load, Op, Reduce, Store
-from aotrt.program import METADATA_KEY, Program, ProgramBuilder
+from aotrt.exporter.builder import ProgramBuilder
+from aotrt.program import METADATA_KEY, Program
 
 I64 = "int64"
 _ST_CODE = {"float32": "F32", "float16": "F16", "bfloat16": "BF16", "int64": "I64",

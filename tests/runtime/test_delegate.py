@@ -20,7 +20,8 @@ import pytest
 import aotrt
 from aotrt.errors import HazardError, InvalidArgument, ProgramError, Unsupported
 from aotrt.kernels import ir
-from aotrt.program import Program, ProgramBuilder
+from aotrt.exporter.builder import ProgramBuilder
+from aotrt.program import Program
 from aotrt.runtime import delegate as delegate_mod
 from aotrt.runtime import shims
 from aotrt.runtime.device import Device
