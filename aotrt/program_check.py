@@ -27,7 +27,7 @@ if TYPE_CHECKING:  # the Program's module imports this one
     from aotrt.program import Program
 
 ROOTS = ("arena", "input", "output", "constant")
-OPCODES = ("kernel", "library", "copy", "fill")
+OPCODES = ("kernel", "library", "copy")
 
 #: a dim's size (and a stride on a dim of size > 1) must fit int32, as the shims require
 SIZE_LIMIT = 1 << 31
@@ -42,7 +42,6 @@ _INSTR_KEYS = {
     "kernel": ({"op", "name", "args"}, {"src"}),
     "library": ({"op", "fn", "outs", "ins"}, {"params", "src"}),
     "copy": ({"op", "dst", "src"}, {"src_line"}),
-    "fill": ({"op", "dst", "byte"}, {"src"}),
 }
 
 # ---------------------------------------------------------------------------------------------
@@ -295,7 +294,7 @@ class Validator:
             self._kernel_instruction(ins, w)
         elif op == "library":
             self._library_instruction(ins, w)
-        elif op == "copy":
+        else:  # copy
             dst = self._tid(ins["dst"], f"{w}.dst")
             src = self._tid(ins["src"], f"{w}.src")
             self._writable(dst, f"{w}.dst")
@@ -304,12 +303,6 @@ class Validator:
                 raise fail(w, f"dst tensor {dst} is {a[3].name}{list(a[4])} but src tensor "
                               f"{src} is {b[3].name}{list(b[4])}")
             self.work += numel(a[4])
-            self._wrote_view(dst)
-        else:
-            dst = self._tid(ins["dst"], f"{w}.dst")
-            self._writable(dst, f"{w}.dst")
-            check_int(ins["byte"], f"{w}.byte", 0, 256)
-            self.work += numel(self.tensors[dst][4])
             self._wrote_view(dst)
 
     def _kernel_instruction(self, ins: dict, w: str) -> None:

@@ -126,10 +126,6 @@ class ProgramBuilder:
         """Copy tensor `src` into tensor `dst` (same sizes and dtype)."""
         self.instructions.append({"op": "copy", "dst": dst, "src": src, "src_line": src_line})
 
-    def fill(self, dst: int, byte: int, src: str = "") -> None:
-        """Set every byte of tensor `dst`'s elements to `byte`."""
-        self.instructions.append({"op": "fill", "dst": dst, "byte": byte, "src": src})
-
     # -- build --------------------------------------------------------------------------------
 
     def lifetimes(self) -> list[tuple[int, int] | None]:
@@ -177,9 +173,7 @@ def _tensor_ids(ins: Mapping[str, Any]) -> list[int]:
         return list(ins["args"])
     if op == "library":
         return [t for t in (*ins["outs"], *ins["ins"]) if t is not None]
-    if op == "copy":
-        return [ins["dst"], ins["src"]]
-    return [ins["dst"]]
+    return [ins["dst"], ins["src"]]
 
 
 def _spec(name: str, dtype: Any, shape: Sequence[int],
