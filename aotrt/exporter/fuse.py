@@ -95,7 +95,7 @@ def reads_values(node: torch.fx.Node) -> bool:
 
 
 def fusible(node: torch.fx.Node) -> bool:
-    """True for call_function nodes that generated kernels implement (see pointwise.OPS),
+    """True for call_function nodes that generated kernels implement (see optable.OPS),
     and for getitem nodes selecting a result of a fusible multi-output node."""
     return why_not(node) is None
 
