@@ -245,8 +245,6 @@ def _in_place(lw: Lowering, sc: Node) -> bool:
 
 @rule("aten.slice_scatter.default", "aten.select_scatter.default",
       "aten.diagonal_scatter.default", slot=_scatter_slot)
-
-
 def _lower_scatter(lw: Lowering, node: Node) -> None:
     base, src = node.args[0], node.args[1]
     base_tv = lw.tv(base)

@@ -50,62 +50,69 @@ def _lower_views(lw: Lowering, node: Node) -> None:
     lw.bind(node, multi_view(node, lw.tv(node.args[0])))
 
 
-def _inverse_slot(lw: Lowering, view: Node, node: Node, via_view: bool) -> TView | None:
-    """A reshape/permute-like view, the one user of `node`, leading on to a consumer's slot
-    (Detect's `xi.view(b, no, -1)` into a cat): the layout the view maps onto that slot."""
-    if len(node.users) != 1:
-        return None
-    target = consumer_slot(lw, view, via_view=True)
-    return None if target is None else _inverse_view(view, target)
-
-
-def _inverse_view(view: Node, target: TView) -> TView | None:
-    """A layout for view.args[0] such that the view op maps it exactly onto `target`."""
-    src_val = tensor_meta(view.args[0])
-    sizes = static_ints(src_val.shape, view)
-    name = target_name(view.target)
-    if name in ("aten.permute.default", "aten.t.default", "aten.transpose.int"):
-        nd = len(sizes)
-        if name == "aten.permute.default":
-            dims = [wrap_dim(d, nd) for d in view.args[1]]
-        else:
-            dims = list(range(nd))
-            if nd >= 2:
-                d0, d1 = (0, 1) if name == "aten.t.default" else (wrap_dim(view.args[1], nd),
-                                                                  wrap_dim(view.args[2], nd))
-                dims[d0], dims[d1] = dims[d1], dims[d0]
-        strides = [0] * nd
-        for i, d in enumerate(dims):
-            strides[d] = target.strides[i]
-        cand = target.with_layout(target.offset, sizes, strides)
-    elif name in ("aten.alias.default", "aten.detach.default"):
-        cand = target
-    else:
-        st = view_strides(target.sizes, target.strides, sizes)
-        if st is None:
-            return None
-        cand = target.with_layout(target.offset, sizes, st)
-    if not is_injective(cand.sizes, cand.strides) or view_of(view, cand) != target:
-        return None
-    return cand
-
-
+#: inverse(view, source sizes, target): a layout of the view's source that the view maps
+#: onto `target` (checked by `_inverse_slot`), or None
+InverseFn = Callable[[Node, tuple[int, ...], TView], "TView | None"]
 ViewFn = Callable[[Node, TView], "TView | None"]
 
 
-def _view_rule(*names: str, invertible: bool = False) -> Callable[[ViewFn], ViewFn]:
-    """Register a view function as the rule of `names`, lowered by `_lower_view`;
-    `invertible`: a producer's layout can be chosen through it (see `_inverse_slot`)."""
+def _inverse_slot(inverse: InverseFn) -> Callable[..., "TView | None"]:
+    """The slot hook of an invertible view: a reshape/permute-like view, the one user of
+    `node`, leading on to a consumer's slot (Detect's `xi.view(b, no, -1)` into a cat)
+    places `node`'s value at the layout the view maps onto that slot."""
+    def slot(lw: Lowering, view: Node, node: Node, via_view: bool) -> TView | None:
+        if len(node.users) != 1:
+            return None
+        target = consumer_slot(lw, view, via_view=True)
+        if target is None:
+            return None
+        cand = inverse(view, static_ints(tensor_meta(view.args[0]).shape, view), target)
+        if cand is None or not is_injective(cand.sizes, cand.strides) or \
+                view_of(view, cand) != target:
+            return None
+        return cand
+    return slot
+
+
+def _view_rule(*names: str, inverse: InverseFn | None = None) -> Callable[[ViewFn], ViewFn]:
+    """Register a view function as the rule of `names`, lowered by `_lower_view`; with
+    `inverse`, a producer's layout can be chosen through the view (`_inverse_slot`)."""
     def deco(fn: ViewFn) -> ViewFn:
-        rule(*names, view=fn, slot=_inverse_slot if invertible else None)(_lower_view)
+        slot = None if inverse is None else _inverse_slot(inverse)
+        rule(*names, view=fn, slot=slot)(_lower_view)
         return fn
     return deco
+
+
+def _same(view: Node, sizes: tuple[int, ...], target: TView) -> TView | None:
+    return target
+
+
+def _restrided(view: Node, sizes: tuple[int, ...], target: TView) -> TView | None:
+    st = view_strides(target.sizes, target.strides, sizes)
+    return None if st is None else target.with_layout(target.offset, sizes, st)
+
+
+def _unpermuted(view: Node, sizes: tuple[int, ...], target: TView) -> TView | None:
+    nd = len(sizes)
+    if view.target == torch.ops.aten.permute.default:
+        dims = [wrap_dim(d, nd) for d in view.args[1]]
+    else:
+        dims = list(range(nd))
+        if nd >= 2:
+            d0, d1 = (0, 1) if view.target == torch.ops.aten.t.default else (
+                wrap_dim(view.args[1], nd), wrap_dim(view.args[2], nd))
+            dims[d0], dims[d1] = dims[d1], dims[d0]
+    strides = [0] * nd
+    for i, d in enumerate(dims):
+        strides[d] = target.strides[i]
+    return target.with_layout(target.offset, sizes, strides)
 
 
 # -- single-result views ----------------------------------------------------------------------
 
 
-@_view_rule("aten.alias.default", "aten.detach.default", invertible=True)
+@_view_rule("aten.alias.default", "aten.detach.default", inverse=_same)
 def _alias(node: Node, base: TView) -> TView | None:
     return base
 
@@ -116,23 +123,21 @@ def _lift_fresh_copy(node: Node, base: TView) -> TView | None:
 
 
 @_view_rule("aten.view.default", "aten._unsafe_view.default", "aten.reshape.default",
-            invertible=True)
-
-
+            inverse=_restrided)
 def _reshape(node: Node, base: TView) -> TView | None:
     out_sizes = static_ints(tensor_meta(node).shape, node)
     st = view_strides(base.sizes, base.strides, out_sizes)
     return None if st is None else base.with_layout(base.offset, out_sizes, st)
 
 
-@_view_rule("aten.permute.default", invertible=True)
+@_view_rule("aten.permute.default", inverse=_unpermuted)
 def _permute(node: Node, base: TView) -> TView | None:
     dims = [wrap_dim(d, len(base.sizes)) for d in node.args[1]]
     return base.with_layout(base.offset, [base.sizes[d] for d in dims],
                             [base.strides[d] for d in dims])
 
 
-@_view_rule("aten.t.default", "aten.transpose.int", invertible=True)
+@_view_rule("aten.t.default", "aten.transpose.int", inverse=_unpermuted)
 def _transpose(node: Node, base: TView) -> TView | None:
     nd = len(base.sizes)
     if nd < 2:
@@ -160,7 +165,7 @@ def _expand(node: Node, base: TView) -> TView | None:
     return base.with_layout(base.offset, out_sizes, strides)
 
 
-@_view_rule("aten.unsqueeze.default", invertible=True)
+@_view_rule("aten.unsqueeze.default", inverse=_restrided)
 def _unsqueeze(node: Node, base: TView) -> TView | None:
     nd = len(base.sizes) + 1
     d = wrap_dim(node.args[1], nd)
@@ -171,7 +176,8 @@ def _unsqueeze(node: Node, base: TView) -> TView | None:
     return base.with_layout(base.offset, sizes, strides)
 
 
-@_view_rule("aten.squeeze.dim", "aten.squeeze.dims", "aten.squeeze.default", invertible=True)
+@_view_rule("aten.squeeze.dim", "aten.squeeze.dims", "aten.squeeze.default",
+            inverse=_restrided)
 def _squeeze(node: Node, base: TView) -> TView | None:
     nd = len(base.sizes)
     name = target_name(node.target)
