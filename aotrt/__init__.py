@@ -18,7 +18,8 @@ from aotrt.dtypes import (DType, bfloat16, bool_, float16, float32, int8, int16,
 from aotrt.errors import (AotrtError, CompileError, DeviceError, HazardError, InvalidArgument,
                           OutOfMemory, ProgramError, Unsupported)
 from aotrt.limits import Limits
-from aotrt.program import Program, ProgramBuilder
+from aotrt.exporter.builder import ProgramBuilder
+from aotrt.program import Program
 from aotrt.runtime.delegate import Delegate, load
 from aotrt.runtime.public import Tensor
 

@@ -25,7 +25,7 @@ GiB = 1 << 30
 class Limits:
     """What Program.load accepts (see docs/limits.md); every field is an inclusive maximum."""
 
-    #: elementary steps of one run: kernel loop iterations, elements touched by copy and fill,
+    #: elementary steps of one run: kernel loop iterations, elements touched by copies,
     #: and library op work (multiply-adds, element visits, window taps). 2**48 is 8x a 7B LLM's
     #: 4k-token prefill (2**44.7 multiply-adds plus attention) and 1000x ResNet-50 at batch 32.
     max_work: int = 1 << 48

@@ -29,7 +29,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import aotrt  # noqa: E402
 from aotrt.kernels import ir  # noqa: E402
-from aotrt.program import Program, ProgramBuilder  # noqa: E402
+from aotrt.exporter.builder import ProgramBuilder  # noqa: E402
+from aotrt.program import Program  # noqa: E402
 
 
 def chain_program(n: int) -> Program:

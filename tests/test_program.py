@@ -17,8 +17,9 @@ from hypothesis import strategies as st
 
 from aotrt.errors import InvalidArgument, ProgramError
 from aotrt.kernels import ir
-from aotrt.program import (METADATA_KEY, Program, ProgramBuilder, kernel_accesses,
-                           read_safetensors)
+from aotrt.exporter.builder import ProgramBuilder
+from aotrt.kernels.bounds import kernel_accesses
+from aotrt.program import METADATA_KEY, Program, read_safetensors
 
 
 def add_kernel(name: str = "k_add", shape=(4, 3)) -> ir.Kernel:
@@ -248,9 +249,9 @@ BAD_DOCS: list[tuple[str, Callable[[dict], None], str]] = [
      "bad parameter name 'stream'"),
     ("non-finite param", lambda d: _instr(d, "library").__setitem__("params", {"a": float("nan")}),
      r"params\.a: nan is not finite"),
-    ("fill byte", lambda d: d["instructions"].append(
-        {"op": "fill", "dst": _tensor_index(d, "arena"), "byte": 256}),
-     r"\.byte: 256 is outside \[0, 256\)"),
+    ("fill is no opcode", lambda d: d["instructions"].append(
+        {"op": "fill", "dst": _tensor_index(d, "arena"), "byte": 0}),
+     r"\.op: unknown opcode 'fill' \(known: \['kernel', 'library', 'copy'\]\)"),
     ("duplicate input name", lambda d: d["inputs"].append(dict(d["inputs"][0])),
      r"inputs\[1\]\.name: duplicate name 'x'"),
     ("spec with holes", lambda d: d["inputs"][0].__setitem__("strides", [6, 1]),
@@ -586,10 +587,10 @@ def test_output_partly_copied_is_refused(rows: int) -> None:
         _out_program([4, 3], instrs)
 
 
-def test_output_written_in_pieces_by_copy_fill_and_library_is_accepted() -> None:
+def test_output_written_in_pieces_by_copies_and_library_is_accepted() -> None:
     def instrs(b: ProgramBuilder, x: int, o: int) -> None:
         b.copy(b.alias(o, [2, 3], [3, 1], 6), b.alias(x, [2, 3], [3, 1], 6))    # rows 2-3
-        b.fill(b.alias(o, [3], [1], 0), 0)                                       # row 0
+        b.copy(b.alias(o, [3], [1], 0), b.alias(x, [3], [1], 0))                 # row 0
         a = b.alias(x, [1, 3], [3, 1], 0)
         w = b.constant("w", np.ones((3, 3), np.float32))
         b.library("mm", [b.alias(o, [1, 3], [3, 1], 3)], [a, w])                  # row 1
@@ -597,9 +598,9 @@ def test_output_written_in_pieces_by_copy_fill_and_library_is_accepted() -> None
     _out_program([4, 3], instrs)
 
 
-def test_fill_through_a_byte_view_covers_the_bytes_it_writes() -> None:
+def test_copy_through_a_byte_view_covers_the_bytes_it_writes() -> None:
     def instrs(b: ProgramBuilder, x: int, o: int) -> None:
-        b.fill(b.alias(o, [40], [1], 0, "uint8"), 0)         # 40 of the 48 bytes
+        b.copy(b.alias(o, [40], [1], 0, "uint8"), b.alias(x, [40], [1], 0, "uint8"))  # 40 of 48
 
     with pytest.raises(ProgramError, match="byte 40 of its 48"):
         _out_program([4, 3], instrs)

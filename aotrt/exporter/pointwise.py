@@ -1,20 +1,16 @@
-"""The per-op table of fusible core-ATen ops: pointwise math, casts, generators and remaps.
+"""The kernel table's pointwise entries: math, casts, generators and remaps.
 
-Every entry is an `OpDef`: how to evaluate the op's value at a tuple of output coordinates
-(integer IR expressions, one per output dim) through a kernel builder (`fuse._Builder`), and
-which iteration space the op needs. Pointwise ops compute in torch's computation dtype
-(`torch._prims_common.elementwise_dtypes`; half types compute in float32) and return their
-value in the node's own dtype, so a half result is rounded per node as in eager.
-Reductions, norms and scans register into the same table from `reductions.py`.
+Every entry is an `OpDef` (aotrt/exporter/optable.py): how to evaluate the op's value at a
+tuple of output coordinates (integer IR expressions, one per output dim) through a kernel
+builder (aotrt.exporter.codegen), and which iteration space the op needs. Pointwise ops
+compute in torch's computation dtype (`torch._prims_common.elementwise_dtypes`; half types
+compute in float32) and return their value in the node's own dtype, so a half result is
+rounded per node as in eager. Reductions, norms and scans are in reductions.py.
 """
 
 from __future__ import annotations
 
 import math
-import operator
-import os
-import re
-from dataclasses import dataclass
 from typing import Any, Callable, Sequence
 
 import torch
@@ -22,232 +18,15 @@ from torch._prims_common import ELEMENTWISE_TYPE_PROMOTION_KIND as Kind
 from torch._prims_common import elementwise_dtypes
 
 from aotrt.errors import Unsupported
+from aotrt.exporter.nodes import describe, dtype_name, node_args
+from aotrt.exporter.optable import (BOOL, F32, I64, ZERO, OpDef, ValueFn, add, broadcast_coords,
+                                    compute_dtype, const, norm_dim, op, register, shape_of, val,
+                                    wrap_index)
+from aotrt.exporter.optable import overloads as _ov
 from aotrt.kernels import ir
-from aotrt.kernels.ir import Const, Expr, Op
+from aotrt.kernels.ir import Const, Expr
 
 aten = torch.ops.aten
-
-_TORCH_DTYPES = {
-    torch.float32: "float32", torch.float16: "float16", torch.bfloat16: "bfloat16",
-    torch.int64: "int64", torch.int32: "int32", torch.int16: "int16", torch.int8: "int8",
-    torch.uint8: "uint8", torch.bool: "bool",
-}
-I64 = "int64"
-F32 = "float32"
-BOOL = "bool"
-ZERO = Const(0, I64)
-
-
-# ---------------------------------------------------------------------------------------------
-# node helpers
-
-
-def where_from(node: torch.fx.Node) -> str:
-    """`aten.op (name) at file:line: code` of a node, for error messages."""
-    lines = [x.strip() for x in (node.meta.get("stack_trace") or "").strip().splitlines()]
-    text = f"{node.target} ({node.name})"
-    files = [x for x in lines if x.startswith('File "')]
-    if files:
-        m = re.match(r'File "([^"]*)", line (\d+)', files[-1])
-        if m:
-            text += f" at {os.path.basename(m.group(1))}:{m.group(2)}"
-    if lines and not lines[-1].startswith('File "'):
-        text += f": {lines[-1]}"
-    return text
-
-
-def dtype_name(dtype: Any, node: torch.fx.Node | None = None) -> str:
-    """The IR dtype name of a torch dtype; Unsupported for float64, complex and friends."""
-    name = _TORCH_DTYPES.get(dtype)
-    if name is None:
-        at = f" in {where_from(node)}" if node is not None else ""
-        raise Unsupported(f"dtype {dtype} is not supported by generated kernels{at}")
-    return name
-
-
-def compute_dtype(name: str) -> str:
-    """The dtype an op computes in for values of dtype `name` (float32 for half types)."""
-    return F32 if name in ir.FLOAT_DTYPES else name
-
-
-def val(node: torch.fx.Node, out: int = 0) -> Any:
-    """The FakeTensor (or one element of a tuple of them) that describes a node's result."""
-    v = node.meta.get("val")
-    if isinstance(v, (tuple, list)):
-        v = v[out]
-    return v
-
-
-def shape_of(node: torch.fx.Node, out: int = 0) -> tuple[int, ...]:
-    """Static shape of a node's result."""
-    v = val(node, out)
-    if not isinstance(v, torch.Tensor):
-        raise Unsupported(f"{where_from(node)} has no tensor value")
-    shape = tuple(v.shape)
-    if not all(isinstance(s, int) for s in shape):
-        raise Unsupported(f"{where_from(node)} has a symbolic shape {shape}")
-    return shape
-
-
-def numel(shape: Sequence[int]) -> int:
-    """Number of elements of a shape."""
-    return math.prod(shape)
-
-
-def node_args(node: torch.fx.Node) -> dict[str, Any]:
-    """The node's arguments by schema name, defaults filled in."""
-    schema = node.target._schema
-    out: dict[str, Any] = {}
-    for i, a in enumerate(schema.arguments):
-        if i < len(node.args) and not a.kwarg_only:
-            out[a.name] = node.args[i]
-        elif a.name in node.kwargs:
-            out[a.name] = node.kwargs[a.name]
-        elif a.has_default_value():
-            out[a.name] = a.default_value
-        else:
-            out[a.name] = None
-    return out
-
-
-def norm_dim(d: int, rank: int) -> int:
-    """A dim index in [0, rank) (0-d tensors accept 0 and -1)."""
-    r = max(rank, 1)
-    if not -r <= d < r:
-        raise Unsupported(f"dim {d} out of range for rank {rank}")
-    return d % r
-
-
-def broadcast_coords(shape: Sequence[int], out_shape: Sequence[int],
-                     coords: Sequence[Expr]) -> tuple[Expr, ...]:
-    """Coordinates into a tensor of `shape` broadcast (right-aligned) to `out_shape`."""
-    lead = len(out_shape) - len(shape)
-    if lead < 0:
-        raise Unsupported(f"shape {tuple(shape)} does not broadcast to {tuple(out_shape)}")
-    return tuple(ZERO if s == 1 else coords[lead + j] for j, s in enumerate(shape))
-
-
-# ---------------------------------------------------------------------------------------------
-# expression helpers
-
-
-def op(name: str, *args: Expr, dtype: str | None = None) -> Expr:
-    """An IR op; the dtype defaults to the first value operand's."""
-    return Op(name, tuple(args), dtype or args[1 if name == "where" else 0].dtype)
-
-
-def const(value: Any, dtype: str) -> Const:
-    """A literal converted to `dtype`'s Python type."""
-    if dtype == BOOL:
-        return Const(bool(value), dtype)
-    if dtype in ir.FLOAT_DTYPES:
-        return Const(float(value), dtype)
-    return Const(int(value), dtype)
-
-
-def add(a: Expr, b: Expr) -> Expr:
-    """a + b with constant folding of integer literals."""
-    if isinstance(b, Const) and b.value == 0:
-        return a
-    if isinstance(a, Const) and a.value == 0 and a.dtype == b.dtype:
-        return b
-    if isinstance(a, Const) and isinstance(b, Const) and a.dtype == b.dtype == I64:
-        return Const(int(a.value) + int(b.value), I64)
-    return op("add", a, b)
-
-
-def mul(a: Expr, b: Expr) -> Expr:
-    """a * b with folding of 0 and 1 integer literals."""
-    for x, y in ((a, b), (b, a)):
-        if isinstance(y, Const) and y.dtype == I64 and x.dtype == I64:
-            if y.value == 0:
-                return ZERO
-            if y.value == 1:
-                return x
-    return op("mul", a, b)
-
-
-def wrap_index(i: Expr, size: int) -> Expr:
-    """An index read from data, wrapped like torch (negative counts from the end) and clamped
-    into [0, size) so that a bad index can never address memory outside the tensor."""
-    i = ir.cast(i, I64)
-    w = op("where", op("lt", i, ZERO, dtype=BOOL), op("add", i, Const(size, I64)), i)
-    return op("minimum", op("maximum", w, ZERO), Const(max(size - 1, 0), I64))
-
-
-# ---------------------------------------------------------------------------------------------
-# the table
-
-
-@dataclass(frozen=True)
-class Space:
-    """The iteration space a group of nodes needs.
-
-    `full` is the shape of the widest values. Reductions reduce `rdims` of it (sorted; the
-    outer domain is the rest); `scan` is the cumsum dim, for which every dim is outer and the
-    reduce loop runs along that dim. Pointwise spaces have neither.
-    """
-
-    full: tuple[int, ...]
-    rdims: tuple[int, ...] = ()
-    reduce: bool = False
-    scan: int | None = None
-
-    @property
-    def structural(self) -> bool:
-        """True for reduction and scan spaces."""
-        return self.reduce or self.scan is not None
-
-    def role(self, shape: tuple[int, ...]) -> str | None:
-        """How a value of `shape` is indexed by this space: 'full', 'keep' (reduced dims of
-        size 1), 'squeeze' (reduced dims removed) or None (not at all)."""
-        if shape == self.full:
-            return "full"
-        if self.reduce:
-            if shape == tuple(1 if k in self.rdims else s for k, s in enumerate(self.full)):
-                return "keep"
-            if shape == tuple(s for k, s in enumerate(self.full) if k not in self.rdims):
-                return "squeeze"
-        return None
-
-
-#: value(builder, node, coords, out) -> Expr in the dtype of output `out` of the node
-ValueFn = Callable[[Any, torch.fx.Node, tuple[Expr, ...], int], Expr]
-
-
-@dataclass(frozen=True)
-class OpDef:
-    """How one ATen overload becomes kernel code.
-
-    kind: 'pointwise' (value from operands at broadcast coordinates), 'generator' (no tensor
-    operand is read), 'remap' (reads operand `data` at computed coordinates; partition never
-    puts `data` in the same group), 'reduce', 'scan' (structural: `space` gives the space).
-    `outputs` > 1 marks a multi-output op whose results are selected by getitem nodes.
-    `check` refuses nodes the handler cannot build (returns a reason, or None).
-    """
-
-    kind: str
-    value: ValueFn
-    space: Callable[[torch.fx.Node], Space] | None = None
-    data: str | None = None
-    outputs: int = 1
-    check: Callable[[torch.fx.Node], str | None] | None = None
-    weight: int = 1
-
-
-OPS: dict[Any, OpDef] = {}
-
-
-def register(targets: Sequence[Any], opdef: OpDef) -> None:
-    """Add `opdef` for every overload in `targets` (missing overloads are skipped)."""
-    for t in targets:
-        if t is not None:
-            OPS[t] = opdef
-
-
-def _ov(packet: Any, *names: str) -> list[Any]:
-    """Overloads of an op packet that exist in this torch."""
-    return [getattr(packet, n) for n in names if hasattr(packet, n)]
 
 
 # -- elementwise ops with type promotion --------------------------------------------------------
@@ -494,7 +273,7 @@ def _fill(name: str | None) -> ValueFn:
     def value(b: Any, node: torch.fx.Node, coords: tuple[Expr, ...], out: int) -> Expr:
         v = 0 if name is None else b.args(node)[name]
         if isinstance(v, torch.fx.Node):
-            raise Unsupported(f"{where_from(node)}: a fill value from a tensor")
+            raise Unsupported(f"{describe(node)}: a fill value from a tensor")
         return const(v, b.dtype(node))
     return value
 
@@ -638,6 +417,3 @@ register(_ov(aten.embedding, "default"), OpDef("remap", _embedding, data="weight
 register(_ov(aten.gather, "default"), OpDef("remap", _gather, data="self"))
 register(_ov(aten.index_select, "default"), OpDef("remap", _index_select, data="self"))
 register(_ov(aten.index, "Tensor"), OpDef("remap", _index, data="self", check=_check_index))
-
-#: getitem is fusible when it selects a result of a fusible multi-output node
-GETITEM = operator.getitem

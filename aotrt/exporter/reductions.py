@@ -1,4 +1,4 @@
-"""Reductions, softmax, norms and cumsum for the fusible-op table (`pointwise.OPS`).
+"""Reductions, softmax, norms and cumsum for the kernel op table (`optable.OPS`).
 
 A reduction group iterates over the outer dims of its space and reduces over `rdims`; the
 value of a reduction at output coordinates is an IR `Reduce` whose body reads the input at
@@ -15,10 +15,10 @@ import torch
 from aotrt.errors import Unsupported
 from aotrt.kernels import ir
 from aotrt.kernels.ir import Const, Expr, Reduce
-from aotrt.exporter.pointwise import (
-    BOOL, F32, I64, ZERO, OpDef, Space, _ov, compute_dtype, const, node_args, norm_dim, numel,
-    op, register, shape_of, where_from,
-)
+from aotrt.exporter.nodes import describe, node_args
+from aotrt.exporter.optable import (BOOL, F32, I64, OPS, ZERO, OpDef, Space, compute_dtype,
+                                    const, norm_dim, numel, op, register, shape_of)
+from aotrt.exporter.optable import overloads as _ov
 
 aten = torch.ops.aten
 
@@ -35,7 +35,7 @@ def _dims(dim: Any, rank: int, empty_is_all: bool = True) -> tuple[int, ...]:
 def _source(node: torch.fx.Node) -> torch.fx.Node:
     x = node.args[0]
     if not isinstance(x, torch.fx.Node):
-        raise Unsupported(f"{where_from(node)}: reduction of a non-tensor")
+        raise Unsupported(f"{describe(node)}: reduction of a non-tensor")
     return x
 
 
@@ -81,8 +81,7 @@ def _full_reduce_coords(b: Any, node: torch.fx.Node,
 
 
 def _space_of(node: torch.fx.Node) -> Space:
-    opdef = OPS_SPACE[node.target]
-    return opdef(node)
+    return OPS[node.target].space(node)
 
 
 def _reduction(rop: str, mean: bool = False) -> Any:
@@ -192,7 +191,7 @@ def _layer_norm(b: Any, node: torch.fx.Node, coords: tuple[Expr, ...], out: int)
 def _batch_norm(b: Any, node: torch.fx.Node, coords: tuple[Expr, ...], out: int) -> Expr:
     """Eval-mode batch norm, as eager CPU computes it: x * alpha + beta per channel."""
     if out != 0:
-        raise Unsupported(f"{where_from(node)}: batch-norm statistics output {out}")
+        raise Unsupported(f"{describe(node)}: batch-norm statistics output {out}")
     a = b.args(node)
     ch = (coords[1],) if len(coords) > 1 else (ZERO,)
 
@@ -234,18 +233,8 @@ def _cumsum(b: Any, node: torch.fx.Node, coords: tuple[Expr, ...], out: int) -> 
     return Reduce("sum", body, acc)
 
 
-OPS_SPACE: dict[Any, Any] = {}
-
-
-def _reg(targets: list[Any], opdef: OpDef) -> None:
-    register(targets, opdef)
-    if opdef.space is not None:
-        for t in targets:
-            OPS_SPACE[t] = opdef.space
-
-
 def _red(targets: list[Any], value: Any, outputs: int = 1, weight: int = 1) -> None:
-    _reg(targets, OpDef("reduce", value, space=_reduce_space, outputs=outputs, weight=weight))
+    register(targets, OpDef("reduce", value, space=_reduce_space, outputs=outputs, weight=weight))
 
 
 _red(_ov(aten.sum, "dim_IntList", "default"), _reduction("sum"))
@@ -262,13 +251,14 @@ _red(_ov(aten.max, "dim"), _arg_extreme("max", 0), outputs=2, weight=2)
 _red(_ov(aten.min, "dim"), _arg_extreme("min", 0), outputs=2, weight=2)
 _red(_ov(aten.argmax, "default"), _arg_extreme("max", None), weight=2)
 _red(_ov(aten.argmin, "default"), _arg_extreme("min", None), weight=2)
-_reg(_ov(aten._softmax, "default"), OpDef("reduce", _softmax(False), space=_softmax_space,
-                                           weight=3))
-_reg(_ov(aten._log_softmax, "default"), OpDef("reduce", _softmax(True), space=_softmax_space,
-                                               weight=3))
-_reg(_ov(aten.native_layer_norm, "default"), OpDef("reduce", _layer_norm, space=_ln_space,
-                                                   outputs=3, weight=3))
-_reg(_ov(aten.layer_norm, "default"), OpDef("reduce", _layer_norm, space=_ln_space, weight=3))
-_reg(_ov(aten._native_batch_norm_legit_no_training, "default"),
-     OpDef("pointwise", _batch_norm, outputs=3, check=_bn_check))
-_reg(_ov(aten.cumsum, "default"), OpDef("scan", _cumsum, space=_scan_space))
+register(_ov(aten._softmax, "default"),
+         OpDef("reduce", _softmax(False), space=_softmax_space, weight=3))
+register(_ov(aten._log_softmax, "default"),
+         OpDef("reduce", _softmax(True), space=_softmax_space, weight=3))
+register(_ov(aten.native_layer_norm, "default"), OpDef("reduce", _layer_norm, space=_ln_space,
+                                                       outputs=3, weight=3))
+register(_ov(aten.layer_norm, "default"),
+         OpDef("reduce", _layer_norm, space=_ln_space, weight=3))
+register(_ov(aten._native_batch_norm_legit_no_training, "default"),
+         OpDef("pointwise", _batch_norm, outputs=3, check=_bn_check))
+register(_ov(aten.cumsum, "default"), OpDef("scan", _cumsum, space=_scan_space))

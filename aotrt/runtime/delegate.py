@@ -36,7 +36,7 @@ from aotrt.runtime.tensor import Handle
 
 log = logging.getLogger(__name__)
 
-_KERNEL, _LIBRARY, _COPY, _FILL = range(4)
+_KERNEL, _LIBRARY, _COPY = range(3)
 
 
 def library_ops() -> Mapping[str, Callable[..., Any]]:
@@ -65,9 +65,7 @@ class _Step:
             return list(self.a)         # only the per-run slots (the rest is resolved)
         if self.kind == _LIBRARY:
             return [t for t in (*self.a, *self.b) if t is not None]
-        if self.kind == _COPY:
-            return [self.a, self.b]
-        return [self.a]
+        return [self.a, self.b]     # _COPY
 
 
 class Delegate:
@@ -196,10 +194,8 @@ class Delegate:
                                       f"runtime (known: {sorted(ops)})")
                 step = _Step(_LIBRARY, fn, tuple(ins["outs"]), tuple(ins["ins"]),
                              dict(ins.get("params", {})), label)
-            elif op == "copy":
+            else:  # copy
                 step = _Step(_COPY, None, ins["dst"], ins["src"], {}, label)
-            else:
-                step = _Step(_FILL, None, ins["dst"], ins["byte"], {}, label)
             self._plan(step)
             self._steps.append(step)
 
@@ -442,10 +438,8 @@ class Delegate:
         elif step.kind == _LIBRARY:
             step.target(stream, [h[t] for t in step.a],
                         [None if t is None else h[t] for t in step.b], **step.params)
-        elif step.kind == _COPY:
+        else:  # _COPY
             stream.copy(h[step.a], h[step.b])
-        else:
-            stream.fill(h[step.a], step.b)
 
     def _cleanup(self, temps: list[Handle], failed: bool) -> None:
         """Delete every per-run handle; after a failure, first finish what was queued."""

@@ -1,5 +1,5 @@
-"""Fusion (aotrt/exporter/fuse.py, pointwise.py, reductions.py): kernels built from exported
-graphs run on the cpu device and match torch.
+"""Fusion (aotrt/exporter/fuse.py, codegen.py, optable.py, pointwise.py, reductions.py):
+kernels built from exported graphs run on the cpu device and match torch.
 
 The cases are gathered into a few suite modules, each exported and decomposed once (that is
 the slow part). Every suite graph runs twice through a small interpreter: once with a kernel
@@ -24,7 +24,8 @@ import torch.nn.functional as F
 
 from aotrt.errors import Unsupported
 from aotrt.exporter.capture import decomposition_table
-from aotrt.exporter.fuse import build_kernel, fusible, group_io, partition
+from aotrt.exporter.codegen import build_kernel
+from aotrt.exporter.fuse import fusible, group_io, partition
 from aotrt.kernels import ir
 from aotrt.runtime import shims
 from aotrt.runtime.device import StreamOptions, get_device
@@ -727,7 +728,7 @@ def test_unsupported_groups_name_the_op_and_line() -> None:
 
 def test_export_notes_op_union_is_covered() -> None:
     """Every op of the export-notes union that is not a view or library op is fusible."""
-    from aotrt.exporter.pointwise import OPS
+    from aotrt.exporter.optable import OPS
     union = [
         aten._native_batch_norm_legit_no_training.default, aten._softmax.default,
         aten._to_copy.default, aten.add.Tensor, aten.any.dim, aten.arange.start_step,

@@ -114,7 +114,8 @@ def test_lowering_lays_out_nhwc_whatever_torch_propagated() -> None:
 def test_propagation_stops_at_views_and_reductions() -> None:
     """Only convolutions and what elementwise ops or pooling compute from them change."""
     from aotrt.exporter.capture import capture
-    from aotrt.exporter.lower import is_pointwise, runs_whole
+    from aotrt.exporter.lower import runs_whole
+    from aotrt.exporter.nodes import is_pointwise
 
     with torch.no_grad():
         ep = capture(_model(), (torch.randn(2, 3, 8, 8),), runs_whole=runs_whole)

@@ -1,7 +1,7 @@
 """Seed programs and structure-aware mutators of program files.
 
 Seeds are small valid programs built with ProgramBuilder and the kernel IR: integer-heavy
-(gathers, clamps, division, casts, where, reductions, shifts), float pointwise, copy/fill and
+(gathers, clamps, division, casts, where, reductions, shifts), float pointwise, copies and
 a library op. A mutant is a seed's file bytes changed at one to three places: raw header
 bytes, JSON values by type, list and dict structure, safetensors entries, constant data,
 truncation, or an IR node wrapped in a random op.
@@ -18,7 +18,8 @@ import numpy as np
 
 from aotrt.kernels import ir
 from aotrt.kernels.ir import Arg, Const, Idx, Kernel, Load, Op, Reduce, Store
-from aotrt.program import METADATA_KEY, Program, ProgramBuilder
+from aotrt.exporter.builder import ProgramBuilder
+from aotrt.program import METADATA_KEY, Program
 
 I64 = "int64"
 _ST_CODE = {"float32": "F32", "float16": "F16", "bfloat16": "BF16", "int64": "I64",
@@ -226,14 +227,15 @@ def seed_const_index() -> Program:
 
 
 def seed_copy_fill() -> Program:
-    """fill an arena buffer, copy an input into a strided view of it, a kernel reads it back."""
+    """fill an arena buffer (a copy of a constant), copy an input into a strided view of it,
+    a kernel reads it back."""
     b = ProgramBuilder("copyfill")
     x = b.input("x", "int32", [3, 2])
     o = b.output("o", "int32", [3, 4])
     buf = b.buffer(48)
     whole = b.in_buffer(buf, 0, "int32", [3, 4])
     part = b.in_buffer(buf, 4, "int32", [3, 2], [4, 1])
-    b.fill(whole, 7)
+    b.copy(whole, b.constant("sevens", np.full((3, 4), 7, np.int32)))
     b.copy(part, x)
     k = _k("readback", (3, 4), (Arg("int32", "r"), Arg("int32", "w")),
            (ir.store(1, [4, 1], _op("add", ir.load(0, [4, 1], "int32"), _c(1, "int32"))),))

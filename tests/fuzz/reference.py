@@ -1,4 +1,4 @@
-"""A plain numpy interpreter of the kernel IR and of a program's kernel/copy/fill/mm steps.
+"""A plain numpy interpreter of the kernel IR and of a program's kernel/copy/mm steps.
 
 It implements the semantics the runtime promises (DESIGN.md, render_c.py's comments):
 integers compute in int64 and wrap, narrowing casts and stores wrap, float->int converts
@@ -577,8 +577,6 @@ class Reference:
                 self._kernel(kernels[ins["name"]], [self.p.tensors[a] for a in ins["args"]])
             elif op == "copy":
                 self._copy(self.p.tensors[ins["dst"]], self.p.tensors[ins["src"]])
-            elif op == "fill":
-                self._fill(self.p.tensors[ins["dst"]], ins["byte"])
             elif op == "library":
                 self._library(ins)
         outs = []
@@ -733,14 +731,6 @@ class Reference:
             racy = bool(np.isin(db, list(sb)).any()) and not np.array_equal(sp, dp)
         raw = np.ascontiguousarray(vals).view(np.uint8).reshape(*vals.shape, isz)
         self._write(dkey, dp, raw, (und, uni, apx), racy)
-
-    def _fill(self, dst: dict, byte: int) -> None:
-        key, _, isz, _, _, _ = self._view(dst)
-        dp = self.positions(dst)
-        if dp.size == 0:
-            return
-        z = np.zeros(dp.shape, bool)
-        self._write(key, dp, np.full((*dp.shape, isz), byte, np.uint8), (z, z, z), False)
 
     def _library(self, ins: dict) -> None:
         fn = ins["fn"]

@@ -21,7 +21,7 @@ import pytest
 
 from aotrt.kernels import ir
 from aotrt.kernels.ir import Arg, Const, Idx, Kernel, Load, Op, Store
-from aotrt.program import ProgramBuilder
+from aotrt.exporter.builder import ProgramBuilder
 from tests.fuzz import harness as H
 from tests.fuzz import mutate as M
 from tests.fuzz import reference as R

@@ -16,7 +16,7 @@ from aotrt.dtypes import as_dtype
 from aotrt.errors import AotrtError, InvalidArgument
 from aotrt.kernels import bounds, ir, render_c
 from aotrt.kernels.render_c import CRenderer
-from aotrt.program import ProgramBuilder
+from aotrt.exporter.builder import ProgramBuilder
 from aotrt.runtime import shims
 from aotrt.runtime.memory import Owner, owner_scope
 from tests.conftest import make_stream

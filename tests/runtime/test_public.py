@@ -11,7 +11,7 @@ import pytest
 
 import aotrt
 from aotrt.errors import InvalidArgument
-from aotrt.program import ProgramBuilder
+from aotrt.exporter.builder import ProgramBuilder
 from aotrt.runtime import dlpack
 from aotrt.runtime.device import get_device
 from aotrt.runtime.memory import PROCESS_OWNER

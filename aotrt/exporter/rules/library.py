@@ -1,0 +1,202 @@
+"""Library-op rules: GEMMs (mm, bmm, addmm, linear), convolution, attention, topk (and
+sort, as a topk of the whole dim), max pooling and nearest upsampling become library
+instructions (aotrt.runtime.ops), reading their inputs' views as they are."""
+
+from __future__ import annotations
+
+import operator
+from typing import TYPE_CHECKING, Any, Callable, Iterable
+
+import torch
+import torch.fx
+
+from aotrt.exporter.nodes import arg, describe, meta_val, unsupported
+from aotrt.exporter.rules.registry import LowerFn, Rule, register
+from aotrt.exporter.tview import Instr, TView
+
+if TYPE_CHECKING:  # the driver imports the rules
+    from aotrt.exporter.lower import Lowering
+
+Node = torch.fx.Node
+aten = torch.ops.aten
+
+
+def _float_inputs(node: Node) -> None:
+    for d in node.all_input_nodes:
+        v = d.meta.get("val")
+        if isinstance(v, torch.Tensor) and v.dtype not in (torch.float32, torch.float16,
+                                                           torch.bfloat16):
+            raise unsupported(node, f"input {d.name} has dtype {v.dtype}; only float32, "
+                                    f"float16 and bfloat16 are supported")
+
+
+def _conv_check(node: Node) -> None:
+    _float_inputs(node)
+    if meta_val(node.args[1]).dim() not in (3, 4, 5):
+        raise unsupported(node, "only 1-D, 2-D and 3-D convolutions are supported")
+
+
+def _topk_check(node: Node) -> None:
+    if meta_val(node.args[0]).dtype == torch.bool:
+        raise unsupported(node, "topk of a bool tensor")
+
+
+def _opt(lw: Lowering, v: Any) -> TView | None:
+    return None if v is None else lw.tv(v)
+
+
+def _simple(fn: str, ins: Callable[[Node], list[Any]],
+            params: Callable[[Node], dict[str, Any]] = lambda n: {}) -> LowerFn:
+    """A one-result library op reading the tensors `ins(node)`."""
+    def lower(lw: Lowering, node: Node) -> None:
+        in_views = [_opt(lw, v) for v in ins(node)]
+        out = lw.out_view(node)
+        lw.instrs.append(Instr("library", describe(node), fn=fn, outs=(out,),
+                               ins=tuple(in_views), params=params(node)))
+        lw.bind(node, out)
+    return lower
+
+
+def _sdpa_check(node: Node) -> None:
+    for d in node.args[:3]:
+        v = meta_val(d)
+        if not isinstance(v, torch.Tensor) or v.dtype not in (torch.float32, torch.float16,
+                                                              torch.bfloat16):
+            raise unsupported(node, "q, k and v must be float32, float16 or bfloat16 tensors")
+    mask = arg(node, 3, "attn_mask", None)
+    if mask is not None and meta_val(mask).dtype not in (torch.bool, meta_val(node.args[0]).dtype):
+        raise unsupported(node, f"attn_mask of dtype {meta_val(mask).dtype} for "
+                                f"{meta_val(node.args[0]).dtype} q")
+    if float(arg(node, 4, "dropout_p", 0.0) or 0.0) != 0.0:
+        raise unsupported(node, "dropout in attention is not supported (export in eval mode)")
+
+
+def _sdpa_params(node: Node) -> dict[str, Any]:
+    scale = arg(node, 6, "scale", None)
+    return {"dropout_p": 0.0, "is_causal": bool(arg(node, 5, "is_causal", False)),
+            "scale": None if scale is None else float(scale),
+            "enable_gqa": bool(arg(node, 7, "enable_gqa", False))}
+
+
+def _conv_params(node: Node) -> dict[str, Any]:
+    a = node.args
+    return {"stride": list(a[3]), "padding": list(a[4]), "dilation": list(a[5]),
+            "transposed": bool(a[6]), "output_padding": list(a[7]), "groups": int(a[8])}
+
+
+def _lower_multi(fn: str, params: Callable[[Node], dict[str, Any]],
+                 optional_second: bool) -> LowerFn:
+    """Ops with two results (values + indices), picked by getitem."""
+    def lower(lw: Lowering, node: Node) -> None:
+        vals = node.meta["val"]
+        picks: dict[int, Node] = {}
+        for u in node.users:
+            if u.target is operator.getitem:
+                picks.setdefault(int(u.args[1]), u)
+        outs: list[TView | None] = []
+        for i, v in enumerate(vals):
+            user = picks.get(i)
+            if user is None:
+                if i == 1 and optional_second:
+                    outs.append(None)
+                    continue
+                outs.append(lw.fresh(node, v))
+            else:
+                outs.append(lw.out_view(user, v))
+        out_list = [o for o in outs if o is not None]
+        lw.instrs.append(Instr("library", describe(node), fn=fn, outs=tuple(out_list),
+                               ins=(lw.tv(node.args[0]),), params=params(node)))
+        lw.bind(node, outs)
+    return lower
+
+
+def _topk_params(node: Node) -> dict[str, Any]:
+    return {"k": int(arg(node, 1, "k")), "dim": int(arg(node, 2, "dim", -1)),
+            "largest": bool(arg(node, 3, "largest", True)),
+            "sorted": bool(arg(node, 4, "sorted", True))}
+
+
+def _sort_params(node: Node) -> dict[str, Any]:
+    """aten.sort as the topk library op with k = the dim's size. The runtime's topk is a
+    stable sort on every device (ties in ascending index order, NaN largest), which is
+    torch.sort(stable=True) ascending and descending; for stable=False torch leaves the order
+    of ties unspecified, and the stable order is one of its valid answers."""
+    x = meta_val(node.args[0])
+    if node.target == aten.sort.stable:
+        dim, descending = node.kwargs.get("dim", -1), node.kwargs.get("descending", False)
+    else:
+        dim, descending = arg(node, 1, "dim", -1), arg(node, 2, "descending", False)
+    dim = int(dim)
+    k = x.shape[dim] if x.dim() else 1
+    return {"k": int(k), "dim": dim, "largest": bool(descending), "sorted": True}
+
+
+def _sort_check(node: Node) -> None:
+    if meta_val(node.args[0]).dtype == torch.bool:
+        raise unsupported(node, "sort of a bool tensor")
+
+
+def _pool_params(node: Node) -> dict[str, Any]:
+    def ints(v: Any) -> list[int]:
+        return [int(x) for x in v] if isinstance(v, (list, tuple)) else [int(v)]
+    return {"kernel_size": ints(arg(node, 1, "kernel_size")),
+            "stride": ints(arg(node, 2, "stride", []) or []),
+            "padding": ints(arg(node, 3, "padding", 0)),
+            "dilation": ints(arg(node, 4, "dilation", 1)),
+            "ceil_mode": bool(arg(node, 5, "ceil_mode", False))}
+
+
+def _upsample_params(node: Node) -> dict[str, Any]:
+    if node.target == aten.upsample_nearest2d.vec:
+        size = arg(node, 1, "output_size", None)
+        scales = arg(node, 2, "scale_factors", None)
+        return {"output_size": None if size is None else [int(s) for s in size],
+                "scale_factors": None if scales is None else [float(s) for s in scales]}
+    size = arg(node, 1, "output_size")
+    sh, sw = arg(node, 2, "scales_h", None), arg(node, 3, "scales_w", None)
+    # NOTE: aten's scales_h/scales_w are already output/input factors, like .vec's.
+    scales = None if sh is None or sw is None else [float(sh), float(sw)]
+    return {"output_size": [int(s) for s in size], "scale_factors": scales}
+
+
+def _upsample_check(node: Node) -> None:
+    _float_inputs(node)
+    if node.target == aten.upsample_nearest2d.default:
+        sh, sw = arg(node, 2, "scales_h", None), arg(node, 3, "scales_w", None)
+        if (sh is None) != (sw is None):
+            raise unsupported(node, "only one of scales_h / scales_w given")
+
+
+def _linear_ins(n: Node) -> list[Any]:
+    return [n.args[0], n.args[1], arg(n, 2, "bias", None)]
+
+
+def _writes_over(lw: Lowering, node: Node, region: TView) -> bool:
+    return True      # library ops read overlapping inputs through a temporary
+
+
+def _library(names: Iterable[str], lower: LowerFn, check: Callable[[Node], None]) -> None:
+    register(names, Rule("library", lower, check=check, writes_over=_writes_over))
+
+
+_library(["aten.mm.default"], _simple("mm", lambda n: [n.args[0], n.args[1]]), _float_inputs)
+_library(["aten.bmm.default"], _simple("bmm", lambda n: [n.args[0], n.args[1]]),
+         _float_inputs)
+_library(["aten.addmm.default"], _simple(
+    "addmm", lambda n: [n.args[0], n.args[1], n.args[2]],
+    lambda n: {"beta": float(arg(n, 3, "beta", 1)), "alpha": float(arg(n, 4, "alpha", 1))}),
+    _float_inputs)
+_library(["aten.linear.default"], _simple("linear", _linear_ins), _float_inputs)
+_library(["aten.convolution.default"], _simple(
+    "convolution", lambda n: [n.args[0], n.args[1], n.args[2]], _conv_params), _conv_check)
+_library(["aten.scaled_dot_product_attention.default"], _simple(
+    "sdpa", lambda n: [n.args[0], n.args[1], n.args[2], arg(n, 3, "attn_mask", None)],
+    _sdpa_params), _sdpa_check)
+_library(["aten.topk.default"], _lower_multi("topk", _topk_params, False), _topk_check)
+_library(["aten.sort.default", "aten.sort.stable"], _lower_multi("topk", _sort_params, False),
+         _sort_check)
+_library(["aten.max_pool2d_with_indices.default"],
+         _lower_multi("max_pool2d", _pool_params, True), _float_inputs)
+_library(["aten.upsample_nearest2d.vec", "aten.upsample_nearest2d.default"],
+         _simple("upsample_nearest2d", lambda n: [n.args[0]], _upsample_params),
+         _upsample_check)
