@@ -21,6 +21,7 @@ from typing import Any, Callable
 import torch
 
 from aotrt.errors import InvalidArgument
+from aotrt.exporter.epilogue import is_conv
 
 aten = torch.ops.aten
 
@@ -77,7 +78,7 @@ def propagate_channels_last(graph: torch.fx.Graph,
         if node.op != "call_function":
             continue
         t = node.target
-        if t is aten.convolution.default:
+        if is_conv(node):
             w = node.args[1].meta.get("val") if isinstance(node.args[1], torch.fx.Node) else None
             take = (isinstance(w, torch.Tensor) and w.dim() == 4 and not node.args[6])
         elif t in _POOLS or is_pointwise(node) or _elementwise(node):
@@ -96,9 +97,9 @@ def _elementwise(node: torch.fx.Node) -> bool:
     tag off some (hardswish, _to_copy, where.Scalar*, rsub), and a cast or a hardswish
     between two convolutions must not turn the activations back to NCHW (MobileNetV3; YOLO
     at fp16 on torch 2.11, whose traced SiLU went through a cast)."""
-    from aotrt.exporter import pointwise
+    from aotrt.exporter.optable import OPS
 
-    opdef = pointwise.OPS.get(node.target)
+    opdef = OPS.get(node.target)
     return opdef is not None and opdef.kind == "pointwise"
 
 

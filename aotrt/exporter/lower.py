@@ -36,7 +36,7 @@ from torch.export.graph_signature import InputKind, OutputKind
 
 from aotrt import dtypes
 from aotrt.errors import InvalidArgument, Unsupported
-from aotrt.exporter import fuse, layout
+from aotrt.exporter import epilogue, fuse, layout
 from aotrt.exporter.nodes import (describe, dtype_name, is_pointwise, static_ints, tensor_meta,
                                   unsupported)
 from aotrt.exporter.outputs import build, place_outputs
@@ -91,6 +91,8 @@ class Lowering:
         remove_noops(self)
         fold_batch_norms(self)
         self.graph.eliminate_dead_code()
+        n = epilogue.fuse_conv_epilogues(self.graph)
+        log.debug("%d convolutions took their epilogue", n)
         if self.channels_last:
             n = layout.propagate_channels_last(self.graph, is_pointwise)
             log.debug("channels-last: %d nodes laid out NHWC", n)

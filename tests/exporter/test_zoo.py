@@ -36,6 +36,19 @@ def test_zoo_slice_matches_eager(family: str, name: str) -> None:
 def test_table_counts_by_family_and_status() -> None:
     rows = [{"family": "a", "dtype": "float32", "status": "ok"},
             {"family": "a", "dtype": "float32", "status": "torch_export"},
-            {"family": "b", "dtype": "float32", "status": "mismatch"}]
+            {"family": "b", "dtype": "float32", "status": "mismatch"},
+            {"family": "b", "dtype": "float32", "status": "eager_unstable"}]
     t = zoo.table(rows)
-    assert "| a | float32 | 1 | 0 | 1 |" in t and "| b | float32 | 0 | 1 | 0 |" in t
+    assert "| a | float32 | 1 | 0 | 0 | 1 |" in t and "| b | float32 | 0 | 1 | 1 | 0 |" in t
+
+
+def test_report_judges_old_rows_by_eagers_own_error() -> None:
+    doc = {"device": "cuda", "dtypes": "float16", "seconds": 1.0, "rows": [
+        {"family": "a", "model": "m1", "dtype": "float16", "status": "ok", "err": 1.0,
+         "eager_err": 1.0},
+        {"family": "a", "model": "m2", "dtype": "float16", "status": "ok", "err": 1e-3,
+         "eager_err": 1e-3, "eager_ms": 2.0, "aotrt_ms": 1.0}]}
+    md = zoo.report(doc)
+    assert "| a | float16 | 1 | 0 | 1 |" in md
+    assert "| a | m1 | float16 | eager_unstable |" in md
+    assert "timed 1: aotrt at or below eager on 1" in md

@@ -189,6 +189,10 @@ _library(["aten.addmm.default"], _simple(
 _library(["aten.linear.default"], _simple("linear", _linear_ins), _float_inputs)
 _library(["aten.convolution.default"], _simple(
     "convolution", lambda n: [n.args[0], n.args[1], n.args[2]], _conv_params), _conv_check)
+# a convolution with its epilogue (aotrt/exporter/epilogue.py): the residual is a 4th input
+_library(["conv_epilogue"], _simple(
+    "convolution", lambda n: [n.args[0], n.args[1], n.args[2], n.args[9]],
+    lambda n: dict(_conv_params(n), activation=n.args[10])), _conv_check)
 _library(["aten.scaled_dot_product_attention.default"], _simple(
     "sdpa", lambda n: [n.args[0], n.args[1], n.args[2], arg(n, 3, "attn_mask", None)],
     _sdpa_params), _sdpa_check)
