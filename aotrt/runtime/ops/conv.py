@@ -330,15 +330,22 @@ def _dnnl_conv(out: Handle, x: Handle, w: Handle, bias: Handle | None,
     return dnnl.conv_work(prim, x, w, bias, out, detach, keep)
 
 
-def apply_epilogue(o: np.ndarray, res: np.ndarray | None, activation: str) -> np.ndarray:
-    """act(o + res) in float32 (o float32, res any float): the epilogue's reference."""
+def apply_epilogue(o: np.ndarray, res: np.ndarray | None, activation: str) -> None:
+    """o = act(o + res) in place, in float32 when o is float32 (else through a float32
+    copy stored back): the cpu epilogue, two passes over memory and no allocation on
+    float32 outputs."""
+    v = o if o.dtype == np.float32 else c.load_f32(o)
     if res is not None:
-        o = o + c.load_f32(res)
+        np.add(v, c.load_f32(res), out=v)
     if activation == "relu":
-        o = np.maximum(o, 0.0, dtype=np.float32)
+        np.maximum(v, 0.0, out=v)
     elif activation == "silu":
-        o = o / (1.0 + np.exp(-o.astype(np.float64))).astype(np.float32)
-    return o
+        # x / (1 + exp(-x)): exp overflows to inf for x < -88, and x / inf is the -0.0
+        # torch gives
+        with np.errstate(over="ignore"):
+            v /= 1.0 + np.exp(-v)
+    if v is not o:
+        c.store(o, v)
 
 
 def _cpu_conv(out: Handle, x: Handle, w: Handle, bias: Handle | None, p: ConvParams,
@@ -353,8 +360,7 @@ def _cpu_conv(out: Handle, x: Handle, w: Handle, bias: Handle | None, p: ConvPar
         # A residual the output overlaps is read before the convolution writes over it.
         res = None if residual is None else np.array(host_array(residual), copy=True)
         base()
-        o = host_array(out)
-        c.store(o, apply_epilogue(c.load_f32(o), res, p.activation))
+        apply_epilogue(host_array(out), res, p.activation)
     return work
 
 
