@@ -149,8 +149,7 @@ class CStyleRenderer:
         self._ids: dict[int, int] = {}
         self._intern: dict[tuple, int] = {}
         scope: dict[int, str] = {}
-        self._emit(1, f"const int64_t i = {self.flat_index()};")
-        for line in self.decompose("i", k.shape, 0):
+        for line in self.outer_lines(k):
             self._emit(1, line)
         nouter = len(k.shape)
         outer = [st for st in k.stores if not _uses_rdim(st, nouter)]
@@ -191,6 +190,11 @@ class CStyleRenderer:
     def _close_rloop(self, depth: int) -> None:
         self._mult //= max(self._rnumel(), 1)
         self._emit(depth, "}")
+
+    def outer_lines(self, k: ir.Kernel) -> list[str]:
+        """Lines at the top of the body defining the outer coordinates d0.. of this element
+        (a target whose wrapper loops over them itself returns fewer)."""
+        return [f"const int64_t i = {self.flat_index()};", *self.decompose("i", k.shape, 0)]
 
     def decompose(self, flat: str, shape: tuple[int, ...], dim0: int) -> list[str]:
         """Lines defining the coordinate variables d<dim0..> of `flat` over `shape`."""
@@ -515,6 +519,10 @@ static inline int64_t aot_nthreads(int64_t n, int64_t cost, int64_t threads) {
         """The loop variable."""
         return "it"
 
+    def outer_lines(self, k: ir.Kernel) -> list[str]:
+        """None where the wrapper's row loop defines the coordinates (rank >= 1)."""
+        return [] if k.shape else super().outer_lines(k)
+
     def round_to(self, x: str, dtype: str) -> str:
         """Round through the storage type, so casts inside a kernel round like torch."""
         if dtype == "bfloat16":
@@ -525,15 +533,15 @@ static inline int64_t aot_nthreads(int64_t n, int64_t cost, int64_t threads) {
         """Typed read with widening to the compute type."""
         if dtype == "bool":
             # Any byte may sit in a bool argument; reading it as C bool is undefined.
-            return f"(((const uint8_t *)P[{arg}])[{idx}] != 0)"
-        raw = f"((const {STORAGE_TYPE_C[dtype]} *)P[{arg}])[{idx}]"
+            return f"(((const uint8_t *)A{arg})[{idx}] != 0)"
+        raw = f"((const {STORAGE_TYPE_C[dtype]} *)A{arg})[{idx}]"
         if dtype == "bfloat16":
             return f"aot_bf16_to_f({raw})"
         return f"(({COMPUTE_TYPE[dtype]}){raw})"
 
     def store(self, dtype: str, arg: int, idx: str, val: str) -> str:
         """Typed write with rounding from the compute type."""
-        dst = f"(({STORAGE_TYPE_C[dtype]} *)P[{arg}])[{idx}]"
+        dst = f"(({STORAGE_TYPE_C[dtype]} *)A{arg})[{idx}]"
         if dtype == "bfloat16":
             return f"{dst} = aot_f_to_bf16({val});"
         return f"{dst} = ({STORAGE_TYPE_C[dtype]})({val});"
@@ -545,12 +553,14 @@ static inline int64_t aot_nthreads(int64_t n, int64_t cost, int64_t threads) {
         an outer element (a whole row of a reduction) is computed by one thread exactly as
         in a single-threaded call, so the results are bit-identical for any thread count.
         """
-        inner = "\n".join("  " + line for line in body.splitlines())
         # Capped so the literal fits an int64 (nested reductions multiply trip counts).
         sym, cost = self._symbol, min(max(self._cost, 1), 1 << 40)
+        # The arguments' pointers as locals: read through P, a store could alias P itself,
+        # and the compiler would reload them per element and not vectorise.
+        ptrs = "".join(f"  char *const A{j} = P[{j}];\n" for j in range(len(k.args)))
         return (f"/* kernel {_label(k.name)} */\n"
                 f"static void {sym}_range(char **P, int64_t begin, int64_t end) {{\n"
-                f"  for (int64_t it = begin; it < end; it++) {{\n{inner}\n  }}\n}}\n"
+                f"{ptrs}{self._loops(k, body)}}}\n"
                 f"void {sym}(char **P, int64_t begin, int64_t end, int64_t threads) {{\n"
                 f"  const int64_t n = end - begin;\n"
                 f"  const int64_t nt = aot_nthreads(n, {cost}LL, threads);\n"
@@ -561,3 +571,27 @@ static inline int64_t aot_nthreads(int64_t n, int64_t cost, int64_t threads) {
                 f"    const int64_t lo = begin + c * chunk + (c < rem ? c : rem);\n"
                 f"    {sym}_range(P, lo, lo + chunk + (c < rem ? 1 : 0));\n"
                 f"  }}\n}}\n")
+
+    def _loops(self, k: ir.Kernel, body: str) -> str:
+        """The loops over outer elements [begin, end) around `body`.
+
+        Rank >= 1: per row of the last outer dim, the leading coordinates once, then a loop
+        over the last coordinate itself, so that indices are affine in the loop variable
+        (no division per element) and the compiler can vectorise the row. The elements are
+        visited in the same order as a flat loop, each computed the same way.
+        """
+        if not k.shape:
+            inner = "\n".join("  " + line for line in body.splitlines())
+            return f"  for (int64_t it = begin; it < end; it++) {{\n{inner}\n  }}\n"
+        last = len(k.shape) - 1
+        n = k.shape[last]
+        lead = "".join(f"    {line}\n" for line in self.decompose("q", k.shape[:last], 0))
+        inner = "\n".join("    " + line for line in body.splitlines())
+        return (f"  int64_t it = begin;\n"
+                f"  while (it < end) {{\n"
+                f"    const int64_t q = it / {n}LL, lo = it % {n}LL;\n"
+                f"    const int64_t hi = end - it < {n}LL - lo ? lo + (end - it) : {n}LL;\n"
+                f"{lead}"
+                f"    for (int64_t d{last} = lo; d{last} < hi; d{last}++) {{\n{inner}\n    }}\n"
+                f"    it += hi - lo;\n"
+                f"  }}\n")

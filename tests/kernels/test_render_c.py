@@ -612,3 +612,54 @@ def test_division_by_zero_in_a_later_chunk_is_reported(cpu):
             shims.delete_tensor_object(h)
     o.close()
     s.close()
+
+
+# -- row loops --------------------------------------------------------------------------------
+
+def _innermost_loop(src: str) -> str:
+    """The text of the innermost `for (int64_t d...` loop of the first kernel's range."""
+    body = src[src.index("_range("):]
+    start = body.index("for (int64_t d")
+    return body[start:body.index("it += hi - lo;", start)]
+
+
+def test_the_row_loop_has_no_division_per_element():
+    """The leading coordinates are computed once per row: the loop over the last one indexes
+    affinely (what lets the compiler vectorise it) and reads the pointers from locals."""
+    va = ir.load(0, (1, 15, 3), "float32")          # a transposed read of a (7, 5, 3) input
+    k = ir.Kernel("rows", (3, 7, 5), (), (ir.Arg("float32", "r"), ir.Arg("float32", "w")),
+                  (ir.store(1, (35, 5, 1), ir.Op("exp", (va,), "float32")),))
+    src = CRenderer().render([k])
+    loop = _innermost_loop(src)
+    assert "for (int64_t d2 = lo; d2 < hi; d2++)" in loop
+    assert "%" not in loop and "/" not in loop
+    assert "P[" not in loop and "A0" in loop
+
+
+@pytest.mark.parametrize("threads", [1, 2, 3])
+def test_chunks_that_start_and_end_inside_rows_cover_every_element_once(cpu, threads):
+    """Rows of 37 over (29, 31, 37): threads' chunks cut rows in the middle; every element is
+    written (outputs start as NaN) with torch's value, and bit for bit as on one thread."""
+    from aotrt.kernels.render_c import PARALLEL_GRAIN
+
+    shape = (29, 31, 37)
+    a = rand(shape, seed=41)
+    va = ir.load(0, (31 * 37, 37, 1), "float32")
+    val = ir.Op("add", (ir.Op("mul", (va, va), "float32"),
+                        f32(ir.Idx(2, "int64"))), "float32")     # the row coordinate itself
+    k = ir.Kernel("rows_threads", shape, (), (ir.Arg("float32", "r"), ir.Arg("float32", "w")),
+                  (ir.store(1, (1, 29, 29 * 31), val),))      # written transposed
+    n = int(np.prod(shape))
+    assert threads == 1 or n * _cost(CRenderer().render([k])) // PARALLEL_GRAIN >= threads
+    (got,) = _threaded(cpu, k, [a], [((37, 31, 29), "float32")], threads)
+    ref = (a.astype(np.float64) ** 2 + np.arange(37)[None, None, :]).transpose(2, 1, 0)
+    assert rel_err(got, ref) < TOL["float32"]
+    (one,) = _threaded(cpu, k, [a], [((37, 31, 29), "float32")], 1)
+    assert got.tobytes() == one.tobytes()
+
+
+def test_a_rank_zero_kernel_still_runs_once(run):
+    k = ir.Kernel("scalar", (), (), (ir.Arg("float32", "r"), ir.Arg("float32", "w")),
+                  (ir.store(1, (), ir.Op("neg", (ir.load(0, (), "float32"),), "float32")),))
+    (got,) = run(k, [np.array(2.5, np.float32)], [((), "float32")])
+    assert got == np.float32(-2.5)
