@@ -225,6 +225,11 @@ def prepare(name: str, what: str, workdir: str, threads: int, layout: str) -> di
         np.savez(stem + ".npz", **{f"x{i}": a.numpy() for i, a in enumerate(x)},
                  **{f"ref{i}": r for i, r in enumerate(ref32)},
                  **{f"fp64_{i}": r for i, r in enumerate(ref64)})
+        if layout == "convnets-nhwc":
+            from aotrt.exporter.layout import has_conv2d
+
+            layout = "channels_last" if has_conv2d(m) else "auto"
+        res["layout"] = layout
         t = time.perf_counter()
         prog = aotrt.export(m, x, layout=layout)
         res["export_s"] = time.perf_counter() - t
@@ -423,7 +428,9 @@ def main() -> int:
     ap.add_argument("--warmup", type=int, default=3)
     ap.add_argument("--max-timed-s", type=float, default=15.0,
                     help="cap on the timed runs of one (model, runner); at least 5 runs")
-    ap.add_argument("--layout", default="auto", help="aotrt.export's layout")
+    ap.add_argument("--layout", default="convnets-nhwc",
+                    help="aotrt.export's layout, or convnets-nhwc: channels_last for models "
+                         "with 2-D convolutions (oneDNN's faster path), else auto")
     ap.add_argument("--out-dir", default=os.path.join(ROOT, "bench", "results"))
     ap.add_argument("--tag", default=None, help="result file stem (cpu-bench-DATE)")
     ap.add_argument("--note", default="", help="a note for the report (what else ran)")

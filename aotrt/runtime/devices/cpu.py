@@ -503,13 +503,6 @@ class CpuDevice(Device):
         # Per thread: the kernel thread count of the stream whose worker it is (CpuStream).
         self.worker = threading.local()
         self._openmp: ctypes.CDLL | None = None
-
-    @property
-    def prefers_channels_last(self) -> bool:  # type: ignore[override]
-        """With oneDNN: its convolutions run NHWC on the views themselves, while NCHW goes
-        through blocked copies of every activation (resnet18 86 against 139 ms, mobilenet_v2
-        44 against 66: bench/results/cpu-speed-2026-12-02.md). numpy's path prefers NCHW."""
-        return self.dnnl is not None
         for name, value in OPENMP_ENV.items():
             os.environ.setdefault(name, value)      # a value the process chose stays
 
