@@ -435,6 +435,8 @@ def main() -> int:
     ap.add_argument("--tag", default=None, help="result file stem (cpu-bench-DATE)")
     ap.add_argument("--note", default="", help="a note for the report (what else ran)")
     ap.add_argument("--workdir", default="/tmp/aotrt-bench-cpu")
+    ap.add_argument("--child-timeout", type=float, default=900.0,
+                    help="seconds one export or (model, runner) process may take")
     ap.add_argument("--env", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--prepare", help=argparse.SUPPRESS)
     ap.add_argument("--what", help=argparse.SUPPRESS)
@@ -492,7 +494,7 @@ def main() -> int:
         doc["models"][name] = entry
         needed = ["aotrt"] + [ARTEFACT[r] for r in runners if r in ARTEFACT and r != "aotrt"]
         for what in needed:
-            p = child(["--prepare", name, "--what", what, *sub], env, 900)
+            p = child(["--prepare", name, "--what", what, *sub], env, args.child_timeout)
             entry["prepare"][what] = p
             print(f"  prepare {what}: " + (f"{p['export_s']:.1f} s" if p.get("ok")
                                            else "FAILED " + p["error"]), flush=True)
@@ -503,12 +505,21 @@ def main() -> int:
             if art and not entry["prepare"][art].get("ok"):
                 r = {"ok": False, "error": "export failed: " + entry["prepare"][art]["error"]}
             else:
-                r = child(["--measure", name, "--runner", runner, *sub], env, 900)
+                r = child(["--measure", name, "--runner", runner, *sub], env,
+                          args.child_timeout)
             entry["runners"][runner] = r
             print(f"  {runner:10s} " + (
                 f"{r['ms']:9.2f} ms ({r['runs']} runs) load {r['load_s']:.2f} s "
                 f"rel err {r['rel_err_vs_eager_fp32']:.1e}" if r.get("ok")
                 else "FAILED " + r["error"]), flush=True)
+        save(doc, args, date, t_start)     # after every model: a cut-short run keeps its rows
+    save(doc, args, date, t_start)
+    print(markdown(doc))
+    return 0
+
+
+def save(doc: dict, args: argparse.Namespace, date: str, t_start: float) -> None:
+    """Write the JSON and the markdown report as they stand."""
     doc["loadavg_end"] = os.getloadavg()
     doc["other_processes_end"] = other_load()
     doc["wall_s"] = time.perf_counter() - t_start
@@ -518,8 +529,6 @@ def main() -> int:
         json.dump(doc, f, indent=1)
     with open(stem + ".md", "w") as f:
         f.write(markdown(doc))
-    print(markdown(doc))
-    return 0
 
 
 def fmt_load(load: Any) -> str:
