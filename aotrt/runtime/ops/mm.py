@@ -2,8 +2,8 @@
 
 Inputs may be any views (transposed, strided, offset); outputs may be non-packed views and
 are written in place. float32, float16 and bfloat16; half types compute in float32 and
-round once on store. On cpu, float32 linear, mm and addmm (alpha 1, beta 0 or 1, a bias row)
-run as a oneDNN matmul (ops/cpu_dnnl.py) where oneDNN is installed and the views fold into
+round once on store. On cpu, float32 linear, mm and addmm (alpha 1, beta 0 or 1, a bias row,
+b stored column by column) run as a oneDNN matmul (ops/cpu_dnnl.py) where oneDNN is installed and the views fold into
 2-D ones; everything else through numpy's BLAS.
 """
 
@@ -151,8 +151,12 @@ def _cpu_matmul(out: Handle, a: Handle, b: Handle, bias: Handle | None, beta: fl
                 alpha: float) -> Callable[[], None]:
     from aotrt.runtime.devices.cpu import host_array
 
-    if a.ndim == 2 and b.ndim == 2 and alpha == 1.0 and beta in (0.0, 1.0):
+    if a.ndim == 2 and b.ndim == 2 and alpha == 1.0 and beta in (0.0, 1.0) and (
+            b.strides[0] == 1 or b.sizes[0] == 1):
         # mm and addmm (bmm stays on numpy); beta == 0 ignores the bias, as torch does.
+        # Only b stored column by column (w[N, K] read as [K, N], as linear's): oneDNN 3.2's
+        # gemm on a row-major b[K, N] took 10 ms where OpenBLAS took 4.7 and the transposed
+        # one 4.0 (128x768 @ 768x3072, AVX2; bench/results/cpu-speed-2026-12-02.md).
         use = bias if beta == 1.0 else None
         cost = (check_mm(out, a, b) if bias is None else
                 check_addmm(out, bias, a, b, beta, alpha))[1]

@@ -227,6 +227,8 @@ def test_linear_over_leading_dims_that_do_not_fold_runs_on_numpy(kit, stream):
 @pytest.mark.parametrize("bias_shape", [None, (9,), (1, 9)])
 @pytest.mark.parametrize("b_layout", ["packed", "transposed"])
 def test_float32_mm_and_addmm_run_through_onednn(kit, stream, bias_shape, b_layout):
+    """b stored column by column (transposed) goes to oneDNN; a row-major b, where oneDNN's
+    gemm is slower than OpenBLAS, stays on numpy. Both match torch."""
     dnnl = _dnnl(kit)
     a_np, b_np = kit.randn((6, 5), "float32"), kit.randn((5, 9), "float32")
     c_np = None if bias_shape is None else kit.randn(bias_shape, "float32")
@@ -240,7 +242,7 @@ def test_float32_mm_and_addmm_run_through_onednn(kit, stream, bias_shape, b_layo
         addmm(stream, out, kit.tensor(c_np, "offset"), a, b)
         ref = torch.addmm(kit.t64(c_np), kit.t64(a_np), kit.t64(b_np))
     kit.close(kit.read(out), ref, "float32")
-    assert dnnl.stats["runs"] == before["runs"] + 1
+    assert dnnl.stats["runs"] == before["runs"] + (b_layout == "transposed")
 
 
 @pytest.mark.parametrize("beta, alpha", [(0.5, 1.0), (1.0, -1.5)])
