@@ -2,8 +2,8 @@
 
 Inputs may be any views (transposed, strided, offset); outputs may be non-packed views and
 are written in place. float32, float16 and bfloat16; half types compute in float32 and
-round once on store. On cpu, float32 linear, mm and addmm (alpha 1, beta 0 or 1, a bias row,
-b stored column by column) run as a oneDNN matmul (ops/cpu_dnnl.py) where oneDNN is installed and the views fold into
+round once on store. On cpu, with ONEDNN_MATMUL, float32 linear, mm and addmm (alpha 1, beta 0
+or 1, a bias row, b stored column by column) run as a oneDNN matmul (ops/cpu_dnnl.py) where oneDNN is installed and the views fold into
 2-D ones; everything else through numpy's BLAS.
 """
 
@@ -21,6 +21,12 @@ from aotrt.runtime.ops.cuda import gemm as cuda_gemm
 from aotrt.runtime.tensor import Handle
 
 log = logging.getLogger(__name__)
+
+#: Route float32 linear / mm / addmm through oneDNN's matmul on cpu. Off: on this project's
+#: AVX2 machines oneDNN 3.2's gemm:jit took 1.5-1.8x OpenBLAS's time at rest (BERT's linears
+#: 297 against 187 ms per run), though 3-10x less under heavy contention
+#: (bench/results/cpu-speed-2026-12-02.md). A fixed choice, not an environment variable.
+ONEDNN_MATMUL = False
 
 
 def _dtypes(op: str, out: Any, named: list[tuple[Any, str]]) -> None:
@@ -212,7 +218,7 @@ def _dnnl_gemm(out: Handle, x: Handle, w: Handle, w_kn: tuple[tuple[int, ...], t
     """The oneDNN work of out = x @ w (+ bias), float32, `w` seen as [K, N] through `w_kn`;
     None (logged) where it cannot serve."""
     dnnl = getattr(out.device, "dnnl", None)
-    if dnnl is None or out.dtype.name != "float32":
+    if not ONEDNN_MATMUL or dnnl is None or out.dtype.name != "float32":
         return None
     from aotrt.runtime.ops import cpu_dnnl
 

@@ -167,6 +167,14 @@ def test_linear_and_bmm_in_place_read_old_values(kit, stream):
 
 # -- the cpu device's oneDNN path ---------------------------------------------------------------
 
+@pytest.fixture(autouse=True)
+def _onednn_matmul(monkeypatch):
+    """The oneDNN matmul path on, as the tests below expect (it is off by default)."""
+    import importlib
+
+    monkeypatch.setattr(importlib.import_module("aotrt.runtime.ops.mm"), "ONEDNN_MATMUL", True)
+
+
 def _dnnl(kit):
     """The cpu device's oneDNN state; skips off cpu or where the package is not installed."""
     from aotrt.runtime.ops import cpu_dnnl
@@ -199,6 +207,21 @@ def test_float32_linear_runs_through_onednn(kit, stream, x_layout, x_shape, with
     folds = x_layout != "transposed" or sum(n != 1 for n in x_shape[:-1]) <= 1
     assert dnnl.stats["runs"] == before["runs"] + folds, (dnnl.stats, before)
     assert dnnl.stats["numpy"] == before["numpy"]
+
+
+def test_the_onednn_matmul_is_off_by_default(kit, stream, monkeypatch):
+    import importlib
+
+    mm_mod = importlib.import_module("aotrt.runtime.ops.mm")
+    monkeypatch.undo()
+    assert mm_mod.ONEDNN_MATMUL is False
+    dnnl = _dnnl(kit)
+    x_np, w_np = kit.randn((7, 16), "float32"), kit.randn((8, 16), "float32")
+    out = kit.out((7, 8), "float32")
+    before = dict(dnnl.stats)
+    linear(stream, out, kit.tensor(x_np), kit.tensor(w_np))
+    kit.close(kit.read(out), kit.t64(x_np) @ kit.t64(w_np).T, "float32")
+    assert dnnl.stats["runs"] == before["runs"]
 
 
 def test_linear_with_a_strided_bias_runs_on_numpy(kit, stream):
