@@ -410,13 +410,15 @@ def env_info() -> dict:
 
 
 def other_load() -> list[str]:
-    """The busiest other processes now (for the note on what else was running)."""
+    """The busiest processes now, those using at least 1% of a CPU (for the note on what
+    else was running): %CPU, seconds running, the command's first 120 characters."""
     try:
         p = subprocess.run(["ps", "-eo", "pcpu,etimes,args", "--sort=-pcpu"],
                            capture_output=True, text=True, timeout=10)
     except (OSError, subprocess.TimeoutExpired):
         return []
-    return [ln.strip()[:160] for ln in p.stdout.splitlines()[1:9]]
+    rows = [ln.strip() for ln in p.stdout.splitlines()[1:9]]
+    return [ln[:120] for ln in rows if ln.split() and float(ln.split()[0]) >= 1.0]
 
 
 def main() -> int:
