@@ -1,44 +1,43 @@
-"""Time aotrt on the cpu device against torch eager on the CPU: the YOLO blocks (C2f, SPPF,
-Detect head), torchvision resnet18 and a GPT-2 block, all float32, in one run.
+"""Time aotrt's cpu device against its peers on the CPU benchmark models of issue #8: torch
+eager, aotrt, ONNX Runtime, ExecuTorch (XNNPACK delegate) and torch.compile, float32, batch 1,
+the same thread count for every runner, one fresh process per (model, runner).
 
-    .venv/bin/python bench/bench_cpu.py [--models c2f,sppf] [--iters 30] [--out-dir DIR]
+    .venv/bin/python bench/bench_cpu.py [--models resnet18,bert] [--runners eager,aotrt]
+        [--threads 2] [--iters 20] [--layout auto] [--out-dir DIR] [--tag NAME]
 
-A measurement, not a target. Per model, one "prepare" subprocess builds the module (seeded
-random weights), exports it once with aotrt.export (export seconds), saves the program,
-loads it with aotrt.load(prog, device="cpu") on an empty kernel cache (cold load seconds:
-kernels are compiled by the system C compiler here) and checks the output against torch
-eager: norm-wise relative error in float64, against eager float32 and against a float64
-eager reference. Then one fresh subprocess per (model, runner) times it: the median of N
-runs after warm-up, each run a full forward that has finished (aotrt: m.run(*x) then
-m.stream.commit_and_wait(); torch: the module under torch.no_grad()). The aotrt process
-never imports torch (the runtime does not need it); its inputs are numpy arrays, which the
-cpu device binds without a copy.
+A measurement, not a target. Models (seeded random weights, nothing downloaded; HF models are
+built from their configs with HF_HUB_OFFLINE=1): torchvision resnet18, mobilenet_v2 and
+resnet50 at 224², ultralytics YOLOv8n at 320², BERT-base and GPT-2 (124M) on 1x128 tokens,
+the Whisper-tiny encoder on 1x80x3000 mel frames.
 
-Memory, per (model, runner) process, from the RSS high-water mark (VmHWM in
-/proc/self/status: what ru_maxrss reports, without the parent's pages that ru_maxrss
-inherits across fork + exec). The baseline is taken after the model is built / loaded and
-before its first run. `peak_rss_growth_bytes` is the high-water mark after the timed runs
-minus the one at the baseline (issue #3's definition; it reads 0 when a transient while
-building or loading was higher than anything the runs reach). `peak_rss_over_baseline_bytes`
-resets the high-water mark at the baseline (/proc/self/clear_refs, "5") and is the mark
-after the runs minus the RSS at the baseline: what the runs themselves add at their peak
-(the table's number). ru_maxrss is recorded raw too. aotrt also reports the runtime's own
-peak (peak_raw_bytes of the cpu device's memory), the arena size and the constants' bytes.
-The driver process never imports torch, so that its pages stay small.
+Per model, one "prepare" process builds the module, runs eager in float32 and float64 (the
+references), exports it with aotrt.export and loads it on an empty kernel cache (cold load),
+exports the ONNX file (torch.onnx.export) and the ExecuTorch .pte
+(to_edge_transform_and_lower with the XnnpackPartitioner). Each export is tried on its own: a
+failure is recorded against that runner and shown in the table with its error. Then one
+process per (model, runner) loads the artefact (aotrt: warm kernel cache; ORT: an
+InferenceSession with ORT_ENABLE_ALL and intra_op_num_threads = --threads; ExecuTorch:
+executorch.runtime with its threadpool reset to --threads; torch.compile: the first call,
+which compiles; eager: building the module) - the "load" time - and times it: the median of
+up to --iters finished forwards after warm-up. Its output is checked against eager fp32
+(norm-wise relative error in float64).
 
-The machine may be shared: the load average is recorded at the start, at the end and
-around every subprocess, so that readers can judge the noise.
+Every child gets OMP_NUM_THREADS, OPENBLAS_NUM_THREADS and MKL_NUM_THREADS = --threads,
+torch.set_num_threads(--threads) where torch is imported, and aotrt.load(threads=--threads).
+
+Memory per process: the RSS high-water mark (VmHWM) of the whole process, and the mark the
+timed runs reach over the RSS before them (after a reset through /proc/self/clear_refs). The
+aotrt process never imports torch; the ExecuTorch runtime's Python package imports it (noted).
+The machine may be shared: the load average is recorded at the start, the end and around
+every child process.
 """
 
 from __future__ import annotations
 
 import argparse
-import ctypes
-import glob
 import json
 import os
 import platform
-import resource
 import shutil
 import statistics
 import subprocess
@@ -50,62 +49,109 @@ from typing import Any, Callable
 import numpy as np
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-MODELS = ["c2f", "sppf", "detect", "resnet18", "gpt2_block"]
-RUNNERS = ["eager", "aotrt"]
+MODELS = ["resnet18", "mobilenet_v2", "resnet50", "yolov8n", "bert", "gpt2", "whisper_enc"]
+RUNNERS = ["eager", "aotrt", "ort", "executorch", "compile"]
+TITLES = {"eager": "torch eager", "aotrt": "aotrt", "ort": "ONNX Runtime",
+          "executorch": "ExecuTorch XNNPACK", "compile": "torch.compile"}
 DESCRIPTIONS = {
-    "c2f": "C2f(64, 64, n=2), 1x64x80x80 (yolov8n's P3 backbone stage)",
-    "sppf": "SPPF(256, 256, k=5), 1x256x20x20 (yolov8n's)",
-    "detect": "Detect(nc=80, ch=(64, 128, 256)) with DFL and anchors, "
-              "1x64x80x80 + 1x128x40x40 + 1x256x20x20 (yolov8n's head at 640)",
-    "resnet18": "torchvision resnet18, random weights, 1x3x224x224",
-    "gpt2_block": "GPT-2 block (pre-norm, causal sdpa, tanh-GELU MLP), d=768, 12 heads, "
-                  "1x128 tokens",
+    "resnet18": "torchvision resnet18, 1x3x224x224",
+    "mobilenet_v2": "torchvision mobilenet_v2, 1x3x224x224",
+    "resnet50": "torchvision resnet50, 1x3x224x224",
+    "yolov8n": "ultralytics YOLOv8n (yolov8n.yaml, 80 classes), 1x3x320x320",
+    "bert": "HF BertModel(BertConfig()) = BERT-base, sdpa attention, 1x128 tokens",
+    "gpt2": "HF GPT2Model(GPT2Config()) = GPT-2 124M, sdpa attention, 1x128 tokens",
+    "whisper_enc": "HF WhisperEncoder with Whisper-tiny's config (d=384, 4 layers, 6 heads), "
+                   "1x80x3000 mel frames",
 }
+# Which prepare step makes each runner's artefact (eager and torch.compile need none).
+ARTEFACT = {"aotrt": "aotrt", "ort": "onnx", "executorch": "pte"}
 
 
 # -- models ---------------------------------------------------------------------------------------
 
-def build(name: str) -> tuple[Any, tuple[Any, ...]]:
-    """(module in eval mode, float32 example inputs), seeded: the same in every process."""
+def _flat(inner: Any, kwargs_names: tuple[str, ...] = ()) -> Any:
+    """`inner` wrapped so that it returns a flat tuple of its tensor outputs."""
     import torch
+    import torch.utils._pytree as pytree
 
-    if ROOT not in sys.path:
-        sys.path.insert(0, ROOT)
-    # The module definitions of the export tests (they import torch and aotrt only).
-    from tests.exporter import modules as tm
+    class Flat(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.inner = inner
+
+        def forward(self, *args: Any) -> tuple:
+            out = self.inner(**dict(zip(kwargs_names, args))) if kwargs_names else \
+                self.inner(*args)
+            if hasattr(out, "to_tuple"):
+                out = out.to_tuple()
+            return tuple(t for t in pytree.tree_leaves(out) if isinstance(t, torch.Tensor))
+    return Flat().eval()
+
+
+def build(name: str) -> tuple[Any, tuple[Any, ...]]:
+    """(module in eval mode returning a tuple, float32 example inputs), seeded: the same in
+    every process."""
+    import torch
 
     torch.manual_seed(0)
     g = torch.Generator().manual_seed(1234)
-
-    def randn(*shape: int) -> Any:
-        return torch.randn(*shape, generator=g)
-
-    if name == "c2f":
-        m, x = tm.C2f(64, 64, n=2), (randn(1, 64, 80, 80),)
-    elif name == "sppf":
-        m, x = tm.SPPF(256, 256), (randn(1, 256, 20, 20),)
-    elif name == "detect":
-        m = tm.Detect(nc=80, ch=(64, 128, 256), strides=(8.0, 16.0, 32.0))
-        x = (randn(1, 64, 80, 80), randn(1, 128, 40, 40), randn(1, 256, 20, 20))
-    elif name == "resnet18":
+    if name in ("resnet18", "mobilenet_v2", "resnet50"):
         import torchvision
 
-        m, x = torchvision.models.resnet18(weights=None), (randn(1, 3, 224, 224),)
-    elif name == "gpt2_block":
-        m, x = tm.GPT2Block(768, 12), (randn(1, 128, 768),)
-    else:
-        raise ValueError(f"unknown model {name}")
-    return m.eval(), x
+        m = getattr(torchvision.models, name)(weights=None)
+        return _flat(m.eval()), (torch.randn(1, 3, 224, 224, generator=g),)
+    if name == "yolov8n":
+        os.environ.setdefault("YOLO_OFFLINE", "1")
+        from ultralytics.nn.tasks import DetectionModel
+
+        m = DetectionModel("yolov8n.yaml", verbose=False).eval()
+        x = torch.randn(1, 3, 320, 320, generator=g)
+        with torch.no_grad():
+            m(x)            # the Detect head caches its anchors and strides on the first call
+        return _flat(m), (x,)
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    import transformers as tf
+
+    if name == "bert":
+        cfg = tf.BertConfig()
+        cfg._attn_implementation = "sdpa"
+        m = tf.BertModel(cfg, add_pooling_layer=False).eval()
+        ids = torch.randint(0, cfg.vocab_size, (1, 128), generator=g)
+        return _flat(m, ("input_ids",)), (ids,)
+    if name == "gpt2":
+        cfg = tf.GPT2Config(use_cache=False)
+        cfg._attn_implementation = "sdpa"
+        m = tf.GPT2Model(cfg).eval()
+        ids = torch.randint(0, cfg.vocab_size, (1, 128), generator=g)
+        return _flat(m, ("input_ids",)), (ids,)
+    if name == "whisper_enc":
+        from transformers.models.whisper.modeling_whisper import WhisperEncoder
+
+        cfg = tf.WhisperConfig(d_model=384, encoder_layers=4, encoder_attention_heads=6,
+                               encoder_ffn_dim=1536, decoder_layers=4,
+                               decoder_attention_heads=6, decoder_ffn_dim=1536,
+                               num_mel_bins=80, max_source_positions=1500)
+        cfg._attn_implementation = "sdpa"
+        m = WhisperEncoder(cfg).eval()
+        return _flat(m, ("input_features",)), (torch.randn(1, 80, 3000, generator=g),)
+    raise ValueError(f"unknown model {name}")
 
 
 # -- helpers --------------------------------------------------------------------------------------
 
-def rel_err(got: np.ndarray, ref: np.ndarray) -> float:
+def rel_err(got: Any, ref: Any) -> float:
     """||got - ref|| / ||ref|| in float64 (inf on a shape mismatch or a non-finite value)."""
     a, b = np.asarray(got, np.float64), np.asarray(ref, np.float64)
     if a.shape != b.shape or not np.all(np.isfinite(a)):
         return float("inf")
     return float(np.linalg.norm(a - b) / max(np.linalg.norm(b), 1e-300))
+
+
+def max_rel_err(gots: list[Any], refs: list[Any]) -> float:
+    """The worst rel_err over the outputs (inf when their counts differ)."""
+    if len(gots) != len(refs):
+        return float("inf")
+    return max(rel_err(g, r) for g, r in zip(gots, refs))
 
 
 def proc_status() -> dict[str, int]:
@@ -116,11 +162,6 @@ def proc_status() -> dict[str, int]:
             if line.startswith(("VmRSS:", "VmHWM:")):
                 out[line.split(":")[0]] = int(line.split()[1]) * 1024
     return out
-
-
-def maxrss() -> int:
-    """ru_maxrss of this process in bytes (Linux reports KiB)."""
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
 
 
 def reset_hwm() -> bool:
@@ -148,136 +189,167 @@ def time_runs(fn: Callable[[], Any], iters: int, warmup: int, max_s: float) -> d
             "runs": len(times), "warmup": warmup}
 
 
-def blas_info() -> dict:
-    """numpy's BLAS and how many threads it will use (asked from OpenBLAS itself)."""
-    info: dict[str, Any] = {"numpy": np.__version__}
-    try:
-        cfg = np.show_config(mode="dicts")["Build Dependencies"]["blas"]
-        info["name"], info["version"] = cfg.get("name"), cfg.get("version")
-        info["config"] = cfg.get("openblas configuration")
-    except Exception as e:  # noqa: BLE001 - informational only
-        info["config_error"] = f"{type(e).__name__}: {e}"
-    libdir = os.path.join(os.path.dirname(np.__file__) + ".libs")
-    for path in glob.glob(os.path.join(libdir, "*openblas*")):
-        lib = ctypes.CDLL(path)  # already mapped by numpy: the same library instance
-        for sym in ("scipy_openblas_get_num_threads64_", "openblas_get_num_threads64_",
-                    "openblas_get_num_threads"):
-            fn = getattr(lib, sym, None)
-            if fn is not None:
-                fn.restype = ctypes.c_int
-                info["threads"] = int(fn())
-                break
-    info["threaded"] = info.get("threads", 0) > 1
-    return info
+def load_io(workdir: str, name: str) -> tuple[list[np.ndarray], list[np.ndarray]]:
+    """The saved inputs and eager fp32 outputs of `name`."""
+    data = np.load(os.path.join(workdir, f"{name}.npz"))
+    xs = [data[k] for k in sorted((k for k in data.files if k.startswith("x")),
+                                  key=lambda k: int(k[1:]))]
+    refs = [data[k] for k in sorted((k for k in data.files if k.startswith("ref")),
+                                    key=lambda k: int(k[3:]))]
+    return xs, refs
 
 
-# -- subprocess: prepare (export, cold load, accuracy) --------------------------------------------
+# -- subprocess: prepare --------------------------------------------------------------------------
 
-def prepare(name: str, workdir: str) -> dict:
-    """Export once, save the program, inputs and eager output, load cold, check the error."""
+def prepare(name: str, what: str, workdir: str, threads: int, layout: str) -> dict:
+    """One artefact of `name`: "aotrt" (references, the aotrt program, its cold load and
+    error), "onnx" (torch.onnx.export) or "pte" (ExecuTorch with XNNPACK)."""
     import torch
 
-    import aotrt
-    from aotrt.runtime.device import get_device
-
-    res: dict[str, Any] = {"model": name, "description": DESCRIPTIONS[name]}
-    t = time.perf_counter()
+    torch.set_num_threads(threads)
+    res: dict[str, Any] = {"model": name, "what": what}
     m, x = build(name)
-    res["build_s"] = time.perf_counter() - t
-    res["input_shapes"] = [list(a.shape) for a in x]
-    with torch.no_grad():
-        ref32 = m(*x)
-        ref64 = m.double()(*(a.double() for a in x))
-        m.float()
+    stem = os.path.join(workdir, name)
     t = time.perf_counter()
-    prog = aotrt.export(m, x)
-    res["export_s"] = time.perf_counter() - t
-    res["kernels"] = len(prog.kernels)
-    res["instructions"] = len(prog.instructions)
-    res["arena_nbytes"] = int(prog.arena_nbytes)
-    res["constants_nbytes"] = int(sum(int(a.nbytes) for a in prog.constants.values()))
-    res["library_ops"] = sorted({i["fn"] for i in prog.instructions if i["op"] == "library"})
-    prog.save(os.path.join(workdir, f"{name}.aotp"))
-    xs = [a.numpy() for a in x]
-    np.savez(os.path.join(workdir, f"{name}.npz"), ref=ref32.numpy(),
-             **{f"x{i}": a for i, a in enumerate(xs)})
-    t = time.perf_counter()
-    d = aotrt.load(prog, device="cpu")
-    res["load_cold_s"] = time.perf_counter() - t
-    try:
+    if what == "aotrt":
+        import aotrt
+
+        res["description"] = DESCRIPTIONS[name]
+        res["input_shapes"] = [list(a.shape) for a in x]
+        with torch.no_grad():
+            ref32 = [o.numpy() for o in m(*x)]
+            ref64 = [o.numpy() for o in m.double()(*(
+                a.double() if a.is_floating_point() else a for a in x))]
+            m.float()
+        res["eager_fp32_rel_err_vs_fp64"] = max_rel_err(ref32, ref64)
+        np.savez(stem + ".npz", **{f"x{i}": a.numpy() for i, a in enumerate(x)},
+                 **{f"ref{i}": r for i, r in enumerate(ref32)},
+                 **{f"fp64_{i}": r for i, r in enumerate(ref64)})
+        if layout == "convnets-nhwc":
+            from aotrt.exporter.layout import has_conv2d
+
+            layout = "channels_last" if has_conv2d(m) else "auto"
+        res["layout"] = layout
         t = time.perf_counter()
-        outs = d.run(*xs)
-        got = outs[0].numpy()
-        res["first_run_s"] = time.perf_counter() - t
-    finally:
-        d.close()
-    res["output_shape"] = list(got.shape)
-    res["rel_err_vs_eager_fp32"] = rel_err(got, ref32.numpy())
-    res["rel_err_vs_eager_fp64"] = rel_err(got, ref64.numpy())
-    res["eager_fp32_rel_err_vs_fp64"] = rel_err(ref32.numpy(), ref64.numpy())
-    res["runtime_peak_raw_bytes_prepare"] = get_device("cpu").memory.peak_raw_bytes
+        prog = aotrt.export(m, x, layout=layout)
+        res["export_s"] = time.perf_counter() - t
+        res["kernels"], res["instructions"] = len(prog.kernels), len(prog.instructions)
+        res["library_ops"] = sorted({i["fn"] for i in prog.instructions
+                                     if i["op"] == "library"})
+        prog.save(stem + ".aotp")
+        t = time.perf_counter()
+        d = aotrt.load(prog, device="cpu", threads=threads)
+        res["load_cold_s"] = time.perf_counter() - t
+        try:
+            got = [o.numpy() for o in d.run(*(a.numpy() for a in x))]
+        finally:
+            d.close()
+        res["rel_err_vs_eager_fp32"] = max_rel_err(got, ref32)
+        res["rel_err_vs_eager_fp64"] = max_rel_err(got, ref64)
+    elif what == "onnx":
+        try:
+            torch.onnx.export(m, x, stem + ".onnx", dynamo=True)
+            res["exporter"] = "dynamo"
+        except Exception as e:  # noqa: BLE001 - the TorchScript exporter is the fallback
+            res["dynamo_error"] = f"{type(e).__name__}: {e}"[:500]
+            torch.onnx.export(m, x, stem + ".onnx", dynamo=False)
+            res["exporter"] = "torchscript"
+        res["export_s"] = time.perf_counter() - t
+    elif what == "pte":
+        from executorch.backends.xnnpack.partition.xnnpack_partitioner import (
+            XnnpackPartitioner)
+        from executorch.exir import to_edge_transform_and_lower
+
+        ep = torch.export.export(m, x)
+        et = to_edge_transform_and_lower(ep, partitioner=[XnnpackPartitioner()])
+        res["delegated"] = str(et.exported_program().graph_module.code).count(
+            "executorch_call_delegate")
+        with open(stem + ".pte", "wb") as f:
+            f.write(et.to_executorch().buffer)
+        res["export_s"] = time.perf_counter() - t
+    else:
+        raise ValueError(what)
     return res
 
 
 # -- subprocess: measure one runner ---------------------------------------------------------------
 
-def measure(name: str, runner: str, workdir: str, iters: int, warmup: int,
+def measure(name: str, runner: str, workdir: str, threads: int, iters: int, warmup: int,
             max_s: float) -> dict:
-    """Time one runner on one model in this (fresh) process, and its peak memory."""
-    data = np.load(os.path.join(workdir, f"{name}.npz"))
-    xs = [data[f"x{i}"] for i in range(len(data.files) - 1)]
-    ref = data["ref"]
+    """Load and time one runner on one model in this (fresh) process; its error and memory."""
+    xs, refs = load_io(workdir, name)
+    stem = os.path.join(workdir, name)
     res: dict[str, Any] = {"runner": runner}
+    out_arrays: Callable[[Any], list[Any]]
     t = time.perf_counter()
-    if runner == "eager":
+    if runner in ("eager", "compile"):
         import torch
 
+        torch.set_num_threads(threads)
         m, _ = build(name)
         x = tuple(torch.from_numpy(a) for a in xs)
-        res["threads"] = torch.get_num_threads()
+        if runner == "compile":
+            m = torch.compile(m)
 
         def once() -> Any:
             with torch.no_grad():
                 return m(*x)
-
-        def result(out: Any) -> np.ndarray:
-            return out.numpy()
-    else:
+        if runner == "compile":
+            once()          # compiles
+        out_arrays = lambda out: [o.numpy() for o in out]   # noqa: E731
+    elif runner == "aotrt":
         import aotrt
-        from aotrt.runtime.device import get_device
 
-        prog = aotrt.Program.load(os.path.join(workdir, f"{name}.aotp"))
-        t = time.perf_counter()
-        d = aotrt.load(prog, device="cpu")
-        res["load_warm_s"] = time.perf_counter() - t
-        res["arena_nbytes"] = int(prog.arena_nbytes)
-        res["torch_imported"] = "torch" in sys.modules
+        prog = aotrt.Program.load(stem + ".aotp")
+        d = aotrt.load(prog, device="cpu", threads=threads)
 
         def once() -> Any:
             outs = d.run(*xs)
             d.stream.commit_and_wait()
             return outs
+        out_arrays = lambda out: [o.numpy() for o in out]   # noqa: E731
+    elif runner == "ort":
+        import onnxruntime as ort
 
-        def result(out: Any) -> np.ndarray:
-            return out[0].numpy()
-    res["setup_s"] = time.perf_counter() - t
+        so = ort.SessionOptions()
+        so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+        so.intra_op_num_threads, so.inter_op_num_threads = threads, 1
+        sess = ort.InferenceSession(stem + ".onnx", so, providers=["CPUExecutionProvider"])
+        feeds = {i.name: a for i, a in zip(sess.get_inputs(), xs)}
+        res["ort"] = ort.__version__
+
+        def once() -> Any:
+            return sess.run(None, feeds)
+        out_arrays = list
+    elif runner == "executorch":
+        import torch
+        from executorch.extension.pybindings import portable_lib
+        from executorch.runtime import Runtime
+
+        torch.set_num_threads(threads)
+        portable_lib._unsafe_reset_threadpool(threads)
+        res["threadpool_threads"] = portable_lib._threadpool_get_thread_count()
+        method = Runtime.get().load_program(stem + ".pte").load_method("forward")
+        x = [torch.from_numpy(a) for a in xs]
+
+        def once() -> Any:
+            return method.execute(x)
+        out_arrays = lambda out: [o.numpy() for o in out]   # noqa: E731
+    else:
+        raise ValueError(runner)
+    res["load_s"] = time.perf_counter() - t
+    res["torch_imported"] = "torch" in sys.modules
     base = proc_status()
-    res["baseline_ru_maxrss_bytes"] = maxrss()
     res["hwm_reset"] = reset_hwm()
     res.update(time_runs(once, iters, warmup, max_s))
-    out = once()
+    res["rel_err_vs_eager_fp32"] = max_rel_err(out_arrays(once()), refs)
     end = proc_status()
-    res["ru_maxrss_bytes"] = maxrss()
-    res["rel_err_vs_eager_fp32"] = rel_err(result(out), ref)
-    res["baseline_hwm_bytes"], res["baseline_rss_bytes"] = base["VmHWM"], base["VmRSS"]
-    res["end_hwm_bytes"], res["end_rss_bytes"] = end["VmHWM"], end["VmRSS"]
-    # After a reset the end mark is the runs' own peak: the issue's growth is what it adds
-    # above the baseline's mark.
-    res["peak_rss_growth_bytes"] = max(0, end["VmHWM"] - base["VmHWM"])
+    res["baseline_rss_bytes"], res["baseline_hwm_bytes"] = base["VmRSS"], base["VmHWM"]
+    res["end_hwm_bytes"] = end["VmHWM"]
+    res["peak_rss_bytes"] = max(base["VmHWM"], end["VmHWM"])
     if res["hwm_reset"]:
         res["peak_rss_over_baseline_bytes"] = end["VmHWM"] - base["VmRSS"]
     if runner == "aotrt":
-        res["runtime_peak_raw_bytes"] = get_device("cpu").memory.peak_raw_bytes
         d.close()
     return res
 
@@ -295,62 +367,81 @@ def child(args: list[str], env: dict[str, str], timeout: float) -> dict:
         return {"ok": False, "error": f"timed out after {timeout:.0f} s",
                 "loadavg_before": load0, "loadavg_after": os.getloadavg()}
     lines = [ln for ln in p.stdout.splitlines() if ln.startswith("RESULT ")]
-    if p.returncode == 0 and lines:
+    if lines:
         res = json.loads(lines[-1][len("RESULT "):])
     else:
-        res = {"ok": False, "error": f"exit {p.returncode}", "stderr": p.stderr[-3000:]}
+        err = [ln for ln in p.stderr.splitlines() if ln.strip()]
+        res = {"ok": False, "error": f"exit {p.returncode}: {err[-1] if err else ''}"[:300],
+               "stderr": p.stderr[-3000:]}
     res["process_wall_s"] = time.perf_counter() - t
     res["loadavg_before"], res["loadavg_after"] = load0, os.getloadavg()
     return res
 
 
-def cpu_model() -> str:
-    """The CPU's model name from /proc/cpuinfo."""
+def cpu_info() -> dict:
+    """The CPU's model name and its SIMD flags, from /proc/cpuinfo."""
+    info = {"cpu_model": platform.processor(), "cpu_simd": []}
     with open("/proc/cpuinfo") as f:
         for line in f:
             if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    return platform.processor()
+                info["cpu_model"] = line.split(":", 1)[1].strip()
+            elif line.startswith("flags"):
+                info["cpu_simd"] = [s for s in ("avx", "avx2", "fma", "avx512f")
+                                    if f" {s} " in line]
+                break
+    return info
 
 
 def env_info() -> dict:
-    """Versions, thread counts, CPU and the thread-related environment."""
-    import torch
-    import torchvision
+    """Versions of every runner's package (None where absent)."""
+    from importlib import metadata
 
-    flags = ""
-    with open("/proc/cpuinfo") as f:
-        for line in f:
-            if line.startswith("flags"):
-                flags = line
-                break
-    return {
-        "python": sys.version.split()[0], "torch": torch.__version__,
-        "torchvision": torchvision.__version__,
-        "torch_num_threads": torch.get_num_threads(),
-        "torch_num_interop_threads": torch.get_num_interop_threads(),
-        "torch_parallel_info": torch.__config__.parallel_info(),
-        "numpy_blas": blas_info(),
-        "cpu_model": cpu_model(), "logical_cpus": os.cpu_count(),
-        "cpu_simd": [f for f in ("avx", "avx2", "fma", "avx512f") if f" {f} " in flags],
-        "cc": shutil.which("cc") or shutil.which("gcc"),
-        "thread_env": {k: os.environ.get(k) for k in ("OMP_NUM_THREADS", "MKL_NUM_THREADS",
-                                                      "OPENBLAS_NUM_THREADS")},
-        "platform": platform.platform(),
-    }
+    vers = {}
+    for pkg in ("torch", "torchvision", "transformers", "ultralytics", "onnxruntime", "onnx",
+                "onnxscript", "executorch", "numpy", "onednn-cpu-gomp"):
+        try:
+            vers[pkg] = metadata.version(pkg)
+        except metadata.PackageNotFoundError:
+            vers[pkg] = None
+    return {"python": sys.version.split()[0], "versions": vers, **cpu_info(),
+            "logical_cpus": os.cpu_count(), "affinity": len(os.sched_getaffinity(0)),
+            "cc": shutil.which("cc") or shutil.which("gcc"),
+            "platform": platform.platform()}
+
+
+def other_load() -> list[str]:
+    """The busiest processes now, those using at least 1% of a CPU (for the note on what
+    else was running): %CPU, seconds running, the command's first 120 characters."""
+    try:
+        p = subprocess.run(["ps", "-eo", "pcpu,etimes,args", "--sort=-pcpu"],
+                           capture_output=True, text=True, timeout=10)
+    except (OSError, subprocess.TimeoutExpired):
+        return []
+    rows = [ln.strip() for ln in p.stdout.splitlines()[1:9]]
+    return [ln[:120] for ln in rows if ln.split() and float(ln.split()[0]) >= 1.0]
 
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--models", default=",".join(MODELS))
-    ap.add_argument("--iters", type=int, default=30, help="timed runs (at most)")
+    ap.add_argument("--runners", default=",".join(RUNNERS))
+    ap.add_argument("--threads", type=int, default=2, help="threads for every runner")
+    ap.add_argument("--iters", type=int, default=20, help="timed runs (at most)")
     ap.add_argument("--warmup", type=int, default=3)
     ap.add_argument("--max-timed-s", type=float, default=15.0,
                     help="cap on the timed runs of one (model, runner); at least 5 runs")
+    ap.add_argument("--layout", default="convnets-nhwc",
+                    help="aotrt.export's layout, or convnets-nhwc: channels_last for models "
+                         "with 2-D convolutions (oneDNN's faster path), else auto")
     ap.add_argument("--out-dir", default=os.path.join(ROOT, "bench", "results"))
+    ap.add_argument("--tag", default=None, help="result file stem (cpu-bench-DATE)")
+    ap.add_argument("--note", default="", help="a note for the report (what else ran)")
     ap.add_argument("--workdir", default="/tmp/aotrt-bench-cpu")
+    ap.add_argument("--child-timeout", type=float, default=900.0,
+                    help="seconds one export or (model, runner) process may take")
     ap.add_argument("--env", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--prepare", help=argparse.SUPPRESS)
+    ap.add_argument("--what", help=argparse.SUPPRESS)
     ap.add_argument("--measure", help=argparse.SUPPRESS)
     ap.add_argument("--runner", help=argparse.SUPPRESS)
     args = ap.parse_args()
@@ -359,137 +450,168 @@ def main() -> int:
             if args.env:
                 res = env_info()
             elif args.prepare:
-                res = prepare(args.prepare, args.workdir)
+                res = prepare(args.prepare, args.what, args.workdir, args.threads, args.layout)
             else:
-                res = measure(args.measure, args.runner, args.workdir, args.iters,
-                              args.warmup, args.max_timed_s)
+                res = measure(args.measure, args.runner, args.workdir, args.threads,
+                              args.iters, args.warmup, args.max_timed_s)
             res["ok"] = True
         except Exception as e:  # noqa: BLE001 - recorded, never dropped
-            res = {"ok": False, "error": f"{type(e).__name__}: {e}"[:2000],
+            res = {"ok": False, "error": f"{type(e).__name__}: {e}"[:300],
                    "trace": traceback.format_exc()[-3000:]}
         print("RESULT " + json.dumps(res), flush=True)
         return 0
 
     t_start = time.perf_counter()
     date = time.strftime("%Y-%m-%d")
+    runners = args.runners.split(",")
     shutil.rmtree(args.workdir, ignore_errors=True)
     os.makedirs(args.workdir)
     env = dict(os.environ)
     env.pop("AOTRT_CHECK_HAZARDS", None)    # timing runs without the hazard checker
-    # A cache of our own: the prepare step's load is cold, the measured loads warm.
+    # A kernel cache of our own: the prepare step's load is cold, the measured loads warm.
     env["AOTRT_CACHE_DIR"] = os.path.join(args.workdir, "kcache")
+    env["TORCHINDUCTOR_CACHE_DIR"] = os.path.join(args.workdir, "inductor")
     env["PYTHONPATH"] = ROOT + os.pathsep + env.get("PYTHONPATH", "")
+    env.update(HF_HUB_OFFLINE="1", YOLO_OFFLINE="1", TOKENIZERS_PARALLELISM="false")
+    for k in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
+        env[k] = str(args.threads)
     doc: dict[str, Any] = {
-        "date": date, "what": "aotrt (cpu device) vs torch eager (CPU), float32, batch 1",
-        "loadavg_start": os.getloadavg(), "env": child(["--env"], env, 120),
+        "date": date, "command": " ".join([os.path.relpath(sys.executable, ROOT)
+                                           if sys.executable.startswith(ROOT)
+                                           else sys.executable, *sys.argv]),
+        "what": "aotrt (cpu device) vs torch eager, ONNX Runtime, ExecuTorch XNNPACK and "
+                "torch.compile; float32, batch 1",
+        "threads": args.threads, "layout": args.layout, "note": args.note,
+        "loadavg_start": os.getloadavg(), "other_processes_start": other_load(),
+        "env": child(["--env"], env, 120),
         "iters": args.iters, "warmup": args.warmup, "max_timed_s": args.max_timed_s,
-        "timing": "median wall ms of one finished forward (aotrt: run + commit_and_wait; "
-                  "eager: module under no_grad), one fresh process per (model, runner)",
         "models": {}}
     sub = ["--workdir", args.workdir, "--iters", str(args.iters), "--warmup",
-           str(args.warmup), "--max-timed-s", str(args.max_timed_s)]
+           str(args.warmup), "--max-timed-s", str(args.max_timed_s), "--threads",
+           str(args.threads), "--layout", args.layout]
     for name in args.models.split(","):
         print(f"== {name}", flush=True)
-        entry = child(["--prepare", name, *sub], env, 300)
-        entry["runners"] = {}
+        entry: dict[str, Any] = {"description": DESCRIPTIONS[name], "prepare": {},
+                                 "runners": {}}
         doc["models"][name] = entry
-        if not entry.get("ok"):
-            print("  prepare FAILED " + entry["error"], flush=True)
-            continue
-        print(f"  export {entry['export_s']:.2f} s, cold load {entry['load_cold_s']:.2f} s, "
-              f"rel err {entry['rel_err_vs_eager_fp32']:.2e}", flush=True)
-        for runner in RUNNERS:
-            r = child(["--measure", name, "--runner", runner, *sub], env, 240)
+        needed = ["aotrt"] + [ARTEFACT[r] for r in runners if r in ARTEFACT and r != "aotrt"]
+        for what in needed:
+            p = child(["--prepare", name, "--what", what, *sub], env, args.child_timeout)
+            entry["prepare"][what] = p
+            print(f"  prepare {what}: " + (f"{p['export_s']:.1f} s" if p.get("ok")
+                                           else "FAILED " + p["error"]), flush=True)
+        if not entry["prepare"]["aotrt"].get("ok"):
+            continue        # no references: nothing to check the runners against
+        for runner in runners:
+            art = ARTEFACT.get(runner)
+            if art and not entry["prepare"][art].get("ok"):
+                r = {"ok": False, "error": "export failed: " + entry["prepare"][art]["error"]}
+            else:
+                r = child(["--measure", name, "--runner", runner, *sub], env,
+                          args.child_timeout)
             entry["runners"][runner] = r
-            print(f"  {runner:6s} " + (
-                f"{r['ms']:9.2f} ms ({r['runs']} runs)  peak rss +"
-                f"{r.get('peak_rss_over_baseline_bytes', r['peak_rss_growth_bytes']) / 2**20:.1f}"
-                " MiB" if r.get("ok") else "FAILED " + r["error"]), flush=True)
-    doc["loadavg_end"] = os.getloadavg()
-    doc["wall_s"] = time.perf_counter() - t_start
-    os.makedirs(args.out_dir, exist_ok=True)
-    stem = os.path.join(args.out_dir, f"cpu-fp32-{date}")
-    with open(stem + ".json", "w") as f:
-        json.dump(doc, f, indent=1)
-    with open(stem + ".md", "w") as f:
-        f.write(markdown(doc))
+            print(f"  {runner:10s} " + (
+                f"{r['ms']:9.2f} ms ({r['runs']} runs) load {r['load_s']:.2f} s "
+                f"rel err {r['rel_err_vs_eager_fp32']:.1e}" if r.get("ok")
+                else "FAILED " + r["error"]), flush=True)
+        save(doc, args, date, t_start)     # after every model: a cut-short run keeps its rows
+    save(doc, args, date, t_start)
     print(markdown(doc))
     return 0
 
 
-def markdown(doc: dict) -> str:
-    """The short report: one row per model."""
-    e = doc["env"]
-    if not e.get("ok"):
-        e = {"cpu_model": "?", "logical_cpus": os.cpu_count(), "cpu_simd": [], "torch": "?",
-             "torch_num_threads": "?", "numpy_blas": blas_info()}
-    blas = e["numpy_blas"]
-    mib = 2 ** 20
-
-    def fmt(v: Any, spec: str) -> str:
-        return "-" if v is None else format(v, spec)
-
-    lines = [
-        f"# CPU, float32, {doc['date']}: aotrt (cpu device) vs torch eager",
-        "",
-        f"{e['cpu_model']}, {e['logical_cpus']} logical CPUs ({', '.join(e['cpu_simd'])}); "
-        f"torch {e['torch']} with {e['torch_num_threads']} threads; numpy {blas['numpy']} "
-        f"with {blas.get('name')} {blas.get('version')}, "
-        f"{blas.get('threads', '?')} threads "
-        f"({'threaded' if blas['threaded'] else 'not threaded'}). "
-        f"Load average at start {fmt_load(doc['loadavg_start'])}, at end "
-        f"{fmt_load(doc['loadavg_end'])}. Whole run {doc['wall_s']:.0f} s.",
-        "",
-        f"Median ms of one finished forward, up to {doc['iters']} runs (at most "
-        f"{doc['max_timed_s']:.0f} s of them, at least 5) after {doc['warmup']} warm-ups, one "
-        "fresh process per (model, runner). RSS growth: the process's RSS high-water mark "
-        "during the runs over its RSS after build/load, before the first run (weights are "
-        "already in the baseline). Process peak RSS: the whole process's high-water mark "
-        "(the aotrt process does not import torch). Runtime peak: the aotrt cpu device's own "
-        "peak raw bytes (constants + arena + outputs + scratch). Rel err: "
-        "aotrt vs eager fp32, norm-wise in float64. Load: cold (kernels compiled) / warm "
-        "(kernel cache hit).",
-        "",
-        "| model | eager ms | aotrt ms | aotrt / eager | export s | load s cold / warm "
-        "| rel err | RSS growth MiB eager / aotrt | process peak RSS MiB eager / aotrt "
-        "| aotrt runtime peak MiB | arena MiB | constants MiB |",
-        "|---|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|",
-    ]
-    for name, m in doc["models"].items():
-        if not m.get("ok"):
-            lines.append(f"| {name} | prepare failed: {m.get('error', '')[:80]} |")
-            continue
-        ea, ao = m["runners"].get("eager", {}), m["runners"].get("aotrt", {})
-
-        def rss(r: dict) -> str:
-            if not r.get("ok"):
-                return "F"
-            v = r.get("peak_rss_over_baseline_bytes", r["peak_rss_growth_bytes"])
-            return format(v / mib, ".1f")
-
-        def total(r: dict) -> str:
-            if not r.get("ok"):
-                return "F"
-            return format(max(r["baseline_hwm_bytes"], r["end_hwm_bytes"]) / mib, ".0f")
-
-        ratio = ao["ms"] / ea["ms"] if ao.get("ok") and ea.get("ok") else None
-        lines.append(
-            f"| {name} | {fmt(ea.get('ms'), '.2f')} | {fmt(ao.get('ms'), '.2f')} "
-            f"| {fmt(ratio, '.2f')} | {m['export_s']:.2f} "
-            f"| {m['load_cold_s']:.2f} / {fmt(ao.get('load_warm_s'), '.2f')} "
-            f"| {m['rel_err_vs_eager_fp32']:.1e} | {rss(ea)} / {rss(ao)} "
-            f"| {total(ea)} / {total(ao)} "
-            f"| {fmt(ao.get('runtime_peak_raw_bytes', 0) / mib, '.1f')} "
-            f"| {m['arena_nbytes'] / mib:.1f} | {m['constants_nbytes'] / mib:.1f} |")
-    lines += ["", "Models:", ""]
-    lines += [f"- {n}: {m.get('description', DESCRIPTIONS.get(n, ''))}"
-              for n, m in doc["models"].items()]
-    return "\n".join(lines) + "\n"
+def save(doc: dict, args: argparse.Namespace, date: str, t_start: float) -> None:
+    """Write the JSON and the markdown report as they stand."""
+    doc["loadavg_end"] = os.getloadavg()
+    doc["other_processes_end"] = other_load()
+    doc["wall_s"] = time.perf_counter() - t_start
+    os.makedirs(args.out_dir, exist_ok=True)
+    stem = os.path.join(args.out_dir, args.tag or f"cpu-bench-{date}")
+    with open(stem + ".json", "w") as f:
+        json.dump(doc, f, indent=1)
+    with open(stem + ".md", "w") as f:
+        f.write(markdown(doc))
 
 
 def fmt_load(load: Any) -> str:
     """A load-average triple as '1.00 / 0.50 / 0.20'."""
     return " / ".join(f"{v:.2f}" for v in load)
+
+
+def markdown(doc: dict) -> str:
+    """The report: a table of median ms, then error, load time and memory per runner."""
+    e = doc["env"] if doc["env"].get("ok") else {"versions": {}, **cpu_info(),
+                                                  "logical_cpus": os.cpu_count()}
+    v = e["versions"]
+    runners = [r for r in RUNNERS if any(r in m["runners"] for m in doc["models"].values())]
+    mib = 2 ** 20
+
+    def cell(r: dict | None, key: str, spec: str, scale: float = 1.0) -> str:
+        if r is None:
+            return "-"
+        if not r.get("ok"):
+            return "fails"
+        return format(r[key] / scale, spec) if key in r else "-"
+
+    lines = [
+        f"# CPU benchmark, float32, batch 1, {doc['threads']} threads, {doc['date']}",
+        "",
+        f"`{doc['command']}`",
+        "",
+        f"{e['cpu_model']}, {e['logical_cpus']} logical CPUs ({', '.join(e['cpu_simd'])}). "
+        f"torch {v.get('torch')}, onnxruntime {v.get('onnxruntime')}, executorch "
+        f"{v.get('executorch')}, transformers {v.get('transformers')}, ultralytics "
+        f"{v.get('ultralytics')}, oneDNN wheel {v.get('onednn-cpu-gomp')}. aotrt layout "
+        f"`{doc['layout']}`. Load average at start {fmt_load(doc['loadavg_start'])}, at end "
+        f"{fmt_load(doc['loadavg_end'])}; whole run {doc['wall_s']:.0f} s."
+        + (f" Note: {doc['note']}" if doc.get("note") else ""),
+        "",
+        f"Median ms of one finished forward (up to {doc['iters']} runs, at most "
+        f"{doc['max_timed_s']:.0f} s of them, at least 5, after {doc['warmup']} warm-ups), "
+        "one fresh process per (model, runner). \"fails\": see the errors below.",
+        "",
+        "| model | " + " | ".join(TITLES[r] for r in runners) + " |",
+        "|---|" + "--:|" * len(runners),
+    ]
+    for name, m in doc["models"].items():
+        lines.append(f"| {name} | " + " | ".join(
+            cell(m["runners"].get(r), "ms", ".1f") for r in runners) + " |")
+    for title, key, spec, scale in (
+            ("Output error vs eager fp32 (max norm-wise relative error over the outputs)",
+             "rel_err_vs_eager_fp32", ".1e", 1.0),
+            ("Load seconds (aotrt: warm kernel cache; ORT: session; ExecuTorch: program and "
+             "method; torch.compile: build and first call, which compiles; eager: build)",
+             "load_s", ".2f", 1.0),
+            ("Process peak RSS MiB (VmHWM; torch_imported marks a process that imports "
+             "torch)", "peak_rss_bytes", ".0f", mib)):
+        lines += ["", title + ":", "",
+                  "| model | " + " | ".join(TITLES[r] for r in runners) + " |",
+                  "|---|" + "--:|" * len(runners)]
+        for name, m in doc["models"].items():
+            lines.append(f"| {name} | " + " | ".join(
+                cell(m["runners"].get(r), key, spec, scale) for r in runners) + " |")
+    lines += ["", "aotrt export and cold load, eager fp32's own error vs fp64:", "",
+              "| model | export s | cold load s | aotrt rel err vs fp64 | eager fp32 vs fp64 |",
+              "|---|--:|--:|--:|--:|"]
+    for name, m in doc["models"].items():
+        p = m["prepare"].get("aotrt", {})
+        if p.get("ok"):
+            lines.append(f"| {name} | {p['export_s']:.1f} | {p['load_cold_s']:.2f} "
+                         f"| {p['rel_err_vs_eager_fp64']:.1e} "
+                         f"| {p['eager_fp32_rel_err_vs_fp64']:.1e} |")
+        else:
+            lines.append(f"| {name} | fails: {p.get('error', '?')[:120]} | | | |")
+    errors = [f"- {name} / {what}: {r['error'][:300]}"
+              for name, m in doc["models"].items()
+              for what, r in [*(("export " + k, p) for k, p in m["prepare"].items()),
+                              *m["runners"].items()] if not r.get("ok")]
+    if errors:
+        lines += ["", "Failures:", "", *errors]
+    lines += ["", "Models:", ""]
+    lines += [f"- {n}: {m['description']}" for n, m in doc["models"].items()]
+    lines += ["", "Busiest other processes at the start (%CPU, seconds, command):", ""]
+    lines += [f"    {ln}" for ln in doc.get("other_processes_start", [])]
+    return "\n".join(lines) + "\n"
 
 
 if __name__ == "__main__":

@@ -149,8 +149,7 @@ class CStyleRenderer:
         self._ids: dict[int, int] = {}
         self._intern: dict[tuple, int] = {}
         scope: dict[int, str] = {}
-        self._emit(1, f"const int64_t i = {self.flat_index()};")
-        for line in self.decompose("i", k.shape, 0):
+        for line in self.outer_lines(k):
             self._emit(1, line)
         nouter = len(k.shape)
         outer = [st for st in k.stores if not _uses_rdim(st, nouter)]
@@ -191,6 +190,11 @@ class CStyleRenderer:
     def _close_rloop(self, depth: int) -> None:
         self._mult //= max(self._rnumel(), 1)
         self._emit(depth, "}")
+
+    def outer_lines(self, k: ir.Kernel) -> list[str]:
+        """Lines at the top of the body defining the outer coordinates d0.. of this element
+        (a target whose wrapper loops over them itself returns fewer)."""
+        return [f"const int64_t i = {self.flat_index()};", *self.decompose("i", k.shape, 0)]
 
     def decompose(self, flat: str, shape: tuple[int, ...], dim0: int) -> list[str]:
         """Lines defining the coordinate variables d<dim0..> of `flat` over `shape`."""
@@ -482,6 +486,69 @@ def _uses_rdim(st: ir.Store, nouter: int) -> bool:
 PARALLEL_GRAIN = 65536
 
 
+#: float exp, tanh and erf for the cpu, in straight-line arithmetic and selects (no calls,
+#: no branches, no lookup tables): the compiler vectorises a loop that uses them. All built
+#: from IEEE add/mul/div (-ffp-contract=off keeps them unfused), so a lane and the scalar
+#: code agree bit for bit. exp: Cephes' expf (range reduction by ln 2 in two parts, a
+#: degree-6 polynomial, the power of two applied in two halves so that subnormal results
+#: round once), about 1 ulp. tanh: Cephes' tanhf (an odd polynomial below 0.625, else
+#: 1 - 2 / (exp(2|x|) + 1)), about 2 ulp. erf: Cephes' erff polynomial below 1, else
+#: Abramowitz & Stegun 7.1.26 (absolute error under 1.5e-7, a few ulp of erf's value there).
+#: tests/kernels/test_render_c.py checks them against float64 over their whole range.
+MATH_C = r"""
+static inline float aot_bits_f(int32_t i) { float f; memcpy(&f, &i, 4); return f; }
+static inline float aot_expf(float x) {
+  float xc = x < -104.0f ? -104.0f : (x > 89.0f ? 89.0f : x);
+  /* round to nearest through the 1.5 * 2^23 trick: |xc * log2 e| < 2^22 */
+  float n = (xc * 1.44269504088896341f + 12582912.0f) - 12582912.0f;
+  float r = xc - n * 0.693359375f;
+  r = r - n * -2.12194440e-4f;
+  float p = 1.9875691500e-4f;
+  p = p * r + 1.3981999507e-3f;
+  p = p * r + 8.3334519073e-3f;
+  p = p * r + 4.1665795894e-2f;
+  p = p * r + 1.6666665459e-1f;
+  p = p * r + 5.0000001201e-1f;
+  p = p * (r * r) + r + 1.0f;
+  int32_t ni = (int32_t)n, n1 = ni / 2, n2 = ni - n1;
+  float y = p * aot_bits_f((n1 + 127) << 23) * aot_bits_f((n2 + 127) << 23);
+  return x != x ? x : y;
+}
+static inline float aot_tanhf(float x) {
+  float a = fabsf(x), s = x * x;
+  float small = -5.70498872745e-3f;
+  small = small * s + 2.06390887954e-2f;
+  small = small * s - 5.37397155531e-2f;
+  small = small * s + 1.33314422036e-1f;
+  small = small * s - 3.33332819422e-1f;
+  small = small * s * x + x;
+  float big = 1.0f - 2.0f / (aot_expf(a + a) + 1.0f);
+  big = x < 0.0f ? -big : big;
+  return a < 0.625f ? small : big;
+}
+static inline float aot_erff(float x) {
+  float a = fabsf(x), z = x * x;
+  float small = 7.853861353153693e-5f;
+  small = small * z - 8.010193625184903e-4f;
+  small = small * z + 5.188327685732524e-3f;
+  small = small * z - 2.685381193529856e-2f;
+  small = small * z + 1.128358514861418e-1f;
+  small = small * z - 3.761262582423300e-1f;
+  small = small * z + 1.128379165726710e+0f;
+  small = small * x;
+  float t = 1.0f / (1.0f + 0.3275911f * a);
+  float q = 1.061405429f;
+  q = q * t - 1.453152027f;
+  q = q * t + 1.421413741f;
+  q = q * t - 0.284496736f;
+  q = q * t + 0.254829592f;
+  float big = 1.0f - q * t * aot_expf(-z);
+  big = x < 0.0f ? -big : big;
+  return a < 1.0f ? small : (a != a ? x : big);
+}
+"""
+
+
 class CRenderer(CStyleRenderer):
     """C for the cpu: `void k(char **P, int64_t begin, int64_t end, int64_t threads)`."""
 
@@ -509,11 +576,22 @@ static inline int64_t aot_nthreads(int64_t n, int64_t cost, int64_t threads) {
   if (nt > n) nt = n;
   return nt < 1 ? 1 : nt;
 }
-""" + self.HELPERS.replace("{q}", "static inline")
+""" + self.HELPERS.replace("{q}", "static inline") + MATH_C
+
+    def fn_name(self, template: str) -> str:
+        """exp, tanh and erf as the preamble's branch-free versions, which the compiler
+        vectorises (libm's are calls it cannot), computing the same bits in a vector lane
+        as in the scalar tail, so a result never depends on where a thread's chunk starts."""
+        return (template.replace("expf(", "aot_expf(").replace("tanhf(", "aot_tanhf(")
+                .replace("erff(", "aot_erff("))
 
     def flat_index(self) -> str:
         """The loop variable."""
         return "it"
+
+    def outer_lines(self, k: ir.Kernel) -> list[str]:
+        """None where the wrapper's row loop defines the coordinates (rank >= 1)."""
+        return [] if k.shape else super().outer_lines(k)
 
     def round_to(self, x: str, dtype: str) -> str:
         """Round through the storage type, so casts inside a kernel round like torch."""
@@ -525,15 +603,15 @@ static inline int64_t aot_nthreads(int64_t n, int64_t cost, int64_t threads) {
         """Typed read with widening to the compute type."""
         if dtype == "bool":
             # Any byte may sit in a bool argument; reading it as C bool is undefined.
-            return f"(((const uint8_t *)P[{arg}])[{idx}] != 0)"
-        raw = f"((const {STORAGE_TYPE_C[dtype]} *)P[{arg}])[{idx}]"
+            return f"(((const uint8_t *)A{arg})[{idx}] != 0)"
+        raw = f"((const {STORAGE_TYPE_C[dtype]} *)A{arg})[{idx}]"
         if dtype == "bfloat16":
             return f"aot_bf16_to_f({raw})"
         return f"(({COMPUTE_TYPE[dtype]}){raw})"
 
     def store(self, dtype: str, arg: int, idx: str, val: str) -> str:
         """Typed write with rounding from the compute type."""
-        dst = f"(({STORAGE_TYPE_C[dtype]} *)P[{arg}])[{idx}]"
+        dst = f"(({STORAGE_TYPE_C[dtype]} *)A{arg})[{idx}]"
         if dtype == "bfloat16":
             return f"{dst} = aot_f_to_bf16({val});"
         return f"{dst} = ({STORAGE_TYPE_C[dtype]})({val});"
@@ -545,12 +623,14 @@ static inline int64_t aot_nthreads(int64_t n, int64_t cost, int64_t threads) {
         an outer element (a whole row of a reduction) is computed by one thread exactly as
         in a single-threaded call, so the results are bit-identical for any thread count.
         """
-        inner = "\n".join("  " + line for line in body.splitlines())
         # Capped so the literal fits an int64 (nested reductions multiply trip counts).
         sym, cost = self._symbol, min(max(self._cost, 1), 1 << 40)
+        # The arguments' pointers as locals: read through P, a store could alias P itself,
+        # and the compiler would reload them per element and not vectorise.
+        ptrs = "".join(f"  char *const A{j} = P[{j}];\n" for j in range(len(k.args)))
         return (f"/* kernel {_label(k.name)} */\n"
                 f"static void {sym}_range(char **P, int64_t begin, int64_t end) {{\n"
-                f"  for (int64_t it = begin; it < end; it++) {{\n{inner}\n  }}\n}}\n"
+                f"{ptrs}{self._loops(k, body)}}}\n"
                 f"void {sym}(char **P, int64_t begin, int64_t end, int64_t threads) {{\n"
                 f"  const int64_t n = end - begin;\n"
                 f"  const int64_t nt = aot_nthreads(n, {cost}LL, threads);\n"
@@ -561,3 +641,27 @@ static inline int64_t aot_nthreads(int64_t n, int64_t cost, int64_t threads) {
                 f"    const int64_t lo = begin + c * chunk + (c < rem ? c : rem);\n"
                 f"    {sym}_range(P, lo, lo + chunk + (c < rem ? 1 : 0));\n"
                 f"  }}\n}}\n")
+
+    def _loops(self, k: ir.Kernel, body: str) -> str:
+        """The loops over outer elements [begin, end) around `body`.
+
+        Rank >= 1: per row of the last outer dim, the leading coordinates once, then a loop
+        over the last coordinate itself, so that indices are affine in the loop variable
+        (no division per element) and the compiler can vectorise the row. The elements are
+        visited in the same order as a flat loop, each computed the same way.
+        """
+        if not k.shape:
+            inner = "\n".join("  " + line for line in body.splitlines())
+            return f"  for (int64_t it = begin; it < end; it++) {{\n{inner}\n  }}\n"
+        last = len(k.shape) - 1
+        n = k.shape[last]
+        lead = "".join(f"    {line}\n" for line in self.decompose("q", k.shape[:last], 0))
+        inner = "\n".join("    " + line for line in body.splitlines())
+        return (f"  int64_t it = begin;\n"
+                f"  while (it < end) {{\n"
+                f"    const int64_t q = it / {n}LL, lo = it % {n}LL;\n"
+                f"    const int64_t hi = end - it < {n}LL - lo ? lo + (end - it) : {n}LL;\n"
+                f"{lead}"
+                f"    for (int64_t d{last} = lo; d{last} < hi; d{last}++) {{\n{inner}\n    }}\n"
+                f"    it += hi - lo;\n"
+                f"  }}\n")

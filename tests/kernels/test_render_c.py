@@ -5,6 +5,7 @@ semantics, casts, and reductions (softmax, a layer norm) with Reduce nodes."""
 from __future__ import annotations
 
 import math
+import re
 
 import ml_dtypes
 import numpy as np
@@ -612,3 +613,112 @@ def test_division_by_zero_in_a_later_chunk_is_reported(cpu):
             shims.delete_tensor_object(h)
     o.close()
     s.close()
+
+
+# -- row loops --------------------------------------------------------------------------------
+
+def _innermost_loop(src: str) -> str:
+    """The text of the innermost `for (int64_t d...` loop of the first kernel's range."""
+    body = src[src.index("_range("):]
+    start = body.index("for (int64_t d")
+    return body[start:body.index("it += hi - lo;", start)]
+
+
+def test_the_row_loop_has_no_division_per_element():
+    """The leading coordinates are computed once per row: the loop over the last one indexes
+    affinely (what lets the compiler vectorise it) and reads the pointers from locals."""
+    va = ir.load(0, (1, 15, 3), "float32")          # a transposed read of a (7, 5, 3) input
+    k = ir.Kernel("rows", (3, 7, 5), (), (ir.Arg("float32", "r"), ir.Arg("float32", "w")),
+                  (ir.store(1, (35, 5, 1), ir.Op("exp", (va,), "float32")),))
+    src = CRenderer().render([k])
+    loop = _innermost_loop(src)
+    assert "for (int64_t d2 = lo; d2 < hi; d2++)" in loop
+    assert "%" not in loop and "/" not in loop
+    assert "P[" not in loop and "A0" in loop
+
+
+@pytest.mark.parametrize("threads", [1, 2, 3])
+def test_chunks_that_start_and_end_inside_rows_cover_every_element_once(cpu, threads):
+    """Rows of 37 over (29, 31, 37): threads' chunks cut rows in the middle; every element is
+    written (outputs start as NaN) with torch's value, and bit for bit as on one thread."""
+    from aotrt.kernels.render_c import PARALLEL_GRAIN
+
+    shape = (29, 31, 37)
+    a = rand(shape, seed=41)
+    va = ir.load(0, (31 * 37, 37, 1), "float32")
+    val = ir.Op("add", (ir.Op("mul", (va, va), "float32"),
+                        f32(ir.Idx(2, "int64"))), "float32")     # the row coordinate itself
+    k = ir.Kernel("rows_threads", shape, (), (ir.Arg("float32", "r"), ir.Arg("float32", "w")),
+                  (ir.store(1, (1, 29, 29 * 31), val),))      # written transposed
+    n = int(np.prod(shape))
+    assert threads == 1 or n * _cost(CRenderer().render([k])) // PARALLEL_GRAIN >= threads
+    (got,) = _threaded(cpu, k, [a], [((37, 31, 29), "float32")], threads)
+    ref = (a.astype(np.float64) ** 2 + np.arange(37)[None, None, :]).transpose(2, 1, 0)
+    assert rel_err(got, ref) < TOL["float32"]
+    (one,) = _threaded(cpu, k, [a], [((37, 31, 29), "float32")], 1)
+    assert got.tobytes() == one.tobytes()
+
+
+def test_a_rank_zero_kernel_still_runs_once(run):
+    k = ir.Kernel("scalar", (), (), (ir.Arg("float32", "r"), ir.Arg("float32", "w")),
+                  (ir.store(1, (), ir.Op("neg", (ir.load(0, (), "float32"),), "float32")),))
+    (got,) = run(k, [np.array(2.5, np.float32)], [((), "float32")])
+    assert got == np.float32(-2.5)
+
+
+# -- vectorisable exp, tanh, erf ----------------------------------------------------------------
+
+def _special_f64(op: str, x: np.ndarray) -> np.ndarray:
+    erf = np.vectorize(math.erf, otypes=[np.float64])
+    return {"exp": np.exp, "tanh": np.tanh, "erf": erf,
+            "sigmoid": lambda v: 1.0 / (1.0 + np.exp(-v)),
+            "silu": lambda v: v / (1.0 + np.exp(-v)),
+            "gelu": lambda v: 0.5 * v * (1.0 + erf(v / np.sqrt(2.0)))}[op](x)
+
+
+@pytest.mark.parametrize("op, lo, hi, ulps", [
+    ("exp", -87.0, 88.5, 2), ("tanh", -12.0, 12.0, 3), ("erf", -5.0, 5.0, 4),
+    ("sigmoid", -80.0, 80.0, 4), ("silu", -80.0, 80.0, 4), ("gelu", -5.0, 8.0, 4)])
+def test_transcendentals_are_within_a_few_ulps_elementwise(run, op, lo, hi, ulps):
+    """Every element of a dense sweep (and random points) against float64, in units of
+    float32's spacing at the true value (erf/gelu: at 1 where the value is near 1 or 0,
+    since 1 + erf cancels in any float32 formula, libm's too)."""
+    n = 200003
+    xs = np.concatenate([np.linspace(lo, hi, n), np.random.default_rng(5).uniform(lo, hi, n),
+                         [0.0, -0.0, 0.625, -0.625, 1.0, -1.0, 1e-3, -1e-30]])
+    xs = xs.astype(np.float32)
+    shape = (xs.size,)
+    k = ir.Kernel(f"sweep_{op}", shape, (), (ir.Arg("float32", "r"), ir.Arg("float32", "w")),
+                  (ir.store(1, (1,), ir.Op(op, (ir.load(0, (1,), "float32"),), "float32")),))
+    (got,) = run(k, [xs], [(shape, "float32")])
+    want = _special_f64(op, xs.astype(np.float64))
+    floor = 1.0 if op in ("erf", "gelu") else np.finfo(np.float32).tiny
+    spacing = np.spacing(np.maximum(np.abs(want), floor).astype(np.float32)).astype(np.float64)
+    if op == "gelu":
+        spacing *= np.maximum(np.abs(xs), 1.0)          # 0.5 * x * (1 + erf): x scales it
+    err = np.abs(got.astype(np.float64) - want) / spacing
+    worst = int(np.argmax(err))
+    assert err[worst] <= ulps, (op, float(xs[worst]), float(got[worst]), want[worst])
+
+
+@pytest.mark.parametrize("op", ["exp", "tanh", "erf"])
+def test_transcendentals_keep_ieee_special_values(run, op):
+    xs = np.array([np.nan, np.inf, -np.inf, 1e30, -1e30, 200.0, -200.0], np.float32)
+    k = ir.Kernel(f"special_{op}", (7,), (), (ir.Arg("float32", "r"), ir.Arg("float32", "w")),
+                  (ir.store(1, (1,), ir.Op(op, (ir.load(0, (1,), "float32"),), "float32")),))
+    (got,) = run(k, [xs], [((7,), "float32")])
+    with np.errstate(over="ignore"):
+        want = _special_f64(op, xs.astype(np.float64)).astype(np.float32)
+    np.testing.assert_array_equal(got, want)
+
+
+def test_transcendental_rows_vectorise():
+    """A row of exp/tanh/erf has no call left in it (what stops a compiler vectorising)."""
+    x = ir.load(0, (1,), "float32")
+    val = ir.Op("add", (ir.Op("exp", (x,), "float32"), ir.Op("add", (
+        ir.Op("tanh", (x,), "float32"), ir.Op("erf", (x,), "float32")), "float32")), "float32")
+    k = ir.Kernel("row_math", (64, 128), (), (ir.Arg("float32", "r"), ir.Arg("float32", "w")),
+                  (ir.store(1, (128, 1), val),))
+    loop = _innermost_loop(CRenderer().render([k]))
+    assert "aot_expf(" in loop and "aot_tanhf(" in loop and "aot_erff(" in loop
+    assert not re.search(r"(?<![_a-z])(expf|tanhf|erff)\(", loop)

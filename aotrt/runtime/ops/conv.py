@@ -327,7 +327,7 @@ def _dnnl_conv(out: Handle, x: Handle, w: Handle, bias: Handle | None,
         dnnl.stats["numpy"] += 1
         return None
     keep = w.alloc is not None and w.alloc.kind == "constants" and not c.overlaps(out, w)
-    return dnnl.conv_work(prim, x, w, bias, out, detach, keep)
+    return dnnl.work(prim, x, w, bias, out, detach, keep)
 
 
 def apply_epilogue(o: np.ndarray, res: np.ndarray | None, activation: str) -> None:

@@ -1,5 +1,6 @@
 """oneDNN (libdnnl.so.3 from the `onednn-cpu-gomp` wheel) through ctypes: the cpu device's
-forward convolution on the views' own memory, any strides (NCHW, NHWC, slices).
+forward convolution on the views' own memory, any strides (NCHW, NHWC, slices), and its
+matmul (linear: x @ w.T + bias, the weights reordered once into oneDNN's packed layout).
 
 The cpu device owns one `Dnnl` (its `dnnl` attribute, made on first use): the engine, a
 dnnl stream per worker thread and the primitive cache. Primitives are made when an op's work
@@ -80,6 +81,8 @@ _SIGNATURES: dict[str, tuple[Any, list[Any]]] = {
     "dnnl_convolution_forward_primitive_desc_create": (
         ctypes.c_int, [ctypes.POINTER(_p), _p, ctypes.c_int, ctypes.c_int, _p, _p, _p, _p,
                        _Dims, _Dims, _Dims, _Dims, _p]),
+    "dnnl_matmul_primitive_desc_create": (
+        ctypes.c_int, [ctypes.POINTER(_p), _p, _p, _p, _p, _p, _p]),
     "dnnl_reorder_primitive_desc_create": (
         ctypes.c_int, [ctypes.POINTER(_p), _p, _p, _p, _p, _p]),
     "dnnl_primitive_desc_query": (ctypes.c_int, [_p, ctypes.c_int, ctypes.c_int, _p]),
@@ -153,6 +156,18 @@ class ConvKey:
     dilation: tuple[int, ...]
 
 
+@dataclass(frozen=True)
+class MatmulKey:
+    """What a matmul primitive depends on: dst[M,N] = src[M,K] @ weights[K,N] (+ bias[N]),
+    each a 2-D view's (sizes, strides); the bias by its stride."""
+
+    dtype: str
+    src: tuple[tuple[int, ...], tuple[int, ...]]
+    weights: tuple[tuple[int, ...], tuple[int, ...]]
+    bias: int | None
+    dst: tuple[tuple[int, ...], tuple[int, ...]]
+
+
 class _Operand:
     """One argument of a primitive: the view's descriptor, the one the implementation uses,
     and the reorder between them (None when the implementation takes the view as it is)."""
@@ -170,12 +185,15 @@ class _Operand:
         return self.bytes + self.reorder_scratch_bytes
 
 
-class ConvPrimitive:
-    """A created forward convolution: the primitive, its scratchpad, and per operand the
-    reorder between the view's layout and the implementation's (weights always may be
-    reordered; with `blocked`, the activations too, through scratch copies)."""
+class Primitive:
+    """A created primitive (a subclass says which): the primitive, its scratchpad, and per
+    operand the reorder between the view's layout and the implementation's (weights always
+    may be reordered; with `blocked`, the activations too, through scratch copies)."""
 
-    def __init__(self, ctx: "Dnnl", key: ConvKey, blocked: bool) -> None:
+    #: let the implementation choose the weights' layout (a reorder, kept for constants)
+    pack_weights = True
+
+    def __init__(self, ctx: "Dnnl", key: Any, blocked: bool) -> None:
         lib = self.lib = ctx.lib
         self.key, self.blocked = key, blocked
         self._owned_md: list[Any] = []
@@ -187,23 +205,17 @@ class ConvPrimitive:
         dt = DATA_TYPES[key.dtype]
         self.src = _Operand(self._md(*key.src, dt))
         self.w = _Operand(self._md(*key.weights, dt))
-        self.bias_md = None if key.bias is None else self._md((key.dst[0][1],), key.bias, dt)
+        self.bias_md = None if key.bias is None else self._bias_md(dt)
         self.dst = _Operand(self._md(*key.dst, dt))
         any_src = self._any(key.src[0], dt) if blocked else self.src.user_md
         any_dst = self._any(key.dst[0], dt) if blocked else self.dst.user_md
-        any_w = self._any(key.weights[0], dt)
+        any_w = self._any(key.weights[0], dt) if self.pack_weights else self.w.user_md
         attr = _p()
         _check(lib.dnnl_primitive_attr_create(ctypes.byref(attr)), "primitive_attr_create")
         try:
             _check(lib.dnnl_primitive_attr_set_scratchpad_mode(attr, _SCRATCHPAD_USER),
                    "set_scratchpad_mode")
-            pd = _p()
-            nd = len(key.stride)
-            _check(lib.dnnl_convolution_forward_primitive_desc_create(
-                ctypes.byref(pd), ctx.engine, _FORWARD_INFERENCE, _CONV_DIRECT, any_src,
-                any_w, self.bias_md, any_dst, _dims(key.stride),
-                _dims([d - 1 for d in key.dilation]), _dims(key.padding),
-                _dims(key.padding[:nd]), attr), "convolution_forward_primitive_desc_create")
+            pd = self._descriptor(ctx, attr, any_src, any_w, any_dst)
             self._owned_pd.append(pd)
             self.scratch_md = lib.dnnl_primitive_desc_query_md(pd, _QUERY_SCRATCHPAD_MD, 0)
             self.scratch_bytes = lib.dnnl_memory_desc_get_size(self.scratch_md)
@@ -219,6 +231,13 @@ class ConvPrimitive:
             raise
         finally:
             lib.dnnl_primitive_attr_destroy(attr)
+
+    def _bias_md(self, dt: int) -> Any:
+        raise NotImplementedError
+
+    def _descriptor(self, ctx: "Dnnl", attr: Any, src: Any, w: Any, dst: Any) -> Any:
+        """The primitive descriptor over these descriptors (format "any" where free)."""
+        raise NotImplementedError
 
     def _plan_reorder(self, ctx: "Dnnl", attr: Any, op: _Operand, impl_md: Any,
                       into: bool) -> None:
@@ -274,6 +293,46 @@ class ConvPrimitive:
     def destroy(self) -> None:
         """Free the primitives and descriptors now (once; later calls do nothing)."""
         self._free()
+
+
+class ConvPrimitive(Primitive):
+    """A forward convolution (direct algorithm: oneDNN picks its implementation)."""
+
+    key: ConvKey
+
+    def _bias_md(self, dt: int) -> Any:
+        return self._md((self.key.dst[0][1],), self.key.bias, dt)
+
+    def _descriptor(self, ctx: "Dnnl", attr: Any, src: Any, w: Any, dst: Any) -> Any:
+        key, pd = self.key, _p()
+        nd = len(key.stride)
+        _check(self.lib.dnnl_convolution_forward_primitive_desc_create(
+            ctypes.byref(pd), ctx.engine, _FORWARD_INFERENCE, _CONV_DIRECT, src, w,
+            self.bias_md, dst, _dims(key.stride), _dims([d - 1 for d in key.dilation]),
+            _dims(key.padding), _dims(key.padding[:nd]), attr),
+            "convolution_forward_primitive_desc_create")
+        return pd
+
+
+class MatmulPrimitive(Primitive):
+    """A 2-D matmul, the bias a broadcast row; the weights in oneDNN's packed layout."""
+
+    key: MatmulKey
+    # The weights as the program holds them: oneDNN's jit gemm reads w[N, K] transposed at
+    # about the speed of its packed layout (bench/results/cpu-matmul-2026-12-02.md), and a
+    # packed copy would double the weights' memory.
+    pack_weights = False
+
+    def _bias_md(self, dt: int) -> Any:
+        n, stride = self.key.dst[0][1], self.key.bias
+        return self._md((1, n), (n * stride, stride), dt)
+
+    def _descriptor(self, ctx: "Dnnl", attr: Any, src: Any, w: Any, dst: Any) -> Any:
+        pd = _p()
+        _check(self.lib.dnnl_matmul_primitive_desc_create(
+            ctypes.byref(pd), ctx.engine, src, w, self.bias_md, dst, attr),
+            "matmul_primitive_desc_create")
+        return pd
 
 
 def _destroy_objects(lib: ctypes.CDLL, prims: list[Any], pds: list[Any], mds: list[Any]
@@ -340,7 +399,8 @@ class Dnnl:
         _check(lib.dnnl_engine_create(ctypes.byref(engine), _CPU, 0), "engine_create")
         self.engine = engine
         self._lock = threading.Lock()
-        self._convs: OrderedDict[ConvKey, ConvPrimitive | None] = OrderedDict()
+        # Convolutions and matmuls, by key (their keys are of different classes).
+        self._prims: OrderedDict[Any, Primitive | None] = OrderedDict()
         self._local = threading.local()
         self.stats = {"created": 0, "hits": 0, "refused": 0, "runs": 0, "numpy": 0}
 
@@ -356,12 +416,46 @@ class Dnnl:
             self._local.stream, self._local.holder = st, holder
         return st
 
-    def _create(self, key: ConvKey, blocked: bool) -> ConvPrimitive | None:
+    def _create(self, cls: type[Primitive], key: Any, blocked: bool) -> Any:
         try:
-            return ConvPrimitive(self, key, blocked)
+            return cls(self, key, blocked)
         except DeviceError as e:
-            log.debug("oneDNN refuses convolution %s (blocked=%s): %s", key, blocked, e)
+            log.debug("oneDNN refuses %s (blocked=%s): %s", key, blocked, e)
             return None
+
+    def _cached(self, key: Any) -> tuple[bool, Any]:
+        """(found, the cached primitive or None); the caller holds the lock."""
+        if key not in self._prims:
+            return False, None
+        self.stats["hits"] += 1
+        self._prims.move_to_end(key)
+        return True, self._prims[key]
+
+    def _keep(self, key: Any, prim: Primitive | None) -> None:
+        """Cache `prim` (None: refused) under `key`; the caller holds the lock."""
+        if prim is None:
+            self.stats["refused"] += 1
+        else:
+            self.stats["created"] += 1
+            log.debug("oneDNN %s: %s (blocked=%s)", key, prim.impl, prim.blocked)
+        self._prims[key] = prim
+        while len(self._prims) > MAX_CACHED:
+            # Least recently used first; work closures keep theirs alive.
+            self._prims.popitem(last=False)
+
+    def matmul(self, key: MatmulKey) -> MatmulPrimitive | None:
+        """The cached matmul primitive for `key`, created now; None where oneDNN refuses
+        it or has only its reference loops for it."""
+        with self._lock:
+            found, prim = self._cached(key)
+            if found:
+                return prim
+            prim = self._create(MatmulPrimitive, key, False)
+            if prim is not None and prim.impl.startswith("ref"):
+                prim.destroy()
+                prim = None
+            self._keep(key, prim)
+            return prim
 
     def convolution(self, key: ConvKey) -> ConvPrimitive | None:
         """The cached primitive for `key`, created now; None where oneDNN refuses it.
@@ -370,34 +464,24 @@ class Dnnl:
         code for them (NCHW, non-dense views), the activations go through blocked copies.
         """
         with self._lock:
-            if key in self._convs:
-                self.stats["hits"] += 1
-                self._convs.move_to_end(key)
-                return self._convs[key]
-            prim = self._create(key, False)
+            found, prim = self._cached(key)
+            if found:
+                return prim
+            prim = self._create(ConvPrimitive, key, False)
             if prim is None or prim.impl.startswith(_SLOW):
-                other = self._create(key, True)
+                other = self._create(ConvPrimitive, key, True)
                 if other is not None and (prim is None or not other.impl.startswith(_SLOW)):
                     if prim is not None:
                         prim.destroy()
                     prim = other
                 elif other is not None:
                     other.destroy()
-            if prim is None:
-                self.stats["refused"] += 1
-            else:
-                self.stats["created"] += 1
-                log.debug("oneDNN convolution %s: %s (blocked=%s)", key, prim.impl,
-                          prim.blocked)
-            self._convs[key] = prim
-            while len(self._convs) > MAX_CACHED:
-                # Least recently used first; work closures keep theirs alive.
-                self._convs.popitem(last=False)
+            self._keep(key, prim)
             return prim
 
-    def conv_work(self, prim: ConvPrimitive, x: Handle, w: Handle, bias: Handle | None,
-                  out: Handle, detach: Sequence[Handle], keep_weights: bool
-                  ) -> Callable[[], None]:
+    def work(self, prim: Primitive, x: Handle, w: Handle, bias: Handle | None,
+             out: Handle, detach: Sequence[Handle], keep_weights: bool
+             ) -> Callable[[], None]:
         """The work closure running `prim` on the views' memory, writing `out` in place.
 
         Inputs in `detach` share bytes with `out`: their bytes are copied to scratch first
@@ -472,7 +556,7 @@ class Dnnl:
             for rp, rargs in steps:
                 _check(execute(rp, st, 3, rargs), "reorder execute")
             state["weights"] = True
-            _check(execute(prim.prim, st, len(pairs), conv_args), "convolution execute")
+            _check(execute(prim.prim, st, len(pairs), conv_args), "primitive execute")
             for rp, rargs in post:
                 _check(execute(rp, st, 3, rargs), "reorder execute")
             _check(lib.dnnl_stream_wait(st), "stream_wait")

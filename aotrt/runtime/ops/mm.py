@@ -2,11 +2,14 @@
 
 Inputs may be any views (transposed, strided, offset); outputs may be non-packed views and
 are written in place. float32, float16 and bfloat16; half types compute in float32 and
-round once on store.
+round once on store. On cpu, with ONEDNN_MATMUL, float32 linear, mm and addmm (alpha 1, beta 0
+or 1, a bias row, b stored column by column) run as a oneDNN matmul (ops/cpu_dnnl.py) where oneDNN is installed and the views fold into
+2-D ones; everything else through numpy's BLAS.
 """
 
 from __future__ import annotations
 
+import logging
 from typing import Any, Callable
 
 import numpy as np
@@ -16,6 +19,14 @@ from aotrt.runtime.device import Stream
 from aotrt.runtime.ops import _common as c
 from aotrt.runtime.ops.cuda import gemm as cuda_gemm
 from aotrt.runtime.tensor import Handle
+
+log = logging.getLogger(__name__)
+
+#: Route float32 linear / mm / addmm through oneDNN's matmul on cpu. Off: on this project's
+#: AVX2 machines oneDNN 3.2's gemm:jit took 1.5-1.8x OpenBLAS's time at rest (BERT's linears
+#: 297 against 187 ms per run), though 3-10x less under heavy contention
+#: (bench/results/cpu-speed-2026-12-02.md). A fixed choice, not an environment variable.
+ONEDNN_MATMUL = False
 
 
 def _dtypes(op: str, out: Any, named: list[tuple[Any, str]]) -> None:
@@ -146,6 +157,20 @@ def _cpu_matmul(out: Handle, a: Handle, b: Handle, bias: Handle | None, beta: fl
                 alpha: float) -> Callable[[], None]:
     from aotrt.runtime.devices.cpu import host_array
 
+    if a.ndim == 2 and b.ndim == 2 and alpha == 1.0 and beta in (0.0, 1.0) and (
+            b.strides[0] == 1 or b.sizes[0] == 1):
+        # mm and addmm (bmm stays on numpy); beta == 0 ignores the bias, as torch does.
+        # Only b stored column by column (w[N, K] read as [K, N], as linear's): oneDNN 3.2's
+        # gemm on a row-major b[K, N] took 10 ms where OpenBLAS took 4.7 and the transposed
+        # one 4.0 (128x768 @ 768x3072, AVX2; bench/results/cpu-speed-2026-12-02.md).
+        use = bias if beta == 1.0 else None
+        cost = (check_mm(out, a, b) if bias is None else
+                check_addmm(out, bias, a, b, beta, alpha))[1]
+        dnnl_work = _dnnl_gemm(out, a, b, (tuple(b.sizes), tuple(b.strides)), use,
+                               cost.scratch_bytes)
+        if dnnl_work is not None:
+            return dnnl_work
+
     def work() -> None:
         o = host_array(out)
         res = np.matmul(c.load_f32(host_array(a)), c.load_f32(host_array(b)))
@@ -159,8 +184,74 @@ def _cpu_matmul(out: Handle, a: Handle, b: Handle, bias: Handle | None, beta: fl
     return work
 
 
+def _rows(h: Handle) -> tuple[tuple[int, ...], tuple[int, ...]] | None:
+    """A view of rank >= 1 as 2-D (rows, last dim) sizes and strides, without a copy; None
+    where its leading dims do not fold into one."""
+    sizes, strides = tuple(h.sizes), tuple(h.strides)
+    if len(sizes) == 1:
+        return (1, sizes[0]), (sizes[0] * strides[0] or 1, strides[0])
+    lead = [(n, st) for n, st in zip(sizes[:-1], strides[:-1]) if n != 1]
+    rows = 1
+    for n, _ in lead:
+        rows *= n
+    row_stride = lead[-1][1] if lead else sizes[-1] * strides[-1] or 1
+    for (n0, s0), (n1, s1) in zip(lead, lead[1:]):
+        if s0 != n1 * s1:
+            return None
+    return (rows, sizes[-1]), (row_stride, strides[-1])
+
+
+def _bias_row(bias: Handle | None, n: int) -> tuple[bool, int | None]:
+    """(usable, stride) of a bias oneDNN adds as one row of `n`: None, or n dense elements
+    along its last dim (leading dims of size 1). oneDNN 3.2's gemm matmul reads a strided
+    bias as a dense one, so those stay on numpy."""
+    if bias is None:
+        return True, None
+    if bias.ndim == 0 or bias.sizes[-1] != n or any(s != 1 for s in bias.sizes[:-1]) or (
+            n > 1 and bias.strides[-1] != 1):
+        return False, None
+    return True, bias.strides[-1]
+
+
+def _dnnl_gemm(out: Handle, x: Handle, w: Handle, w_kn: tuple[tuple[int, ...], tuple[int, ...]],
+               bias: Handle | None, budget: int) -> Callable[[], None] | None:
+    """The oneDNN work of out = x @ w (+ bias), float32, `w` seen as [K, N] through `w_kn`;
+    None (logged) where it cannot serve."""
+    dnnl = getattr(out.device, "dnnl", None)
+    if not ONEDNN_MATMUL or dnnl is None or out.dtype.name != "float32":
+        return None
+    from aotrt.runtime.ops import cpu_dnnl
+
+    xr, outr = _rows(x), _rows(out)
+    ok, bias_stride = _bias_row(bias, w_kn[0][1])
+    if xr is None or outr is None or not ok:
+        return None
+    key = cpu_dnnl.MatmulKey("float32", xr, w_kn, bias_stride, outr)
+    prim = dnnl.matmul(key)
+    if prim is None:
+        dnnl.stats["numpy"] += 1
+        return None
+    detach = [h for h in (x, w, bias) if h is not None and c.overlaps(out, h)]
+    extra = prim.extra_bytes() + sum(hi - lo + 128 for lo, hi in (h.byte_range() for h in detach))
+    if extra > budget:
+        # The check charged the numpy path's scratch: stay within it.
+        log.debug("oneDNN matmul %s needs %d scratch bytes, over the %d charged; numpy runs it",
+                  key, extra, budget)
+        dnnl.stats["numpy"] += 1
+        return None
+    keep = w.alloc is not None and w.alloc.kind == "constants" and not c.overlaps(out, w)
+    return dnnl.work(prim, x, w, bias, out, detach, keep)
+
+
 def _cpu_linear(out: Handle, x: Handle, w: Handle, bias: Handle | None) -> Callable[[], None]:
     from aotrt.runtime.devices.cpu import host_array
+
+    n, k = w.sizes
+    # w[N, K] read as its transpose [K, N]: the same bytes, the strides swapped.
+    dnnl_work = _dnnl_gemm(out, x, w, ((k, n), (w.strides[1], w.strides[0])), bias,
+                           check_linear(out, x, w, bias)[1].scratch_bytes)
+    if dnnl_work is not None:
+        return dnnl_work
 
     def work() -> None:
         xv = c.load_f32(host_array(x))

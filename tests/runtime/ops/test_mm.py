@@ -165,6 +165,132 @@ def test_linear_and_bmm_in_place_read_old_values(kit, stream):
     bmm(stream, a, kit.tensor(c_np), a)
     kit.close(kit.read(a), torch.bmm(kit.t64(c_np), kit.t64(a_np)), "float32")
 
+# -- the cpu device's oneDNN path ---------------------------------------------------------------
+
+@pytest.fixture(autouse=True)
+def _onednn_matmul(monkeypatch):
+    """The oneDNN matmul path on, as the tests below expect (it is off by default)."""
+    import importlib
+
+    monkeypatch.setattr(importlib.import_module("aotrt.runtime.ops.mm"), "ONEDNN_MATMUL", True)
+
+
+def _dnnl(kit):
+    """The cpu device's oneDNN state; skips off cpu or where the package is not installed."""
+    from aotrt.runtime.ops import cpu_dnnl
+
+    if kit.dev.name != "cpu":
+        pytest.skip("oneDNN serves the cpu device")
+    if cpu_dnnl.find_library() is None:
+        pytest.skip(f"{cpu_dnnl.DIST} is not installed")
+    assert kit.dev.dnnl is not None, "onednn-cpu-gomp is installed but the device did not load it"
+    return kit.dev.dnnl
+
+
+@pytest.mark.parametrize("x_layout", ["packed", "offset", "transposed"])
+@pytest.mark.parametrize("x_shape", [(9,), (1, 64), (33, 64), (2, 5, 64), (3, 1, 4, 64)])
+@pytest.mark.parametrize("with_bias", [False, True])
+def test_float32_linear_runs_through_onednn(kit, stream, x_layout, x_shape, with_bias):
+    """Leading dims that fold into rows (any order of the last two in memory): one oneDNN
+    matmul on the views themselves, w read transposed, the bias a row at an offset."""
+    dnnl = _dnnl(kit)
+    k = x_shape[-1]
+    x_np, w_np, b_np = kit.randn(x_shape, "float32"), kit.randn((48, k), "float32"), \
+        kit.randn((48,), "float32")
+    before = dict(dnnl.stats)
+    out = kit.out(x_shape[:-1] + (48,), "float32", "offset")
+    bias = kit.tensor(b_np, offset=5) if with_bias else None
+    linear(stream, out, kit.tensor(x_np, x_layout), kit.tensor(w_np, "offset"), bias)
+    ref = torch.nn.functional.linear(kit.t64(x_np), kit.t64(w_np),
+                                     kit.t64(b_np) if with_bias else None)
+    kit.close(kit.read(out), ref, "float32")
+    folds = x_layout != "transposed" or sum(n != 1 for n in x_shape[:-1]) <= 1
+    assert dnnl.stats["runs"] == before["runs"] + folds, (dnnl.stats, before)
+    assert dnnl.stats["numpy"] == before["numpy"]
+
+
+def test_the_onednn_matmul_is_off_by_default(kit, stream, monkeypatch):
+    import importlib
+
+    mm_mod = importlib.import_module("aotrt.runtime.ops.mm")
+    monkeypatch.undo()
+    assert mm_mod.ONEDNN_MATMUL is False
+    dnnl = _dnnl(kit)
+    x_np, w_np = kit.randn((7, 16), "float32"), kit.randn((8, 16), "float32")
+    out = kit.out((7, 8), "float32")
+    before = dict(dnnl.stats)
+    linear(stream, out, kit.tensor(x_np), kit.tensor(w_np))
+    kit.close(kit.read(out), kit.t64(x_np) @ kit.t64(w_np).T, "float32")
+    assert dnnl.stats["runs"] == before["runs"]
+
+
+def test_linear_with_a_strided_bias_runs_on_numpy(kit, stream):
+    # oneDNN 3.2's gemm matmul reads the bias as dense whatever its strides say.
+    dnnl = _dnnl(kit)
+    x_np, w_np, b_np = (kit.randn(s, "float32") for s in ((7, 16), (8, 16), (8,)))
+    out = kit.out((7, 8), "float32")
+    before = dict(dnnl.stats)
+    linear(stream, out, kit.tensor(x_np), kit.tensor(w_np), kit.tensor(b_np, strides=(3,)))
+    kit.close(kit.read(out), kit.t64(x_np) @ kit.t64(w_np).T + kit.t64(b_np), "float32")
+    assert dnnl.stats["runs"] == before["runs"]
+
+
+def test_linear_over_leading_dims_that_do_not_fold_runs_on_numpy(kit, stream):
+    # (2, 5, 16) whose dim 0 is strided apart from dim 1: not one matrix of rows.
+    _dnnl(kit)
+    x_np, w_np = kit.randn((2, 5, 16), "float32"), kit.randn((8, 16), "float32")
+    buf = kit.tensor(kit.randn((2, 7, 16), "float32"))
+    x = kit.view(buf, [2, 5, 16], [112, 16, 1], 0)
+    kit.dev.write(x, x_np)
+    out = kit.out((2, 5, 8), "float32")
+    linear(stream, out, x, kit.tensor(w_np), None)
+    kit.close(kit.read(out), kit.t64(x_np) @ kit.t64(w_np).T, "float32")
+
+
+@pytest.mark.parametrize("bias_shape", [None, (9,), (1, 9)])
+@pytest.mark.parametrize("b_layout", ["packed", "transposed"])
+def test_float32_mm_and_addmm_run_through_onednn(kit, stream, bias_shape, b_layout):
+    """b stored column by column (transposed) goes to oneDNN; a row-major b, where oneDNN's
+    gemm is slower than OpenBLAS, stays on numpy. Both match torch."""
+    dnnl = _dnnl(kit)
+    a_np, b_np = kit.randn((6, 5), "float32"), kit.randn((5, 9), "float32")
+    c_np = None if bias_shape is None else kit.randn(bias_shape, "float32")
+    out = kit.out((6, 9), "float32", "strided")
+    before = dict(dnnl.stats)
+    a, b = kit.tensor(a_np, "offset"), kit.tensor(b_np, b_layout)
+    if c_np is None:
+        mm(stream, out, a, b)
+        ref = kit.t64(a_np) @ kit.t64(b_np)
+    else:
+        addmm(stream, out, kit.tensor(c_np, "offset"), a, b)
+        ref = torch.addmm(kit.t64(c_np), kit.t64(a_np), kit.t64(b_np))
+    kit.close(kit.read(out), ref, "float32")
+    assert dnnl.stats["runs"] == before["runs"] + (b_layout == "transposed")
+
+
+@pytest.mark.parametrize("beta, alpha", [(0.5, 1.0), (1.0, -1.5)])
+def test_addmm_with_scales_or_a_full_bias_stays_right(kit, stream, beta, alpha):
+    """What oneDNN is not asked to do (scales, a bias matrix) still matches torch."""
+    a_np, b_np, c_np = (kit.randn(s, "float32") for s in ((6, 5), (5, 9), (6, 9)))
+    out = kit.out((6, 9), "float32")
+    addmm(stream, out, kit.tensor(c_np), kit.tensor(a_np), kit.tensor(b_np), beta=beta,
+          alpha=alpha)
+    ref = torch.addmm(kit.t64(c_np), kit.t64(a_np), kit.t64(b_np), beta=beta, alpha=alpha)
+    kit.close(kit.read(out), ref, "float32")
+
+
+def test_onednn_linear_output_overlapping_its_input_reads_old_values(kit, stream):
+    dnnl = _dnnl(kit)
+    x_np, w_np, b_np = kit.randn((16, 32), "float32"), kit.randn((32, 32), "float32"), \
+        kit.randn((32,), "float32")
+    x = kit.tensor(x_np)
+    runs = dnnl.stats["runs"]
+    linear(stream, x, x, kit.tensor(w_np), kit.tensor(b_np))
+    ref = torch.nn.functional.linear(kit.t64(x_np), kit.t64(w_np), kit.t64(b_np))
+    kit.close(kit.read(x), ref, "float32")
+    assert dnnl.stats["runs"] == runs + 1
+
+
 # -- refused inputs -----------------------------------------------------------------------------
 
 def _f(kit, shape, dtype="float32"):
