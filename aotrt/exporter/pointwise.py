@@ -260,6 +260,10 @@ def _check_to_copy(node: torch.fx.Node) -> str | None:
 
 register(_ov(aten._to_copy, "default"), OpDef("pointwise", _copy_of("self"),
                                               check=_check_to_copy))
+# prims' cast: core ATen decompositions of half-type ops on cuda (SiLU at fp16 in torch 2.11)
+# leave it in the graph
+register(_ov(torch.ops.prims.convert_element_type, "default"),
+         OpDef("pointwise", _copy_of("a")))
 register(_ov(aten.clone, "default") + _ov(aten.alias, "default")
          + _ov(aten.lift_fresh_copy, "default"), OpDef("pointwise", _copy_of("self")))
 register(_ov(aten.copy, "default"), OpDef("pointwise", _copy_of("src")))

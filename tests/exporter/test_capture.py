@@ -7,6 +7,7 @@ import itertools
 import operator
 from typing import Any
 
+import numpy as np
 import pytest
 import torch
 import torch.nn as nn
@@ -233,3 +234,22 @@ def test_unsupported_ops_decompose_further(dtype: torch.dtype) -> None:
     targets = {n.target for n in ep.graph.nodes if n.op == "call_function"}
     assert not targets & {aten.native_group_norm.default, aten.upsample_bilinear2d.vec,
                           aten.avg_pool2d.default, aten._adaptive_avg_pool2d.default}
+
+
+class PrimsCast(nn.Module):
+    """prims.convert_element_type in the graph, as torch 2.11 leaves it when it decomposes
+    a half-type SiLU on cuda (bench.py's RT-DETR-L could not export)."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = torch.ops.prims.convert_element_type.default(x, torch.float32)
+        return torch.ops.prims.convert_element_type.default(torch.sigmoid(y) * y, x.dtype)
+
+
+def test_prims_convert_element_type_is_a_cast() -> None:
+    x = torch.randn(4, 33).half()
+    with torch.no_grad():
+        prog = aotrt.export(PrimsCast(), (x,))
+        ref = PrimsCast()(x).double().numpy()
+    with aotrt.load(prog, device="cpu") as d:
+        got = np.asarray(d.run(x.numpy())[0]).astype(np.float64)
+    assert rel_err(got, ref) < 2e-3

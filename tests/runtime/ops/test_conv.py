@@ -467,10 +467,14 @@ EPILOGUE_CASES = [
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("activation", ["none", "relu", "silu"])
 @pytest.mark.parametrize("case", range(len(EPILOGUE_CASES)))
-@pytest.mark.parametrize("layout", ["packed", "offset", "channels_last"])
-def test_conv_epilogue_matches_torch(kit, stream, dtype, activation, case, layout):
+@pytest.mark.parametrize("layout,w_layout", [("packed", "packed"), ("offset", "packed"),
+                                             ("channels_last", "packed"),
+                                             ("channels_last", "channels_last")])
+def test_conv_epilogue_matches_torch(kit, stream, dtype, activation, case, layout, w_layout):
     """out = act(conv + bias + residual) in one library call, against float64 torch; the
-    residual and output are views of any layout (channels-last as the exporter makes them)."""
+    residual and output are views of any layout, the weights KCRS or KRSC (channels-last
+    activations with KRSC weights are what the exporter makes; on cuda that runs as one
+    cuDNN graph, the mixed layouts as the convolution and then one epilogue kernel)."""
     x_shape, w_shape, stride, padding, groups, transposed = EPILOGUE_CASES[case]
     x_np, w_np = kit.randn(x_shape, dtype), kit.randn(w_shape, dtype, 0.5)
     cout = w_shape[1] * groups if transposed else w_shape[0]
@@ -480,7 +484,7 @@ def test_conv_epilogue_matches_torch(kit, stream, dtype, activation, case, layou
     ref = ref + kit.t64(r_np)
     ref = {"none": ref, "relu": torch.relu(ref), "silu": torch.nn.functional.silu(ref)}[
         activation]
-    x, w, b = kit.tensor(x_np, layout), kit.tensor(w_np, "packed"), kit.tensor(b_np, "packed")
+    x, w, b = kit.tensor(x_np, layout), kit.tensor(w_np, w_layout), kit.tensor(b_np, "packed")
     r = kit.tensor(r_np, layout)
     out = kit.out(tuple(ref.shape), dtype, layout)
     convolution(stream, out, x, w, b, stride, padding, [1, 1], transposed, [0, 0], groups,

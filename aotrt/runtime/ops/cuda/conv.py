@@ -194,12 +194,18 @@ def make_conv(out: Handle, x: Handle, w: Handle, bias: Handle | None, p: Any,
     fused = residual is not None or act != "none"
     if not p.transposed:
         dnn = _get_dnn(dev)
+        # cuDNN's fused conv + pointwise engines gave wrong half-type results, now and then,
+        # on the H200 when the activations were NHWC and the weights KCRS (tests/runtime/ops
+        # test_conv_epilogue_matches_torch, 2026-12-02); uniform layouts, what the exporter
+        # makes, matched everywhere. Mixed layouts keep the epilogue out of the graph.
+        one_graph = not fused or _uniform_layout(xb, w, ob, residual)
         if dnn is not None:
-            try:
-                return _cudnn_conv(dnn, out, x, w, bias, p, xb, ob, residual, act)
-            except Exception as e:  # noqa: BLE001 - any refusal: a path below still works
-                log.info("cuDNN refused a convolution%s (%s)",
-                         " with its epilogue" if fused else "", e)
+            if one_graph:
+                try:
+                    return _cudnn_conv(dnn, out, x, w, bias, p, xb, ob, residual, act)
+                except Exception as e:  # noqa: BLE001 - any refusal: a path below works
+                    log.info("cuDNN refused a convolution%s (%s)",
+                             " with its epilogue" if fused else "", e)
             if fused:
                 try:
                     return _then_epilogue(_cudnn_conv(dnn, out, x, w, bias, p, xb, ob),
@@ -218,6 +224,22 @@ def _batched(h: Handle, p: Any) -> Handle:
         return h
     return Handle(h.alloc, h.byte_offset, (1,) + tuple(h.sizes), (h.numel,) + tuple(h.strides),
                   h.dtype, h.device, h.owner)
+
+
+def _channels_last(h: Handle) -> bool | None:
+    """Whether a 3-D/4-D view keeps its channels innermost; None when one channel (or a
+    channel dim of stride equal to another's) makes either order fit."""
+    sizes, strides = _as4d(h)
+    if sizes[1] == 1:
+        return None
+    inner = min(st for n, st in zip(sizes, strides) if n > 1)
+    return strides[1] == inner
+
+
+def _uniform_layout(*views: Handle | None) -> bool:
+    """True when the convolution's views agree on NCHW or NHWC order."""
+    orders = {_channels_last(h) for h in views if h is not None} - {None}
+    return len(orders) <= 1
 
 
 def _overlap(a: Handle, b: Handle) -> bool:
