@@ -13,8 +13,8 @@ here. Half-precision values are computed in float and rounded on store, as on th
 
 from __future__ import annotations
 
-import os
 
+from aotrt import settings
 from aotrt.kernels import ir
 from aotrt.kernels.render_c import COMPUTE_TYPE, CStyleRenderer, _label
 
@@ -24,8 +24,7 @@ BLOCK = 256
 WARP_REDUCE_MIN = 32
 #: ... and at least this long a whole block (AOTRT_CUDA_BLOCK_REDUCE=1 turns it on; it is
 #: not yet measured on the GPU, so the default stays with warps)
-BLOCK_REDUCE_MIN = 256 if os.environ.get("AOTRT_CUDA_BLOCK_REDUCE", "0") not in (
-    "", "0", "false", "no") else None
+BLOCK_REDUCE_MIN = 256 if settings.env().cuda_block_reduce else None
 
 STORAGE_TYPE_CUDA = {
     "float32": "float", "float16": "uint16_t", "bfloat16": "uint16_t", "int64": "int64_t",

@@ -16,6 +16,7 @@ from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Iterator, Sequence
 
+from aotrt import settings
 from aotrt.errors import AotrtError, DeviceError, HazardError, InvalidArgument, Unsupported
 from aotrt.kernels import ir
 from aotrt.kernels.bounds import kernel_accesses
@@ -80,7 +81,7 @@ class StreamOptions:
     @staticmethod
     def from_env(**kwargs: Any) -> "StreamOptions":
         """Options with AOTRT_FLUSH_INTERVAL (an int >= 0) applied, if set."""
-        raw = os.environ.get("AOTRT_FLUSH_INTERVAL")
+        raw = settings.env().flush_interval
         if raw is not None and "flush_interval" not in kwargs:
             if not raw.isdigit():
                 raise InvalidArgument(f"AOTRT_FLUSH_INTERVAL: expected an int >= 0, got {raw!r}")

@@ -7,10 +7,10 @@ fault even where a given device would happen to order them.
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from aotrt import settings
 from aotrt.errors import HazardError
 
 if TYPE_CHECKING:
@@ -19,7 +19,7 @@ if TYPE_CHECKING:
 
 def enabled_by_env() -> bool:
     """True when AOTRT_CHECK_HAZARDS asks for the checker."""
-    return os.environ.get("AOTRT_CHECK_HAZARDS", "0") not in ("", "0", "false", "no")
+    return settings.env().check_hazards
 
 
 @dataclass(frozen=True)

@@ -13,12 +13,12 @@ import bisect
 import contextlib
 import itertools
 import logging
-import os
 import threading
 from collections import OrderedDict
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Iterator
 
+from aotrt import settings
 from aotrt.errors import InvalidArgument, OutOfMemory
 from aotrt.runtime import hazards
 from aotrt.runtime.device import Block
@@ -61,7 +61,7 @@ class PoolOptions:
     @staticmethod
     def from_env() -> "PoolOptions":
         """Defaults, with AOTRT_POOL_MB (1..16384) overriding the cap."""
-        raw = os.environ.get("AOTRT_POOL_MB")
+        raw = settings.env().pool_mb
         if raw is None:
             return PoolOptions()
         try:

@@ -22,6 +22,7 @@ from typing import Any, Callable, Sequence
 
 import numpy as np
 
+from aotrt import settings
 from aotrt import progress
 from aotrt.errors import AotrtError, CompileError, DeviceError, InvalidArgument, OutOfMemory
 from aotrt.kernels import ir
@@ -55,8 +56,8 @@ OPENMP_ENV = {"OMP_WAIT_POLICY": "PASSIVE"}
 
 def cache_dir() -> Path:
     """Where compiled kernels are cached: $AOTRT_CACHE_DIR, else ~/.cache/aotrt."""
-    root = os.environ.get("AOTRT_CACHE_DIR") or os.path.join(
-        os.path.expanduser("~"), ".cache", "aotrt")
+    root = settings.env().cache_dir or os.path.join(os.path.expanduser("~"), ".cache",
+                                                    "aotrt")
     return Path(root)
 
 
@@ -327,7 +328,7 @@ class CpuKernelLibrary(KernelLibrary):
 
 def compile_flags() -> tuple[str, ...]:
     """CFLAGS, plus AddressSanitizer/UBSan flags when AOTRT_CC_SANITIZE is set (tests)."""
-    san = os.environ.get("AOTRT_CC_SANITIZE", "").strip()
+    san = settings.env().cc_sanitize
     if not san:
         return CFLAGS
     if not re.fullmatch(r"[a-z]+(,[a-z]+)*", san):
@@ -402,7 +403,7 @@ class KernelCache:
                 return root
             except OSError as e:
                 reason = f"{type(e).__name__}: {e.strerror or e}"
-                if os.environ.get("AOTRT_CACHE_DIR") and self._fallback is None:
+                if settings.env().cache_dir and self._fallback is None:
                     raise CompileError(
                         f"kernel cache directory {str(root)!r} (AOTRT_CACHE_DIR) is unusable: "
                         f"{reason}; set AOTRT_CACHE_DIR to a writable directory") from None
@@ -429,7 +430,7 @@ class KernelCache:
     def build_so(self, source: str, exported: Sequence[str], count: int,
                  force: bool = False) -> Path:
         """The verified shared library of C `source` exporting only `exported`."""
-        cc = shutil.which(os.environ.get("CC", "cc")) or shutil.which("gcc")
+        cc = shutil.which(settings.env().cc) or shutil.which("gcc")
         if cc is None:
             raise CompileError("no C compiler found (set CC)")
         key, flags = self.key(cc, source, exported)

@@ -2,9 +2,10 @@
 
 Inputs may be any views (transposed, strided, offset); outputs may be non-packed views and
 are written in place. float32, float16 and bfloat16; half types compute in float32 and
-round once on store. On cpu, with ONEDNN_MATMUL, float32 linear, mm and addmm (alpha 1, beta 0
-or 1, a bias row, b stored column by column) run as a oneDNN matmul (ops/cpu_dnnl.py) where oneDNN is installed and the views fold into
-2-D ones; everything else through numpy's BLAS.
+round once on store. On cpu, with ONEDNN_MATMUL, float32 linear, mm and addmm (alpha 1,
+beta 0 or 1, a bias row, b stored column by column) run as a oneDNN matmul
+(ops/cpu_dnnl.py) where oneDNN is installed and the views fold into 2-D ones; everything
+else through numpy's BLAS.
 """
 
 from __future__ import annotations
