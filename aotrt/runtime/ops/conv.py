@@ -290,8 +290,8 @@ def _dnnl_geometry(h: Handle, batched: bool) -> tuple[tuple[int, ...], tuple[int
     return sizes, strides
 
 
-def _dnnl_conv(out: Handle, x: Handle, w: Handle, bias: Handle | None,
-               p: ConvParams) -> Callable[[], None] | None:
+def _dnnl_conv(out: Handle, x: Handle, w: Handle, bias: Handle | None, p: ConvParams,
+               activation: str = "none") -> Callable[[], None] | None:
     """The oneDNN work of a forward convolution, or None (logged) where it cannot serve."""
     dnnl = getattr(out.device, "dnnl", None)
     if dnnl is None or p.transposed or w.ndim == 5:
@@ -307,7 +307,8 @@ def _dnnl_conv(out: Handle, x: Handle, w: Handle, bias: Handle | None,
         wstrides = (og * wstrides[0],) + wstrides
     key = cpu_dnnl.ConvKey(out.dtype.name, _dnnl_geometry(x, p.batched), (wsizes, wstrides),
                            None if bias is None else tuple(bias.strides),
-                           _dnnl_geometry(out, p.batched), p.stride, p.padding, p.dilation)
+                           _dnnl_geometry(out, p.batched), p.stride, p.padding, p.dilation,
+                           activation)
     prim = dnnl.convolution(key)
     if prim is None:
         dnnl.stats["numpy"] += 1
@@ -352,6 +353,11 @@ def _cpu_conv(out: Handle, x: Handle, w: Handle, bias: Handle | None, p: ConvPar
               residual: Handle | None = None) -> Callable[[], None]:
     from aotrt.runtime.devices.cpu import host_array
 
+    if residual is None and p.activation != "none":
+        # oneDNN applies a lone activation as a post-op of the convolution itself
+        fused = _dnnl_conv(out, x, w, bias, p, p.activation)
+        if fused is not None:
+            return fused
     base = _cpu_conv_only(out, x, w, bias, p)
     if residual is None and p.activation == "none":
         return base

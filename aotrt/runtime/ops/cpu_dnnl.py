@@ -78,6 +78,11 @@ _SIGNATURES: dict[str, tuple[Any, list[Any]]] = {
     "dnnl_primitive_attr_create": (ctypes.c_int, [ctypes.POINTER(_p)]),
     "dnnl_primitive_attr_destroy": (ctypes.c_int, [_p]),
     "dnnl_primitive_attr_set_scratchpad_mode": (ctypes.c_int, [_p, ctypes.c_int]),
+    "dnnl_primitive_attr_set_post_ops": (ctypes.c_int, [_p, _p]),
+    "dnnl_post_ops_create": (ctypes.c_int, [ctypes.POINTER(_p)]),
+    "dnnl_post_ops_append_eltwise": (ctypes.c_int, [_p, ctypes.c_int, ctypes.c_float,
+                                                    ctypes.c_float]),
+    "dnnl_post_ops_destroy": (ctypes.c_int, [_p]),
     "dnnl_convolution_forward_primitive_desc_create": (
         ctypes.c_int, [ctypes.POINTER(_p), _p, ctypes.c_int, ctypes.c_int, _p, _p, _p, _p,
                        _Dims, _Dims, _Dims, _Dims, _p]),
@@ -154,6 +159,13 @@ class ConvKey:
     stride: tuple[int, ...]
     padding: tuple[int, ...]
     dilation: tuple[int, ...]
+    #: an activation oneDNN applies to the result, as a post-op ("none", "relu", "silu")
+    activation: str = "none"
+
+
+#: oneDNN's eltwise algorithm (dnnl_alg_kind_t, oneDNN 3.2's dnnl_types.h) and alpha of the
+#: activations a convolution applies: relu(x) with slope 0, swish(x) = x * sigmoid(1 * x)
+_ELTWISE = {"relu": (0x20, 0.0), "silu": (0x2C, 1.0)}
 
 
 @dataclass(frozen=True)
@@ -304,13 +316,35 @@ class ConvPrimitive(Primitive):
         return self._md((self.key.dst[0][1],), self.key.bias, dt)
 
     def _descriptor(self, ctx: "Dnnl", attr: Any, src: Any, w: Any, dst: Any) -> Any:
-        key, pd = self.key, _p()
+        key, pd, lib = self.key, _p(), self.lib
         nd = len(key.stride)
-        _check(self.lib.dnnl_convolution_forward_primitive_desc_create(
-            ctypes.byref(pd), ctx.engine, _FORWARD_INFERENCE, _CONV_DIRECT, src, w,
-            self.bias_md, dst, _dims(key.stride), _dims([d - 1 for d in key.dilation]),
-            _dims(key.padding), _dims(key.padding[:nd]), attr),
-            "convolution_forward_primitive_desc_create")
+        # The activation is a post-op of the convolution's own attr only: the reorders share
+        # `attr`, and must not apply it.
+        conv_attr, post = attr, None
+        if key.activation != "none":
+            alg, alpha = _ELTWISE[key.activation]
+            conv_attr, post = _p(), _p()
+            _check(lib.dnnl_primitive_attr_create(ctypes.byref(conv_attr)),
+                   "primitive_attr_create")
+        try:
+            if post is not None:
+                _check(lib.dnnl_primitive_attr_set_scratchpad_mode(conv_attr, _SCRATCHPAD_USER),
+                       "set_scratchpad_mode")
+                _check(lib.dnnl_post_ops_create(ctypes.byref(post)), "post_ops_create")
+                _check(lib.dnnl_post_ops_append_eltwise(post, alg, alpha, 0.0),
+                       "post_ops_append_eltwise")
+                _check(lib.dnnl_primitive_attr_set_post_ops(conv_attr, post),
+                       "primitive_attr_set_post_ops")
+            _check(lib.dnnl_convolution_forward_primitive_desc_create(
+                ctypes.byref(pd), ctx.engine, _FORWARD_INFERENCE, _CONV_DIRECT, src, w,
+                self.bias_md, dst, _dims(key.stride), _dims([d - 1 for d in key.dilation]),
+                _dims(key.padding), _dims(key.padding[:nd]), conv_attr),
+                "convolution_forward_primitive_desc_create")
+        finally:
+            if post is not None:
+                if post.value:
+                    lib.dnnl_post_ops_destroy(post)
+                lib.dnnl_primitive_attr_destroy(conv_attr)
         return pd
 
 

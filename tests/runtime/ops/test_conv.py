@@ -493,14 +493,22 @@ def test_conv_epilogue_matches_torch(kit, stream, dtype, activation, case, layou
 
 
 @pytest.mark.parametrize("activation", ["relu", "silu"])
-def test_conv_epilogue_without_residual(kit, stream, activation):
-    x_np, w_np = kit.randn((2, 4, 7, 7), "float32"), kit.randn((6, 4, 3, 3), "float32", 0.5)
-    ref = _ref(kit, x_np, w_np, None, [1, 1], [1, 1], [1, 1], False, [0, 0], 1)
+@pytest.mark.parametrize("layout", ["packed", "channels_last"])
+def test_conv_epilogue_without_residual(kit, stream, activation, layout):
+    """A lone activation: on cpu a oneDNN post-op of the convolution itself."""
+    x_np, w_np = kit.randn((2, 4, 7, 7), "float32", 3.0), kit.randn((6, 4, 3, 3), "float32")
+    b_np = kit.randn((6,), "float32")
+    ref = _ref(kit, x_np, w_np, b_np, [1, 1], [1, 1], [1, 1], False, [0, 0], 1)
     ref = torch.relu(ref) if activation == "relu" else torch.nn.functional.silu(ref)
-    out = kit.out(tuple(ref.shape), "float32")
-    convolution(stream, out, kit.tensor(x_np), kit.tensor(w_np), None, [1, 1], [1, 1], [1, 1],
-                activation=activation)
+    out = kit.out(tuple(ref.shape), "float32", layout)
+    dnnl = getattr(kit.dev, "dnnl", None) if kit.dev.name == "cpu" else None
+    before = dict(dnnl.stats) if dnnl is not None else None
+    convolution(stream, out, kit.tensor(x_np, layout), kit.tensor(w_np, layout),
+                kit.tensor(b_np), [1, 1], [1, 1], [1, 1], activation=activation)
     kit.close(kit.read(out), ref, "float32")
+    if dnnl is not None:
+        assert dnnl.stats["runs"] == before["runs"] + 1, dnnl.stats
+        assert dnnl.stats["numpy"] == before["numpy"]
 
 
 def test_conv_epilogue_over_its_own_residual_reads_the_old_values(kit, stream):
