@@ -36,11 +36,9 @@ def has_conv2d(model: torch.nn.Module) -> bool:
 
 def auto_channels_last(model: torch.nn.Module) -> bool:
     """"auto": channels-last for a model with 2-D convolutions when the default device (the
-    one `aotrt.load` picks here) prefers it (cuda). The cpu device's oneDNN convolutions are
-    faster NHWC (resnet18 86 against 139 ms, bench/results/cpu-speed-2026-12-02.md), but a
-    channels-last program adds layout copies at its inputs and outputs that the cpu's
-    lowering tests do not expect yet, so "auto" keeps NCHW there for now; either program
-    runs correctly on either device."""
+    one `aotrt.load` picks here) prefers it: cuda (cuDNN) and cpu (oneDNN, whose NCHW path
+    copies every activation into its blocked layout and back); either program runs
+    correctly on either device."""
     from aotrt.runtime.device import default_device, get_device
 
     return has_conv2d(model) and get_device(default_device()).prefers_channels_last

@@ -86,9 +86,9 @@ class Report:
 def check_module(model: torch.nn.Module, make_inputs: MakeInputs, dtype: torch.dtype,
                  tol: float | None = None, runs: int = 2, seed: int = 0,
                  roundtrip: bool = True, prepare: Callable[[torch.nn.Module], None] | None = None,
-                 device: str = "cpu") -> Report:
-    """Export `model` in `dtype`, run it `runs` times on `device` on fresh inputs, compare
-    with eager.
+                 device: str = "cpu", layout: str = "auto") -> Report:
+    """Export `model` in `dtype` (with `layout`), run it `runs` times on `device` on fresh
+    inputs, compare with eager.
 
     Raises AssertionError (pytest's failure) naming the output and the error.
     """
@@ -99,7 +99,7 @@ def check_module(model: torch.nn.Module, make_inputs: MakeInputs, dtype: torch.d
     with torch.no_grad():
         if prepare is not None:
             prepare(model)
-        prog = aotrt.export(model, example)
+        prog = aotrt.export(model, example, layout=layout)
     if roundtrip:
         with tempfile.TemporaryDirectory() as d:
             path = Path(d) / "m.aotp"

@@ -20,10 +20,10 @@ def export_seeded(model: nn.Module, *shapes: tuple[int, ...]) -> aotrt.Program:
         return aotrt.export(model.eval(), tuple(randn(gen, torch.float32, *s) for s in shapes))
 
 
-def check_shapes(model: nn.Module, *shapes: tuple[int, ...], dtype: torch.dtype = torch.float32
-                 ) -> aotrt.Program:
+def check_shapes(model: nn.Module, *shapes: tuple[int, ...], dtype: torch.dtype = torch.float32,
+                 layout: str = "auto") -> aotrt.Program:
     """Export `model`, run it and compare with eager (check_module); return the program."""
-    return check_module(model, M.inputs(*shapes), dtype).program
+    return check_module(model, M.inputs(*shapes), dtype, layout=layout).program
 
 
 def library_instrs(prog: aotrt.Program, fn: str) -> list[dict]:

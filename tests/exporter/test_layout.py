@@ -74,7 +74,8 @@ def test_auto_follows_the_default_device(monkeypatch: pytest.MonkeyPatch) -> Non
     from aotrt.runtime.device import get_device
 
     m = _model()
-    assert not get_device("cpu").prefers_channels_last
+    cpu = get_device("cpu")
+    assert cpu.prefers_channels_last == (cpu.dnnl is not None)   # oneDNN's NHWC convolutions
     monkeypatch.setattr(layout, "auto_channels_last", lambda model: False)
     assert layout.for_layout(m, "auto") == (m, False)
     monkeypatch.setattr(layout, "auto_channels_last", lambda model: True)

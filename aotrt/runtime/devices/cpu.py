@@ -510,6 +510,13 @@ class CpuDevice(Device):
             os.environ.setdefault(name, value)      # a value the process chose stays
 
     @property
+    def prefers_channels_last(self) -> bool:  # type: ignore[override]
+        """With oneDNN: its convolutions run NHWC on the views themselves, while NCHW goes
+        through blocked copies of every activation (resnet18 86 against 139 ms, mobilenet_v2
+        44 against 66: bench/results/cpu-speed-2026-12-02.md). numpy's path prefers NCHW."""
+        return self.dnnl is not None
+
+    @property
     def dnnl(self) -> Any:
         """The device's oneDNN state (engine, primitive cache), made on first use; None where
         oneDNN is not installed (library ops then use numpy)."""

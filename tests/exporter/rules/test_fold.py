@@ -29,7 +29,7 @@ class ConvBN(nn.Module):
 def test_batch_norm_folds_into_conv() -> None:
     """conv -> BN (eval) -> relu: one convolution with folded weight and bias and the relu
     as its epilogue (aotrt/exporter/epilogue.py), no kernel at all."""
-    prog = check_shapes(ConvBN(False), (1, 4, 8, 8))
+    prog = check_shapes(ConvBN(False), (1, 4, 8, 8), layout="contiguous")
     assert count_ops(prog) == {"library:convolution": 1}
     assert any("bnfold" in name for name in prog.constants)
 
