@@ -15,6 +15,7 @@ The program's inputs keep row-major specs, so callers still pass NCHW tensors.
 from __future__ import annotations
 
 import copy
+import itertools
 import operator
 from typing import Any, Callable
 
@@ -54,7 +55,19 @@ def for_layout(model: Any, layout: str) -> tuple[Any, bool]:
         return model, False
     if layout == "auto" and not auto_channels_last(model):
         return model, False
-    return copy.deepcopy(model).to(memory_format=torch.channels_last), True
+    return _channels_last_copy(model), True
+
+
+def _channels_last_copy(model: torch.nn.Module) -> torch.nn.Module:
+    """A copy whose 4-D parameters and buffers are stored channels-last. Module.to(
+    memory_format=...) refuses modules with 5-D ones (timm's lambda layers), which keep
+    their layout here."""
+    m = copy.deepcopy(model)
+    with torch.no_grad():
+        for t in itertools.chain(m.parameters(), m.buffers()):
+            if t.dim() == 4:
+                t.data = t.data.contiguous(memory_format=torch.channels_last)
+    return m
 
 
 def channels_last_strides(sizes: tuple[int, ...]) -> tuple[int, ...]:

@@ -170,3 +170,29 @@ def test_propagation_crosses_ops_torch_does_not_tag_pointwise() -> None:
     with aotrt.load(prog, device="cpu") as d:
         got = np.asarray(d.run(x.numpy())[0]).astype(np.float64)
     assert rel_err(got, ref) < 1e-4
+
+
+def test_channels_last_keeps_5d_parameters_as_they_are() -> None:
+    """Module.to(memory_format=channels_last) refuses a 5-D parameter (timm's lambda layers);
+    the export lays out the 4-D ones and leaves the rest."""
+
+    class WithFive(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.conv = nn.Conv2d(3, 4, 3, padding=1)
+            self.pos = nn.Parameter(torch.randn(1, 1, 4, 1, 1))
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return (self.conv(x).unsqueeze(2) * self.pos).sum(2)
+
+    torch.manual_seed(0)
+    m = WithFive().eval()
+    x = torch.randn(1, 3, 6, 6)
+    with torch.no_grad():
+        prog = aotrt.export(m, (x,), layout="channels_last")
+        ref = m.double()(x.double()).numpy()
+        m.float()
+    assert _nhwc_tensors(prog) >= 1
+    with aotrt.load(prog, device="cpu") as d:
+        got = np.asarray(d.run(x.numpy())[0]).astype(np.float64)
+    assert rel_err(got, ref) < 1e-5
