@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from aotrt.errors import Unsupported
+from aotrt.runtime.ops._common import overlaps
 from aotrt.runtime.ops.cuda.common import (CUDA_TYPE, Scratch, Work, alignment,
                                            copy_packed, copy_unpacked, i32, kernel, typed,
                                            stream_workspace)
@@ -141,7 +142,7 @@ def _cudnn_conv(dnn: Dnn, out: Handle, x: Handle, w: Handle, bias: Handle | None
     rv = None if rb is None else Handle(rb.alloc, rb.byte_offset, tuple(_as4d(rb)[0]),
                                         tuple(_as4d(rb)[1]), rb.dtype, rb.device, rb.owner)
     # a residual the output overlaps is read from a copy, made before the graph writes
-    r_overlaps = rb is not None and _overlap(out, residual)
+    r_overlaps = rb is not None and overlaps(out, residual)
 
     def work(s: "CudaStream") -> None:
         scratch: list[Scratch] = []
@@ -242,15 +243,6 @@ def _uniform_layout(*views: Handle | None) -> bool:
     return len(orders) <= 1
 
 
-def _overlap(a: Handle, b: Handle) -> bool:
-    """True when two views share bytes of one allocation (by byte range)."""
-    if a.alloc is None or b.alloc is None or a.alloc is not b.alloc:
-        return False
-    a0, a1 = a.byte_range()
-    b0, b1 = b.byte_range()
-    return a0 < b1 and b0 < a1
-
-
 _ACT_CODES = {"none": 0, "relu": 1, "silu": 2}
 
 
@@ -263,7 +255,7 @@ def _then_epilogue(base: Work, out: Handle, residual: Handle | None, activation:
     if residual is not None:
         rb = _batched(residual, p)
         _, rst = _as4d(rb)
-        r_copy = _overlap(out, residual)
+        r_copy = overlaps(out, residual)
     else:
         rst, r_copy = [0, 0, 0, 0], False
     total = n * c * h * wd

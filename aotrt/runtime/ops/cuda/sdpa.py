@@ -182,18 +182,26 @@ def make_sdpa(out: Handle, q: Handle, k: Handle, v: Handle, mask: Handle | None,
 _FUSED_MAX_HEAD_DIM = 128
 
 
+def _unit_strides(sizes: list[int], strides: list[int]) -> list[int]:
+    """`strides` with each size-1 dim given the stride a packed tensor would have there
+    (cuDNN checks every stride, even where it is never used)."""
+    out = list(strides)
+    for d in range(len(sizes) - 1, -1, -1):
+        if sizes[d] == 1:
+            out[d] = sizes[d + 1] * out[d + 1] if d + 1 < len(sizes) else 1
+    return out
+
+
 def _bhsd(h: Handle) -> tuple[list[int], list[int]] | None:
     """A [..., S, D] view as cuDNN's 4-D (b, h, s, d) dims and strides; None past 4-D, or
     when a dim is broadcast (stride 0) or the rows are not 16-byte aligned."""
     if not 2 <= h.ndim <= 4 or h.strides[-1] != 1:
         return None
-    sizes, strides = [1] * (4 - h.ndim) + list(h.sizes), [0] * (4 - h.ndim) + list(h.strides)
-    # size-1 dims get the stride a packed tensor would have (cuDNN checks every stride)
-    for d in range(3, -1, -1):
-        if sizes[d] == 1:
-            strides[d] = sizes[d + 1] * strides[d + 1] if d < 3 else 1
-        elif strides[d] == 0 or (d < 3 and strides[d] % 8):
-            return None
+    sizes = [1] * (4 - h.ndim) + list(h.sizes)
+    strides = _unit_strides(sizes, [0] * (4 - h.ndim) + list(h.strides))
+    if any(n > 1 and (st == 0 or (d < 3 and st % 8))
+           for d, (n, st) in enumerate(zip(sizes, strides))):
+        return None
     if h.address % 16:
         return None
     return sizes, strides

@@ -6,6 +6,7 @@ from typing import TYPE_CHECKING, Sequence
 
 import numpy as np
 
+from aotrt.runtime.ops._common import overlaps
 from aotrt.runtime.ops.cuda.common import (Scratch, Work, copy_packed, copy_unpacked, kernel,
                                            typed)
 from aotrt.runtime.tensor import Handle
@@ -44,7 +45,7 @@ def make_topk(values_out: Handle, indices_out: Handle, x: Handle, k: int, dim: i
     rx, rv, ri = rows_of(x), rows_of(values_out), rows_of(indices_out)
     # outputs over the input must read the old values: go through packed copies then
     direct = (rx is not None and rv is not None and ri is not None
-              and not _overlaps(values_out, x) and not _overlaps(indices_out, x))
+              and not overlaps(values_out, x) and not overlaps(indices_out, x))
     kern = kernel(dev, KERNELS, kern_name)
     cfg = dev.launch_config(rows)
     isz = x.dtype.itemsize
@@ -70,15 +71,6 @@ def make_topk(values_out: Handle, indices_out: Handle, x: Handle, k: int, dim: i
             for sc in (xs, vs, ins):
                 sc.free()
     return work
-
-
-def _overlaps(a: Handle, b: Handle) -> bool:
-    """True when two views share bytes of one allocation (conservatively, by byte range)."""
-    if a.alloc is None or b.alloc is None or a.alloc is not b.alloc:
-        return False
-    a0, a1 = a.byte_range()
-    b0, b1 = b.byte_range()
-    return a0 < b1 and b0 < a1
 
 
 def _topk_scalar(values_out: Handle, indices_out: Handle, x: Handle) -> Work:
