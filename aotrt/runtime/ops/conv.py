@@ -362,9 +362,13 @@ def _cpu_conv(out: Handle, x: Handle, w: Handle, bias: Handle | None, p: ConvPar
     if residual is None and p.activation == "none":
         return base
 
+    # A residual the output overlaps is copied before the convolution writes over it;
+    # one apart from it is read in place (decided once, here).
+    copy_res = residual is not None and c.overlaps(out, residual)
+
     def work() -> None:
-        # A residual the output overlaps is read before the convolution writes over it.
-        res = None if residual is None else np.array(host_array(residual), copy=True)
+        res = None if residual is None else (
+            np.array(host_array(residual), copy=True) if copy_res else host_array(residual))
         base()
         apply_epilogue(host_array(out), res, p.activation)
     return work
