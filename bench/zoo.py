@@ -16,6 +16,10 @@ with a progress line as it ends. Per model and dtype it records one status:
 - `aotrt_export`, `aotrt_run`: aotrt refused or failed (its error);
 - `build`, `timeout`, `crash`: the zoo could not build the model, or the subprocess
   ran out of time or died.
+Random weights let the signal of many deep networks fade (torchvision's MobileNet-v2 gives
+outputs of norm 1e-8, which fp16 flushes to zero) or grow, so the zoo first recalibrates
+every BatchNorm's running statistics on two random batches (`_calibrate`): activations are
+then of order one, as in a trained model, and an fp16 comparison means something.
 The reference is the model in float64 eager on the same inputs (float32 where float64 does
 not run); the bound is max(floor, 2 x eager's own error in the dtype), floors fp32 1e-4,
 fp16/bf16 2e-2. Outputs are every floating tensor the model returns, compared one by one.
@@ -418,6 +422,37 @@ def _time_model(m_dt: Any, fresh: list, d: Any) -> dict:
             "graph": bool(getattr(d, "uses_graph", False))}
 
 
+def _calibrate(m: Any, inputs: tuple, seed: int) -> None:
+    """Set each BatchNorm's running mean and variance to the statistics of random inputs."""
+    import torch
+
+    bns = [b for b in m.modules() if isinstance(b, torch.nn.modules.batchnorm._BatchNorm)
+           and b.track_running_stats]
+    if not bns:
+        return
+    g = torch.Generator().manual_seed(seed + 7)
+    saved = [(b.momentum, b.running_mean.clone(), b.running_var.clone()) for b in bns]
+    try:
+        for b in bns:
+            b.reset_running_stats()
+            b.momentum = None  # a cumulative average over the calibration batches
+            b.train()
+        with torch.no_grad():
+            for _ in range(2):
+                m(*[torch.randn(x.shape, generator=g).to(x.dtype) if x.is_floating_point()
+                    else x for x in inputs])
+    except Exception:  # noqa: BLE001 - a model that cannot calibrate keeps its statistics
+        for b, (mom, mean, var) in zip(bns, saved):
+            b.running_mean.copy_(mean)
+            b.running_var.copy_(var)
+            b.num_batches_tracked.zero_()
+            b.momentum = mom
+    finally:
+        for b, (mom, _, _) in zip(bns, saved):
+            b.momentum = mom
+            b.eval()
+
+
 def run_case(case: Case, device: str, dtype_name: str, seed: int = 0, threads: int = 0,
              timed: bool = False) -> dict:
     """Build, export, run and judge one model in one dtype; a row of the zoo table."""
@@ -437,6 +472,7 @@ def run_case(case: Case, device: str, dtype_name: str, seed: int = 0, threads: i
     try:
         m, inputs = case.build()
         m = m.eval()
+        _calibrate(m, inputs, seed)
     except Exception as e:  # noqa: BLE001 - the zoo's own failure, recorded
         row.update(status="build", error=f"{type(e).__name__}: {e}"[:400])
         return row

@@ -6,8 +6,8 @@ and 2-D convolution runs through oneDNN (ops/cpu_dnnl.py) on the views' own stri
 is installed and takes the call. Otherwise every convolution runs as a 3-D one in numpy (1-D
 and 2-D get leading spatial dims of size 1, as views): im2col through stride tricks plus one
 batched GEMM per chunk of samples, or for the transposed one a GEMM followed by a col2im
-scatter-add over kernel taps. On cuda, 3-D convolution is not implemented (Unsupported, at
-load).
+scatter-add over kernel taps. On cuda (ops/cuda/conv.py), 3-D convolutions go through
+cuDNN.
 """
 
 from __future__ import annotations

@@ -120,25 +120,15 @@ CASES_3D = [
 ]
 
 
-def _cuda_3d_is_missing(kit, request) -> None:
-    """On cuda, 3-D convolution raises Unsupported today (issue #10): a strict xfail keeps
-    the gap visible in every GPU run, and turns into a failure once it passes."""
-    if kit.dev.name == "cuda":
-        request.applymarker(pytest.mark.xfail(raises=Unsupported, strict=True,
-                                              reason="cuda has no 3-D convolution yet"))
-
-
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("case", range(len(CASES_3D)))
-def test_conv3d_matches_torch(kit, stream, dtype, case, request):
-    _cuda_3d_is_missing(kit, request)
+def test_conv3d_matches_torch(kit, stream, dtype, case):
     x, w, bias, s, p, d, g = CASES_3D[case]
     _run(kit, stream, dtype, x, w, bias, s, p, d, groups=g)
 
 
 @pytest.mark.parametrize("layout", LAYOUTS)
-def test_conv3d_reads_and_writes_views_in_place(kit, stream, layout, request):
-    _cuda_3d_is_missing(kit, request)
+def test_conv3d_reads_and_writes_views_in_place(kit, stream, layout):
     _run(kit, stream, "float32", (2, 4, 4, 5, 6), (6, 2, 2, 3, 3), True, [1, 2, 1],
          [1, 0, 1], [1, 1, 2], groups=2, layouts=(layout,) * 4)
 
@@ -152,15 +142,13 @@ CASES_3D_T = [
 
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
 @pytest.mark.parametrize("case", range(len(CASES_3D_T)))
-def test_transposed_conv3d_matches_torch(kit, stream, dtype, case, request):
-    _cuda_3d_is_missing(kit, request)
+def test_transposed_conv3d_matches_torch(kit, stream, dtype, case):
     x, w, bias, s, p, d, op, g = CASES_3D_T[case]
     _run(kit, stream, dtype, x, w, bias, s, p, d, True, op, g,
          layouts=("offset", "strided", "packed", "transposed"))
 
 
-def test_conv3d_batch_chunks_give_the_same_result(kit, stream, monkeypatch, request):
-    _cuda_3d_is_missing(kit, request)
+def test_conv3d_batch_chunks_give_the_same_result(kit, stream, monkeypatch):
     from aotrt.runtime.ops import _common
     monkeypatch.setattr(_common, "CHUNK_BYTES", 1)  # one sample per step
     _run(kit, stream, "float32", (3, 2, 4, 5, 5), (4, 2, 3, 3, 3), True, [1, 2, 1], [1, 1, 0],
@@ -169,8 +157,7 @@ def test_conv3d_batch_chunks_give_the_same_result(kit, stream, monkeypatch, requ
          [1, 1, 1], True, [1, 0, 1])
 
 
-def test_unbatched_conv3d(kit, stream, request):
-    _cuda_3d_is_missing(kit, request)
+def test_unbatched_conv3d(kit, stream):
     x_np, w_np = kit.randn((3, 4, 5, 6), "float32"), kit.randn((2, 3, 2, 3, 3), "float32")
     out = kit.out((2, 3, 3, 4), "float32", "strided")
     convolution(stream, out, kit.tensor(x_np), kit.tensor(w_np), None, [1], [0], [1], False,
@@ -246,15 +233,6 @@ def _conv(kit, stream, x_shape, w_shape, out_shape, bias=None, stride=(1, 1), pa
     b = None if bias is None else kit.tensor(kit.randn(bias, dtype))
     convolution(stream, kit.out(out_shape, dtype), x, w, b, list(stride), list(padding),
                 list(dilation), transposed, list(output_padding), groups)
-
-
-def test_cuda_refuses_3d_convolution(kit, stream):
-    # NOTE: cuda has no 3-D path yet; it must refuse clearly (at load), never run 2-D code.
-    if kit.dev.name == "cpu":
-        pytest.skip("cpu runs 3-D convolution")
-    with pytest.raises(Unsupported, match="3-D"):
-        _conv(kit, stream, (1, 2, 4, 4, 4), (2, 2, 1, 1, 1), (1, 2, 4, 4, 4), stride=[1],
-              padding=[0], dilation=[1], output_padding=[0])
 
 
 def test_refuses_4d_weight_for_5d_input(kit, stream):
@@ -509,6 +487,22 @@ def test_conv_epilogue_without_residual(kit, stream, activation, layout):
     if dnnl is not None:
         assert dnnl.stats["runs"] == before["runs"] + 1, dnnl.stats
         assert dnnl.stats["numpy"] == before["numpy"]
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("layout", ["packed", "offset"])
+def test_conv3d_epilogue_matches_torch(kit, stream, dtype, layout):
+    """A 3-D convolution with bias, residual and SiLU (video models' blocks)."""
+    x_np, w_np = kit.randn((2, 4, 3, 5, 6), dtype), kit.randn((6, 4, 3, 3, 3), dtype, 0.5)
+    b_np = kit.randn((6,), dtype)
+    ref = _ref(kit, x_np, w_np, b_np, [1, 1, 1], [1, 1, 1], [1, 1, 1], False, [0, 0, 0], 1)
+    r_np = kit.randn(tuple(ref.shape), dtype)
+    ref = torch.nn.functional.silu(ref + kit.t64(r_np))
+    out = kit.out(tuple(ref.shape), dtype, layout)
+    convolution(stream, out, kit.tensor(x_np, layout), kit.tensor(w_np), kit.tensor(b_np),
+                [1, 1, 1], [1, 1, 1], [1, 1, 1], False, [0, 0, 0], 1,
+                residual=kit.tensor(r_np, layout), activation="silu")
+    kit.close(kit.read(out), ref, dtype)
 
 
 def test_conv_epilogue_over_its_own_residual_reads_the_old_values(kit, stream):

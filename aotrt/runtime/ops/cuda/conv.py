@@ -36,13 +36,26 @@ def _get_dnn(dev: "CudaDevice") -> Dnn | None:
     return dnn if dnn.available else None
 
 
-def _as4d(h: Handle) -> tuple[list[int], list[int]]:
-    """A 3-D (N, C, L) view as (N, C, 1, L); 4-D as is."""
+def _as_dnn(h: Handle) -> tuple[list[int], list[int]]:
+    """A 3-D (N, C, L) view as (N, C, 1, L), the rank cuDNN takes; 4-D and 5-D as they are."""
     if h.ndim == 3:
         n, c, l_ = h.sizes
         s0, s1, s2 = h.strides
         return [n, c, 1, l_], [s0, s1, l_ * s2, s2]
     return list(h.sizes), list(h.strides)
+
+
+def _as4d(h: Handle) -> tuple[list[int], list[int]]:
+    """A 3-D view as (N, C, 1, L), a 5-D one (N, C, D, H, W) as (N, C, D*H, W) where D and H
+    merge (the elementwise epilogue kernel only needs each element once, in 4 coordinates)."""
+    if h.ndim == 5:
+        n, c, d, hh, w = h.sizes
+        s0, s1, s2, s3, s4 = h.strides
+        if d > 1 and hh > 1 and s2 != hh * s3:
+            raise Unsupported(f"cuda convolution epilogue: 3-D view {list(h.sizes)} with "
+                              f"strides {list(h.strides)} (depth and height do not merge)")
+        return [n, c, d * hh, w], [s0, s1, s3 if hh > 1 else s2, s4]
+    return _as_dnn(h)
 
 
 def _geometry(p: Any, ndim: int) -> tuple[list[int], list[int], list[int]]:
@@ -52,9 +65,9 @@ def _geometry(p: Any, ndim: int) -> tuple[list[int], list[int], list[int]]:
 
 
 def _dense4d(h: Handle) -> tuple[list[int], list[int], bool]:
-    """(sizes, strides, direct) of a 3-D/4-D conv operand as cuDNN gets it: the view itself
+    """(sizes, strides, direct) of a 3-D/4-D/5-D conv operand as cuDNN gets it: the view itself
     when it is packed (any dense order) and 16-byte aligned, else a packed row-major copy."""
-    sz, st = _as4d(h)
+    sz, st = _as_dnn(h)
     if h.packed and h.address % 16 == 0 and all(x > 0 for n, x in zip(sz, st) if n > 1):
         # size-1 dims get the stride a packed tensor would have (cuDNN checks them)
         fixed = list(st)
@@ -103,7 +116,9 @@ def _cudnn_conv(dnn: Dnn, out: Handle, x: Handle, w: Handle, bias: Handle | None
             B = None
             if bias is not None:
                 co = bias.sizes[0]
-                B = g.tensor(name="b", dim=[1, co, 1, 1], stride=[co, 1, 1, 1], data_type=dt)
+                spatial = [1] * (len(os_) - 2)
+                B = g.tensor(name="b", dim=[1, co, *spatial], stride=[co, 1, *spatial],
+                             data_type=dt)
                 Y = g.bias(input=Y, bias=B, name="bias")
             R = None
             if rb is not None:
@@ -133,14 +148,8 @@ def _cudnn_conv(dnn: Dnn, out: Handle, x: Handle, w: Handle, bias: Handle | None
     g, X, W, B, R, Y, wsize = entry
     handle = dnn.handle
     isz = out.dtype.itemsize
-    xv = Handle(xb.alloc, xb.byte_offset, tuple(_as4d(xb)[0]), tuple(_as4d(xb)[1]), xb.dtype,
-                xb.device, xb.owner)
-    wv = Handle(w.alloc, w.byte_offset, tuple(_as4d(w)[0]), tuple(_as4d(w)[1]), w.dtype,
-                w.device, w.owner)
-    ov = Handle(ob.alloc, ob.byte_offset, tuple(_as4d(ob)[0]), tuple(_as4d(ob)[1]), ob.dtype,
-                ob.device, ob.owner)
-    rv = None if rb is None else Handle(rb.alloc, rb.byte_offset, tuple(_as4d(rb)[0]),
-                                        tuple(_as4d(rb)[1]), rb.dtype, rb.device, rb.owner)
+    xv, wv, ov = _dnn_view(xb), _dnn_view(w), _dnn_view(ob)
+    rv = None if rb is None else _dnn_view(rb)
     # a residual the output overlaps is read from a copy, made before the graph writes
     r_overlaps = rb is not None and overlaps(out, residual)
 
@@ -173,24 +182,28 @@ def _cudnn_conv(dnn: Dnn, out: Handle, x: Handle, w: Handle, bias: Handle | None
     return work
 
 
+def _dnn_view(h: Handle) -> Handle:
+    """`h` at the rank cuDNN is given it (3-D as 4-D)."""
+    sz, st = _as_dnn(h)
+    return Handle(h.alloc, h.byte_offset, tuple(sz), tuple(st), h.dtype, h.device, h.owner)
+
+
 def make_conv(out: Handle, x: Handle, w: Handle, bias: Handle | None, p: Any,
               residual: Handle | None = None) -> Work:
-    """aten.convolution (1-D/2-D, strided, padded, dilated, grouped, transposed) on cuda,
-    with its fused epilogue (out = activation(conv + bias + residual)); 3-D is Unsupported.
+    """aten.convolution (1-D/2-D/3-D, strided, padded, dilated, grouped, transposed) on cuda,
+    with its fused epilogue (out = activation(conv + bias + residual)).
 
     Every float dtype goes through cuDNN (float32 on engines without tensor cores, whose TF32
     would miss float32 accuracy), the epilogue inside the same graph; im2col + a cuBLASLt
     GEMM serves what cuDNN refuses, and col2im transposed convolutions, with the epilogue as
-    one kernel after them.
+    one kernel after them. 3-D convolutions have cuDNN only (the im2col kernels are 2-D).
     """
     dev = out.device
     if out.dtype.name not in CUDA_TYPE:
         raise Unsupported(f"cuda convolution: dtype {out.dtype.name}")
-    if w.ndim == 5:
-        # NOTE: the cuDNN and im2col paths here are written for 4-D operands; 3-D runs on cpu.
-        raise Unsupported(f"convolution: 3-D (w {list(w.sizes)}) is not implemented on the "
-                          f"cuda device yet; load the program on cpu")
     xb, ob = _batched(x, p), _batched(out, p)
+    if w.ndim == 5:
+        return _conv3d(out, x, w, bias, p, xb, ob, residual)
     act = getattr(p, "activation", "none")
     fused = residual is not None or act != "none"
     if not p.transposed:
@@ -219,6 +232,28 @@ def make_conv(out: Handle, x: Handle, w: Handle, bias: Handle | None, p: Any,
     return _then_epilogue(base, out, residual, act, p) if fused else base
 
 
+def _conv3d(out: Handle, x: Handle, w: Handle, bias: Handle | None, p: Any, xb: Handle,
+            ob: Handle, residual: Handle | None) -> Work:
+    """A 3-D convolution: one cuDNN graph (the epilogue in it when the layouts agree), else
+    the cuDNN convolution and the epilogue kernel; Unsupported without cuDNN. A transposed one
+    is cuDNN's data gradient (conv_dgrad) of the forward convolution."""
+    act = getattr(p, "activation", "none")
+    fused = residual is not None or act != "none"
+    dnn = _get_dnn(out.device)
+    if dnn is None:
+        raise Unsupported(f"convolution: 3-D (w {list(w.sizes)}) needs cuDNN on the cuda "
+                          f"device; load the program on cpu")
+    if not fused or _uniform_layout(xb, w, ob, residual):
+        try:
+            return _cudnn_conv(dnn, out, x, w, bias, p, xb, ob, residual, act)
+        except Exception as e:  # noqa: BLE001 - the plain graph below may still build
+            if not fused:
+                raise Unsupported(f"convolution: cuDNN refused the 3-D convolution "
+                                  f"(w {list(w.sizes)}): {e}") from e
+            log.info("cuDNN refused a 3-D convolution with its epilogue (%s)", e)
+    return _then_epilogue(_cudnn_conv(dnn, out, x, w, bias, p, xb, ob), out, residual, act, p)
+
+
 def _batched(h: Handle, p: Any) -> Handle:
     """An unbatched (C, *spatial) view as (1, C, *spatial)."""
     if p.batched:
@@ -230,7 +265,7 @@ def _batched(h: Handle, p: Any) -> Handle:
 def _channels_last(h: Handle) -> bool | None:
     """Whether a 3-D/4-D view keeps its channels innermost; None when one channel (or a
     channel dim of stride equal to another's) makes either order fit."""
-    sizes, strides = _as4d(h)
+    sizes, strides = _as_dnn(h)
     if sizes[1] == 1:
         return None
     inner = min(st for n, st in zip(sizes, strides) if n > 1)
