@@ -10,7 +10,6 @@ the cpu device's compile flags) and validates it there, naming the variable.
     AOTRT_CACHE_DIR          where compiled kernels are cached
     AOTRT_CC_SANITIZE        sanitizers for the cpu kernels' compiler (tests)
     CC                       the C compiler of cpu kernels
-    AOTRT_CUDA_BLOCK_REDUCE  a block per row for long cuda reductions (an experiment)
 """
 
 from __future__ import annotations
@@ -31,7 +30,6 @@ class Env:
     cache_dir: str | None
     cc_sanitize: str
     cc: str
-    cuda_block_reduce: bool
 
 
 def env() -> Env:
@@ -42,9 +40,7 @@ def env() -> Env:
                flush_interval=get("AOTRT_FLUSH_INTERVAL"),
                cache_dir=get("AOTRT_CACHE_DIR") or None,
                cc_sanitize=get("AOTRT_CC_SANITIZE", "").strip(),
-               cc=get("CC", "cc"),
-               cuda_block_reduce=get("AOTRT_CUDA_BLOCK_REDUCE", "0").strip().lower()
-               not in _FALSE)
+               cc=get("CC", "cc"))
 
 
 __all__ = ["Env", "env"]

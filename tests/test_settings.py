@@ -19,10 +19,9 @@ def test_env_reads_each_variable(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("AOTRT_CACHE_DIR", "/tmp/x")
     monkeypatch.setenv("AOTRT_CC_SANITIZE", " address ")
     monkeypatch.setenv("CC", "clang")
-    monkeypatch.setenv("AOTRT_CUDA_BLOCK_REDUCE", "1")
     e = settings.env()
-    assert (e.check_hazards, e.pool_mb, e.flush_interval, e.cache_dir, e.cc_sanitize, e.cc,
-            e.cuda_block_reduce) == (True, "12", "3", "/tmp/x", "address", "clang", True)
+    assert (e.check_hazards, e.pool_mb, e.flush_interval, e.cache_dir, e.cc_sanitize,
+            e.cc) == (True, "12", "3", "/tmp/x", "address", "clang")
 
 
 @pytest.mark.parametrize("value,on", [("0", False), ("", False), ("false", False),

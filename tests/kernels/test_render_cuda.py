@@ -95,14 +95,14 @@ def test_small_domains_index_in_32_bits_and_huge_ones_in_64() -> None:
     assert "uint32_t" not in huge and "i % 65536;" in huge and "i / 65536;" in huge
 
 
-@pytest.mark.parametrize("cols,lanes", [(1, 1), (31, 1), (32, 32), (33, 32), (4096, 32)])
-def test_lanes_per_outer_element(cols: int, lanes: int, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(render_cuda, "BLOCK_REDUCE_MIN", None)
+@pytest.mark.parametrize("cols,lanes", [(1, 1), (31, 1), (32, 32), (33, 32), (255, 32),
+                                        (256, BLOCK), (4096, BLOCK)])
+def test_lanes_per_outer_element(cols: int, lanes: int) -> None:
     assert CudaRenderer.lanes(row_sum(cols)) == lanes
     assert CudaRenderer.lanes(pointwise("float32")) == 1
 
 
-def test_long_reductions_run_a_warp_per_row() -> None:
+def test_middling_reductions_run_a_warp_per_row() -> None:
     src = CudaRenderer().render([softmax_kernel(4, 64, "float32"), row_sum(8)])
     warp = _kernel_text(src, 0)
     assert "const int64_t lane = threadIdx.x & 31;" in warp
@@ -112,8 +112,7 @@ def test_long_reductions_run_a_warp_per_row() -> None:
     assert "lane" not in short and "aot_warp_" not in short
 
 
-def test_block_reductions_when_turned_on(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(render_cuda, "BLOCK_REDUCE_MIN", 256)
+def test_long_reductions_run_a_block_per_row() -> None:
     assert CudaRenderer.lanes(row_sum(300)) == BLOCK and CudaRenderer.lanes(row_sum(64)) == 32
     src = CudaRenderer().render([row_sum(300)])
     k = _kernel_text(src, 0)
@@ -158,8 +157,7 @@ def test_rendered_kernels_compile(arch: str) -> None:
 
 
 @needs_nvrtc
-def test_block_reduction_kernels_compile(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(render_cuda, "BLOCK_REDUCE_MIN", 256)
+def test_block_reduction_kernels_compile() -> None:
     src = CudaRenderer().render([row_sum(300), softmax_kernel(2, 512, "float32")])
     code = CUDA.compile_source(src, "sm_90", "block reductions")
     assert b"aotrt_k0" in code and b"aotrt_k1" in code
