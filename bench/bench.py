@@ -134,6 +134,12 @@ def build(name: str):
         with torch.no_grad():
             m(x)
         return m, (x,)
+    if name == "stem_b32":          # profiled, not benchmarked: ResNet-50's stem and max pool
+        import torchvision
+
+        r = torchvision.models.resnet50(weights=None)
+        m = torch.nn.Sequential(r.conv1, r.bn1, r.relu, r.maxpool).eval().half().to(dev)
+        return m, (torch.randn(32, 3, 224, 224, device=dev, dtype=torch.half),)
     raise ValueError(f"unknown model {name}")
 
 

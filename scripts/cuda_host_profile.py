@@ -1,0 +1,59 @@
+"""On the GPU machine: where the host time of aotrt's run() goes without CUDA graphs
+(issue #9: aotrt without graphs must beat eager), by Python function, under cProfile.
+
+    python3 scripts/cuda_host_profile.py resnet50_b1 [--iters 50]
+
+Prints the wall time per run with and without the profiler, and the functions with the
+most own time (tottime) and cumulative time per run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import cProfile
+import pstats
+import sys
+import time
+
+sys.path.insert(0, "bench")
+import bench  # noqa: E402
+
+import aotrt  # noqa: E402
+
+
+def main() -> None:
+    """Export one benchmark model, run it without graphs, profile the runs."""
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("model", help="a bench.build name, e.g. resnet50_b1")
+    ap.add_argument("--iters", type=int, default=50, help="profiled runs")
+    a = ap.parse_args()
+    m, inputs = bench.build(a.model)
+    prog = aotrt.export(m, inputs)
+    print(f"{a.model}: {len(prog.instructions)} instructions")
+    with aotrt.load(prog, device="cuda", cuda_graph=False) as d:
+        for _ in range(5):
+            d.run(*inputs)
+        d.stream.commit_and_wait()
+        t0 = time.perf_counter()
+        for _ in range(a.iters):
+            d.run(*inputs)
+        d.stream.commit_and_wait()
+        plain = (time.perf_counter() - t0) / a.iters
+        prof = cProfile.Profile()
+        t0 = time.perf_counter()
+        prof.enable()
+        for _ in range(a.iters):
+            d.run(*inputs)
+        d.stream.commit_and_wait()
+        prof.disable()
+        profiled = (time.perf_counter() - t0) / a.iters
+    print(f"per run: {plain * 1e3:.3f} ms, {profiled * 1e3:.3f} ms under cProfile "
+          f"({plain * 1e6 / max(1, len(prog.instructions)):.1f} us per instruction)")
+    st = pstats.Stats(prof)
+    for key in ("tottime", "cumulative"):
+        print(f"== by {key} (totals over {a.iters} runs)")
+        st.sort_stats(key).print_stats(22)
+
+
+if __name__ == "__main__":
+    main()
