@@ -13,7 +13,7 @@ import pytest
 from aotrt import dtypes
 from aotrt.errors import CompileError, HazardError, InvalidArgument
 from aotrt.kernels import ir
-from aotrt.kernels.render_cuda import CudaRenderer
+from aotrt.kernels.render_cuda import BLOCK, CudaRenderer
 from aotrt.runtime import shims
 from aotrt.runtime.device import StreamOptions, cuda_available, get_device
 from aotrt.runtime.tensor import Handle
@@ -126,8 +126,9 @@ ALL_KERNELS = [k_silu_bcast("float16"), k_layer_norm("bfloat16", 3, 70),
 
 # -- rendering (no GPU needed) ------------------------------------------------------------------
 
-def test_lanes_choose_warp_for_long_reductions() -> None:
-    assert CudaRenderer.lanes(k_layer_norm("float32", 4, 768)) == 32
+def test_lanes_choose_block_or_warp_for_long_reductions() -> None:
+    assert CudaRenderer.lanes(k_layer_norm("float32", 4, 768)) == BLOCK
+    assert CudaRenderer.lanes(k_layer_norm("float32", 4, 64)) == 32
     assert CudaRenderer.lanes(k_small_reduce(4, 4)) == 1
     assert CudaRenderer.lanes(k_silu_bcast("float32")) == 1
 

@@ -235,14 +235,16 @@ def make_conv(out: Handle, x: Handle, w: Handle, bias: Handle | None, p: Any,
 def _conv3d(out: Handle, x: Handle, w: Handle, bias: Handle | None, p: Any, xb: Handle,
             ob: Handle, residual: Handle | None) -> Work:
     """A 3-D convolution: one cuDNN graph (the epilogue in it when the layouts agree), else
-    the cuDNN convolution and the epilogue kernel; Unsupported without cuDNN. A transposed one
-    is cuDNN's data gradient (conv_dgrad) of the forward convolution."""
+    the cuDNN convolution and the epilogue kernel; Unsupported without cuDNN, and transposed."""
     act = getattr(p, "activation", "none")
     fused = residual is not None or act != "none"
     dnn = _get_dnn(out.device)
-    if dnn is None:
-        raise Unsupported(f"convolution: 3-D (w {list(w.sizes)}) needs cuDNN on the cuda "
-                          f"device; load the program on cpu")
+    if dnn is None or p.transposed:
+        # cuDNN's 3-D data gradient refused strided, dilated and grouped cases on the H200
+        # (2026-12-02), and there is no 3-D col2im kernel: transposed 3-D stays on cpu
+        what = "a transposed 3-D convolution is not implemented on the cuda device" \
+            if p.transposed else "3-D convolution needs cuDNN on the cuda device"
+        raise Unsupported(f"convolution: {what} (w {list(w.sizes)}); load the program on cpu")
     if not fused or _uniform_layout(xb, w, ob, residual):
         try:
             return _cudnn_conv(dnn, out, x, w, bias, p, xb, ob, residual, act)
