@@ -15,6 +15,20 @@ DTYPES = ("float32", "bfloat16", "float16")
 LAYOUTS = ("packed", "offset", "strided", "transposed")
 
 
+@pytest.fixture(params=["rank", "rows"])
+def cuda_kernel(request, kit, monkeypatch):
+    """On cuda, each case runs through both kernels: a thread per element (rank) and a
+    thread per row (rows); cpu has one path, so its "rows" variant is skipped."""
+    if kit.dev.name != "cuda":
+        if request.param == "rows":
+            pytest.skip("cpu has one topk path")
+        return request.param
+    from aotrt.runtime.ops.cuda import topk as cuda_topk
+    if request.param == "rows":
+        monkeypatch.setattr(cuda_topk, "RANK_MAX_N", 0)
+    return request.param
+
+
 def _run(kit, stream, x_np, k, dim=-1, largest=True, layout="packed", out_layout="packed"):
     x = kit.tensor(x_np, layout)
     ref = torch.topk(torch.from_numpy(x_np.astype(np.float64)), k, dim, largest)
@@ -34,19 +48,27 @@ def _run(kit, stream, x_np, k, dim=-1, largest=True, layout="packed", out_layout
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("layout", LAYOUTS)
 @pytest.mark.parametrize("largest", [True, False])
-def test_topk_matches_torch(kit, stream, dtype, layout, largest):
+def test_topk_matches_torch(kit, stream, cuda_kernel, dtype, layout, largest):
     x_np = kit.randn((4, 6, 9), dtype)
     for dim, k in ((-1, 3), (1, 6), (0, 1)):
         _run(kit, stream, x_np, k, dim, largest, layout, "strided")
 
 
-def test_topk_unique_values_give_torch_indices(kit, stream):
+def test_topk_unique_values_give_torch_indices(kit, stream, cuda_kernel):
     x_np = kit.rng.permutation(200).astype(np.float32).reshape(8, 25)
     _, idx = _run(kit, stream, x_np, 7)
     np.testing.assert_array_equal(idx, torch.topk(torch.from_numpy(x_np), 7).indices.numpy())
 
 
-def test_topk_ties_are_stable(kit, stream):
+@pytest.mark.parametrize("dtype", ["float16", "float32"])
+def test_topk_of_one_long_row(kit, stream, cuda_kernel, dtype):
+    """RT-DETR's query selection: k 300 of one row of 8400 scores."""
+    x_np = kit.randn((1, 8400), dtype)
+    x_np[0, ::97] = x_np[0, 5]            # ties among the top values too
+    _run(kit, stream, x_np, 300)
+
+
+def test_topk_ties_are_stable(kit, stream, cuda_kernel):
     x_np = np.array([1, 3, 3, 2, 3, 0], np.float32)
     _, idx = _run(kit, stream, x_np, 4)
     assert idx.tolist() == [1, 2, 4, 3]
@@ -54,7 +76,7 @@ def test_topk_ties_are_stable(kit, stream):
     assert idx.tolist() == [5, 0, 3]
 
 
-def test_topk_nan_is_largest(kit, stream):
+def test_topk_nan_is_largest(kit, stream, cuda_kernel):
     x_np = np.array([1, np.nan, 3, -np.inf, np.inf], np.float32)
     v, idx = _run(kit, stream, x_np, 2)
     assert np.isnan(v[0]) and idx.tolist() == [1, 4]
@@ -65,7 +87,7 @@ def test_topk_nan_is_largest(kit, stream):
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16", "int64"])
 @pytest.mark.parametrize("dim", [0, 1, -1])
 @pytest.mark.parametrize("largest", [True, False])
-def test_topk_of_the_whole_dim_is_torch_stable_sort(kit, stream, dtype, dim, largest):
+def test_topk_of_the_whole_dim_is_torch_stable_sort(kit, stream, cuda_kernel, dtype, dim, largest):
     # The exporter lowers aten.sort to topk with k = the dim's size: values and indices must
     # equal torch.sort(stable=True) exactly, with ties, -0.0 next to 0.0, and NaN (largest).
     x_np = np.round(kit.rng.standard_normal((6, 40, 5)) * 2)
@@ -88,7 +110,7 @@ def test_topk_of_the_whole_dim_is_torch_stable_sort(kit, stream, dtype, dim, lar
 
 
 @pytest.mark.parametrize("dtype", ["int64", "int32"])
-def test_topk_integers(kit, stream, dtype):
+def test_topk_integers(kit, stream, cuda_kernel, dtype):
     x_np = kit.rng.integers(-50, 50, size=(5, 7)).astype(dtype)
     x_np[0, 0] = np.iinfo(dtype).min
     _run(kit, stream, x_np, 7, largest=True)

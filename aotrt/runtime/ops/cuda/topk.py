@@ -1,4 +1,6 @@
-"""topk on cuda: one thread per row of the other dims, through the own topk kernel."""
+"""topk on cuda, through the own kernels: few rows (RT-DETR's query selection: one row of
+8400, k 300) get a thread per element that counts the elements ranked before it, many rows
+a thread per row that makes k selection passes."""
 
 from __future__ import annotations
 
@@ -17,13 +19,21 @@ if TYPE_CHECKING:
 
 def make_topk(values_out: Handle, indices_out: Handle, x: Handle, k: int, dim: int,
               largest: bool) -> Work:
-    """topk along `dim`: one thread per row of the other dims (folded, or packed first)."""
+    """topk along `dim` (rows: the other dims, folded, or packed first)."""
     dev = x.device
     if x.ndim == 0:
         return _topk_scalar(values_out, indices_out, x)
     n = x.sizes[dim]
-    kern_name = f"aot_topk_{x.dtype.name}"
-    kernel(dev, KERNELS, kern_name)  # refuse early if the module lacks it
+    rows = 1
+    for i, s_ in enumerate(x.sizes):
+        if i != dim:
+            rows *= s_
+    # A thread per row runs k passes over n: one row of 8400 took 490 ms on the H200. A
+    # thread per element counts, over n, the elements ranked before it (rows * n * n work,
+    # all of it parallel); past RANK_MAX_N that square outgrows the k passes.
+    by_rank = n <= RANK_MAX_N and rows < RANK_MAX_ROWS
+    kern_name = f"aot_topk_{x.dtype.name}{'_rank' if by_rank else ''}"
+    kern = kernel(dev, KERNELS, kern_name)  # refuses early if the module lacks it
 
     def rows_of(h: Handle) -> tuple[int, int, int] | None:
         sizes = [s for i, s in enumerate(h.sizes) if i != dim]
@@ -38,16 +48,11 @@ def make_topk(values_out: Handle, indices_out: Handle, x: Handle, k: int, dim: i
         return Handle(h.alloc, h.byte_offset, tuple(h.sizes[i] for i in order),
                       tuple(h.strides[i] for i in order), h.dtype, h.device, h.owner)
 
-    rows = 1
-    for i, s_ in enumerate(x.sizes):
-        if i != dim:
-            rows *= s_
     rx, rv, ri = rows_of(x), rows_of(values_out), rows_of(indices_out)
     # outputs over the input must read the old values: go through packed copies then
     direct = (rx is not None and rv is not None and ri is not None
               and not overlaps(values_out, x) and not overlaps(indices_out, x))
-    kern = kernel(dev, KERNELS, kern_name)
-    cfg = dev.launch_config(rows)
+    cfg = dev.launch_config(rows * n if by_rank else rows)
     isz = x.dtype.itemsize
     xm, vm, im = moved(x), moved(values_out), moved(indices_out)
 
@@ -71,6 +76,12 @@ def make_topk(values_out: Handle, indices_out: Handle, x: Handle, k: int, dim: i
             for sc in (xs, vs, ins):
                 sc.free()
     return work
+
+
+#: the rank kernel serves rows up to this long ...
+RANK_MAX_N = 1 << 16
+#: ... when there are fewer rows than this (else a thread per row has parallelism enough)
+RANK_MAX_ROWS = 8192
 
 
 def _topk_scalar(values_out: Handle, indices_out: Handle, x: Handle) -> Work:
@@ -141,10 +152,44 @@ __device__ void topk_rows(const T* x, T* vals, int64_t* idx, int64_t rows, int64
     }
   }
 }
+// is (a, ia) ranked before (b, ib)? largest: NaN first, then descending; smallest:
+// ascending, NaN last; equal values by ascending index
+static __device__ __forceinline__ bool ranks_before(double a, int64_t ia, double b,
+                                                    int64_t ib, int largest) {
+  bool an = a != a, bn = b != b;
+  if (an || bn) return (an && bn) ? ia < ib : (largest ? an : bn);
+  if (a == b) return ia < ib;
+  return largest ? a > b : a < b;
+}
+// One thread per element of a [rows, n] view: its rank is the count of elements ranked
+// before it in its row; ranks below k are written. Stops counting at k.
+template <typename T>
+__device__ void topk_rank(const T* x, T* vals, int64_t* idx, int64_t rows, int64_t n,
+    int64_t k, int64_t rs, int64_t es, int64_t vrs, int64_t ves, int64_t irs, int64_t ies,
+    int largest) {
+  const int64_t total = rows * n;
+  for (int64_t t = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; t < total;
+       t += (int64_t)gridDim.x * blockDim.x) {
+    const int64_t r = t / n, j = t % n;
+    const T* xp = x + r * rs;
+    const double v = ldd(xp + j * es);
+    int64_t rank = 0;
+    for (int64_t i = 0; i < n && rank < k; i++)
+      rank += ranks_before(ldd(xp + i * es), i, v, j, largest) ? 1 : 0;
+    if (rank < k) {
+      vals[r * vrs + rank * ves] = xp[j * es];
+      idx[r * irs + rank * ies] = j;
+    }
+  }
+}
 #define AOT_TOPK(NAME, T) extern "C" __global__ void NAME(const T* x, T* vals, int64_t* idx, \
     int64_t rows, int64_t n, int64_t k, int64_t rs, int64_t es, int64_t vrs, int64_t ves, \
     int64_t irs, int64_t ies, int largest) { topk_rows<T>(x, vals, idx, rows, n, k, rs, es, \
-    vrs, ves, irs, ies, largest); }
+    vrs, ves, irs, ies, largest); } \
+extern "C" __global__ void NAME##_rank(const T* x, T* vals, int64_t* idx, int64_t rows, \
+    int64_t n, int64_t k, int64_t rs, int64_t es, int64_t vrs, int64_t ves, int64_t irs, \
+    int64_t ies, int largest) { topk_rank<T>(x, vals, idx, rows, n, k, rs, es, vrs, ves, \
+    irs, ies, largest); }
 AOT_TOPK(aot_topk_float32, float)
 AOT_TOPK(aot_topk_float16, h16)
 AOT_TOPK(aot_topk_bfloat16, bf16)
