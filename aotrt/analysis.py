@@ -159,44 +159,39 @@ def _affine_node(e: Any, ndim: int, args: list, big: int) -> Any:
 def kernel_cost(k: ir.Kernel, cap: int) -> tuple[int, int]:
     """(distinct IR nodes, loop iterations) of a kernel, in time linear in its nodes.
 
-    Iterations: the outer elements, each running every Reduce's loop over the reduce domain
-    (and one more for stores that use reduce dims); a Reduce nested in another's body runs
-    once per enclosing iteration (rnumel ** depth).
-    Saturates just above `cap`, so no power is ever computed in full.
+    Iterations: the outer elements, each running one loop over the reduce domain per Reduce
+    node (and one more for stores that use reduce dims). A Reduce nested in another's body
+    counts once too: its value is per outer element, and both renderers compute it before
+    the loop that uses it (render_c `_reduce`), not inside that loop. Saturates at cap + 1.
     """
-    order: list[Any] = []       # post-order: operands before users
-    done: set[int] = set()
+    nodes = 0
+    reduces = 0
+    for node in ir.walk(k.stores):
+        nodes += 1
+        reduces += isinstance(node, ir.Reduce)
+    rn = max(numel(k.rshape), 1)
+    loops = reduces + (1 if any(uses_reduce_dim(st, len(k.shape)) for st in k.stores) else 0)
+    total = numel(k.shape) * (1 + rn * loops)
+    return nodes, min(total, cap + 1)
+
+
+def reduce_depth(k: ir.Kernel) -> int:
+    """The most Reduce nodes on one path from a store down (nested reductions), in time
+    linear in the kernel's distinct nodes."""
+    depth: dict[int, int] = {}
     stack: list[tuple[Any, bool]] = [(s, False) for s in k.stores]
     while stack:
         node, ready = stack.pop()
-        if id(node) in done:
+        if id(node) in depth:
             continue
+        kids = ir.children(node)
         if not ready:
             stack.append((node, True))
-            stack.extend((c, False) for c in ir.children(node) if id(c) not in done)
+            stack.extend((c, False) for c in kids if id(c) not in depth)
             continue
-        done.add(id(node))
-        order.append(node)
-    # depth: the most Reduce nodes on a path from a store down to the node, itself included.
-    depth: dict[int, int] = {}
-    for node in reversed(order):
-        d = depth.get(id(node), 0) + (1 if isinstance(node, ir.Reduce) else 0)
-        depth[id(node)] = d
-        for c in ir.children(node):
-            if depth.get(id(c), 0) < d:
-                depth[id(c)] = d
-    rn = max(numel(k.rshape), 1)
-    per = 1
-    if any(uses_reduce_dim(st, len(k.shape)) for st in k.stores):
-        per += rn               # the loop of the stores inside the reduce domain
-    for node in order:
-        if isinstance(node, ir.Reduce):
-            per += _sat_pow(rn, depth[id(node)], cap + 1)
-            if per > cap:
-                break
-    outer = numel(k.shape)
-    total = 0 if outer == 0 else outer * per if per <= cap else cap + 1
-    return len(order), min(total, cap + 1)
+        depth[id(node)] = max((depth[id(c)] for c in kids), default=0) + isinstance(
+            node, ir.Reduce)
+    return max((depth[id(s)] for s in k.stores), default=0)
 
 
 def tree_size(k: ir.Kernel, cap: int) -> int:
@@ -215,14 +210,3 @@ def tree_size(k: ir.Kernel, cap: int) -> int:
             continue
         size[id(node)] = min(1 + sum(size[id(c)] for c in kids), cap + 1)
     return min(sum(size[id(s)] for s in k.stores), cap + 1)
-
-
-def _sat_pow(base: int, exp: int, ceiling: int) -> int:
-    if base <= 1:
-        return base if exp else 1
-    out = 1
-    for _ in range(exp):
-        out *= base
-        if out >= ceiling:
-            return ceiling
-    return out

@@ -15,7 +15,7 @@ import numpy as np
 
 from aotrt import dtypes
 from aotrt.analysis import (Write, affine_index, first_unwritten, kernel_cost,
-                            uses_reduce_dim)
+                            reduce_depth, uses_reduce_dim)
 from aotrt.errors import InvalidArgument, ProgramError, Unsupported
 from aotrt.kernels import ir
 from aotrt.kernels.bounds import kernel_accesses, walk as _walk
@@ -34,6 +34,9 @@ SIZE_LIMIT = 1 << 31
 #: byte counts and offsets stay below this, so no sum of two of them overflows int64
 BYTES_LIMIT = 1 << 62
 MAX_DIMS = 64
+#: reductions nested in one another's bodies: the renderers recurse once per level (a layer
+#: norm of a layer norm nests 4)
+MAX_REDUCE_DEPTH = 64
 INT64_MIN, INT64_MAX = -(1 << 63), (1 << 63) - 1
 
 _SPEC_KEYS = {"name", "dtype", "shape", "strides"}
@@ -269,6 +272,10 @@ class Validator:
             if k.name in self.kernel_by_name:
                 raise fail(f"kernels[{i}]", f"duplicate kernel name {k.name!r}")
             _check_kernel_types(k, f"kernels[{i}] {k.name}")
+            depth = reduce_depth(k)
+            if depth > MAX_REDUCE_DEPTH:
+                raise fail(f"kernels[{i}] {k.name}", f"reductions nest {depth} deep, more than "
+                                                     f"{MAX_REDUCE_DEPTH}")
             self.kernel_by_name[k.name] = k
             n, iters = kernel_cost(k, self.lim.max_kernel_iterations)
             nodes += n

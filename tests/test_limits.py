@@ -122,21 +122,63 @@ def test_kernel_of_2_61_iterations_is_refused(shape: tuple, rshape: tuple) -> No
 
 
 def test_every_reduce_loop_counts() -> None:
-    """Two reductions run two loops; a reduction nested in another runs rnumel**2."""
+    """Two reductions run two loops; a reduction nested in another is computed once per outer
+    element before the loop that uses it (as the renderers emit it), so it adds one loop."""
     r = ir.Reduce("sum", ir.Const(1.0, "float32"), "float32")
     two = ir.Op("add", (r, ir.Reduce("max", ir.Const(2.0, "float32"), "float32")), "float32")
     assert kernel_cost(one_store_kernel("a", (3,), (5,), r), 1 << 40)[1] == 3 * (1 + 5)
     assert kernel_cost(one_store_kernel("b", (3,), (5,), two), 1 << 40)[1] == 3 * (1 + 10)
     nested = ir.Reduce("sum", r, "float32")
     assert kernel_cost(one_store_kernel("c", (3,), (5,), nested), 1 << 40)[1] == \
-        3 * (1 + 5 + 25)
-    # A chain of 5,000 nested reductions saturates instead of computing 5**5000.
+        3 * (1 + 5 + 5)
+    # A chain of 5,000 nested reductions costs 5,001 loops, in linear time.
     deep: ir.Expr = r
     for _ in range(5000):
         deep = ir.Reduce("sum", deep, "float32")
     t0 = time.perf_counter()
-    assert kernel_cost(one_store_kernel("d", (3,), (5,), deep), 1 << 40)[1] == (1 << 40) + 1
+    assert kernel_cost(one_store_kernel("d", (3,), (5,), deep), 1 << 40)[1] == \
+        3 * (1 + 5 * 5001)
     assert time.perf_counter() - t0 < FAST
+    # ... and saturates just above the cap when the loops are long.
+    assert kernel_cost(one_store_kernel("e", (3,), (1 << 40,), deep), 1 << 40)[1] == \
+        (1 << 40) + 1
+
+
+@pytest.mark.parametrize("rshape", [(1,), (5,)])
+def test_reductions_nested_past_the_format_limit_are_refused(rshape: tuple) -> None:
+    """The renderers recurse once per nested reduction: a file nesting 5,001 is refused
+    (even over one reduce element, where the loops cost nothing), 64 are accepted."""
+    def nested(n: int) -> ir.Expr:
+        e: ir.Expr = ir.Const(1.0, "float32")
+        for _ in range(n):
+            e = ir.Reduce("sum", e, "float32")
+        return e
+
+    def prog(n: int) -> Program:
+        k = one_store_kernel("k", (3,), rshape, nested(n))
+        return program([view("arena", 0, [1])], [{"op": "kernel", "name": "k", "args": [1]},
+                                                 write_out()], [k])
+    refused(prog(5001), r"kernels\[0\] k: reductions nest 5001 deep, more than 64")
+    prog(64).validate()
+
+
+def test_layer_norm_of_a_layer_norm_fits() -> None:
+    """Swin-v2's post-norm block fused with the final norm: four reductions nested four deep
+    over 768 channels of 7x7 tokens (once refused as 768**4 iterations per token)."""
+    x = ir.Load(0, ir.Idx(2), "float32")
+    c = ir.Const(1.0 / 768, "float32")
+
+    def norm(v: ir.Expr) -> ir.Expr:
+        mean = ir.Op("mul", (ir.Reduce("sum", v, "float32"), c), "float32")
+        d = ir.Op("sub", (v, mean), "float32")
+        var = ir.Op("mul", (ir.Reduce("sum", ir.Op("mul", (d, d), "float32"), "float32"), c),
+                    "float32")
+        return ir.Op("mul", (d, ir.Op("rsqrt", (var,), "float32")), "float32")
+
+    out = norm(ir.Op("add", (x, norm(x)), "float32"))
+    k = ir.Kernel("ln2", (7, 7), (768,), (ir.Arg("float32", "r"), ir.Arg("float32", "w")),
+                  (ir.Store(1, ir.Idx(2), out),))
+    assert kernel_cost(k, 1 << 40)[1] == 49 * (1 + 768 * 5)
 
 
 def test_max_pool2d_with_a_2_28_kernel_is_refused() -> None:

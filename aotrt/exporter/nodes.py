@@ -69,8 +69,18 @@ def target_name(target: Any) -> str:
     return getattr(target, "__name__", str(target))
 
 
+def is_random(node: torch.fx.Node) -> bool:
+    """Whether the node draws random numbers (rand, randn, dropout in training, ...)."""
+    t = node.target
+    return isinstance(t, torch._ops.OpOverload) and torch.Tag.nondeterministic_seeded in t.tags
+
+
 def unsupported(node: torch.fx.Node, why: str = "") -> Unsupported:
-    """An Unsupported error naming the op and the user's source line."""
+    """An Unsupported error naming the op and the user's source line (and, for a random op
+    with no other reason given, that random ops are not supported)."""
+    if not why and is_random(node):
+        why = ("random ops are not supported (programs are deterministic): pass random "
+               "values in as an input, and call model.eval() for dropout")
     msg = f"{describe(node)}: not supported by aotrt"
     return Unsupported(f"{msg}: {why}" if why else msg)
 

@@ -177,8 +177,12 @@ _pw(_ov(aten.hardtanh, "default"), ("self",), DEF,
 for _name in ("neg", "abs", "relu", "sign", "floor", "ceil", "round", "trunc"):
     _pw(_ov(getattr(aten, _name), "default"), ("self",), DEF, _unary(_name))
 for _name in ("exp", "exp2", "log", "log2", "log1p", "expm1", "sqrt", "rsqrt", "sigmoid",
-              "tanh", "erf", "sin", "cos", "tan", "atan", "reciprocal", "silu"):
+              "tanh", "erf", "sin", "cos", "tan", "asin", "acos", "atan", "reciprocal", "silu"):
     _pw(_ov(getattr(aten, _name), "default"), ("self",), INT2F, _unary(_name))
+# torch's refs rewrite these to prims (which take floats already) when an op around them is
+# decomposed further (capture.decompose_unsupported)
+for _name in ("asin", "acos", "atan"):
+    _pw(_ov(getattr(torch.ops.prims, _name), "default"), ("self",), INT2F, _unary(_name))
 for _name in ("isnan", "isinf"):
     _pw(_ov(getattr(aten, _name), "default"), ("self",), NO_OPMATH,
         lambda c, v, a, n=_name: op(n, v[0], dtype=BOOL))

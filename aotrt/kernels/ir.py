@@ -25,8 +25,9 @@ DTYPES = FLOAT_DTYPES + INT_DTYPES + ("bool",)
 
 UNARY_OPS = frozenset({
     "neg", "abs", "exp", "exp2", "log", "log2", "log1p", "expm1", "sqrt", "rsqrt", "tanh",
-    "sigmoid", "relu", "erf", "sin", "cos", "tan", "atan", "floor", "ceil", "round", "trunc",
-    "reciprocal", "sign", "not", "isnan", "isinf", "bitwise_not", "gelu", "gelu_tanh", "silu",
+    "sigmoid", "relu", "erf", "sin", "cos", "tan", "asin", "acos", "atan", "floor", "ceil",
+    "round", "trunc", "reciprocal", "sign", "not", "isnan", "isinf", "bitwise_not", "gelu",
+    "gelu_tanh", "silu",
 })
 BINARY_OPS = frozenset({
     "add", "sub", "mul", "div", "floordiv", "truncdiv", "mod", "fmod", "pow", "maximum",

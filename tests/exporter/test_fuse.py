@@ -42,10 +42,10 @@ TOL = {torch.float32: 1e-4, torch.bfloat16: 2e-2, torch.float16: 2e-2}
 
 @dataclass(frozen=True)
 class In:
-    """An input: shape, kind ('f' float of the suite dtype, 'pos' positive float, 'i' ints
-    in [lo, hi), 'b' bools, 'f32' always float32), plus an optional layout: `perm` makes a
-    permuted view of a contiguous tensor, `expand` a stride-0 view along dim 0, `offset` a
-    slice of a wider tensor (non-zero storage offset)."""
+    """An input: shape, kind ('f' float of the suite dtype, 'pos' positive float, 'unit'
+    float in (-1, 1), 'i' ints in [lo, hi), 'b' bools, 'f32' always float32), plus an
+    optional layout: `perm` makes a permuted view of a contiguous tensor, `expand` a stride-0
+    view along dim 0, `offset` a slice of a wider tensor (non-zero storage offset)."""
 
     shape: tuple[int, ...]
     kind: str = "f"
@@ -64,7 +64,9 @@ class In:
             shape = (1,) + shape[1:]
         if self.offset:
             shape = shape[:-1] + (shape[-1] + self.offset,)
-        if self.kind in ("f", "f32", "pos"):
+        if self.kind == "unit":
+            t = (torch.rand(shape, generator=gen, dtype=torch.float64) * 2 - 1).to(dtype)
+        elif self.kind in ("f", "f32", "pos"):
             t = torch.randn(shape, generator=gen, dtype=torch.float64) * 2
             if self.kind == "pos":
                 t = t.abs() + 0.1
@@ -108,6 +110,11 @@ def P(*shape: int, **kw: Any) -> In:
     return In(tuple(shape), "pos", **kw)
 
 
+def U(*shape: int, **kw: Any) -> In:
+    """A float input in (-1, 1), the domain of asin and acos."""
+    return In(tuple(shape), "unit", **kw)
+
+
 def Iv(*shape: int, lo: int = -5, hi: int = 5, **kw: Any) -> In:
     """An int64 input in [lo, hi)."""
     return In(tuple(shape), "i", lo, hi, **kw)
@@ -146,6 +153,11 @@ CASES: list[Case] = [
          (X(5, 8),), exact=True),
     Case("unary_transcendental", lambda x: (x.exp(), x.sigmoid(), x.tanh(), x.erf(), x.sin(),
                                             x.cos(), x.atan(), torch.expm1(x)), (X(4, 8),)),
+    Case("unary_inverse_trig", lambda x: (x.asin(), x.acos(), 1 - torch.acos(x) / math.pi),
+         (U(4, 8),)),
+    # what torch's refs decompose them to when capture decomposes an op around them further
+    Case("prims_inverse_trig", lambda x: (torch.ops.prims.asin(x), torch.ops.prims.acos(x),
+                                          torch.ops.prims.atan(x * 3)), (U(4, 8),)),
     Case("unary_positive", lambda x: (x.log(), x.log2(), x.log1p(), x.sqrt(), x.rsqrt(),
                                       x.reciprocal(), x.log10()), (P(4, 8),)),
     Case("gelu", lambda x: (F.gelu(x), F.gelu(x, approximate="tanh")), (X(5, 16),)),

@@ -85,6 +85,25 @@ def test_attention_dropout_is_refused() -> None:
         export_seeded(Dropout(), (1, 2, 4, 8))
 
 
+class RandomMasking(nn.Module):
+    """MAE-style random masking: noise drawn in forward orders the patches."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        noise = torch.rand(x.shape[0], x.shape[1])
+        return torch.gather(x, 1, noise.argsort(dim=1)[:, :2, None].expand(-1, -1, x.shape[2]))
+
+
+def test_random_ops_are_refused_saying_so() -> None:
+    """A random op in forward is refused with the line and a reason: random ops are not
+    supported, pass the values in."""
+    line = line_of(RandomMasking.forward, "torch.rand(")
+    with pytest.raises(aotrt.Unsupported) as info:
+        export_seeded(RandomMasking(), (2, 5, 3))
+    msg = str(info.value)
+    assert "aten.rand.default at " in msg and f"test_lower.py:{line}" in msg
+    assert "random ops are not supported" in msg and "as an input" in msg
+
+
 def test_training_mode_batch_norm_is_refused() -> None:
     """A batch norm in training mode updates its statistics: refused, suggesting eval()."""
     model = nn.Sequential(nn.Conv2d(3, 4, 3), nn.BatchNorm2d(4)).train()

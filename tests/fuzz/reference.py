@@ -113,7 +113,7 @@ def _round_half(x: np.ndarray, dtype: str) -> np.ndarray:
 
 _NARROW = {"int32": np.int32, "int16": np.int16, "int8": np.int8, "uint8": np.uint8}
 _APPROX_UNARY = {"exp", "exp2", "log", "log2", "log1p", "expm1", "tanh", "sigmoid", "erf", "sin",
-                 "cos", "tan", "atan", "gelu", "gelu_tanh", "silu"}
+                 "cos", "tan", "asin", "acos", "atan", "gelu", "gelu_tanh", "silu"}
 _erf = np.frompyfunc(math.erf, 1, 1)
 
 
@@ -124,8 +124,8 @@ def _f_unary(op: str, x: np.ndarray) -> np.ndarray | None:
     if op == "abs":
         return np.abs(x)
     if op in ("exp", "exp2", "log", "log2", "log1p", "expm1", "sqrt", "tanh", "sin", "cos",
-              "tan", "floor", "ceil", "trunc"):
-        return getattr(np, {"atan": "arctan"}.get(op, op))(x).astype(f32)
+              "tan", "asin", "acos", "floor", "ceil", "trunc"):
+        return getattr(np, {"asin": "arcsin", "acos": "arccos"}.get(op, op))(x).astype(f32)
     if op == "atan":
         return np.arctan(x).astype(f32)
     if op == "rsqrt":

@@ -126,6 +126,29 @@ def test_unary_float_ops(run, dtype):
         assert rel_err(g, want) < TOL[dtype], op
 
 
+@pytest.mark.parametrize("dtype", ["float32", "float16", "bfloat16"])
+def test_inverse_sine_and_cosine_over_their_domain(run, dtype):
+    """asin and acos on random points of [-1, 1] and its ends against float64; outside the
+    domain both are NaN, as in torch."""
+    xs = np.random.default_rng(11).uniform(-1.0, 1.0, 4096)
+    xs = np.concatenate([xs, [-1.0, 1.0, 0.0, -0.0, 0.5, -0.5, 1.5, -2.0, np.nan]])
+    xs = xs.astype(NP[dtype])
+    shape = (xs.size,)
+    x = ir.Load(0, flat(shape), dtype)
+    ops = {"asin": np.arcsin, "acos": np.arccos}
+    stores = tuple(ir.Store(1 + i, flat(shape), ir.Op(op, (x,), dtype))
+                   for i, op in enumerate(ops))
+    k = ir.Kernel(f"inverse_trig_{dtype}", shape, (), (ir.Arg(dtype, "r"),)
+                  + (ir.Arg(dtype, "w"),) * len(ops), stores)
+    got = run(k, [xs], [(shape, dtype)] * len(ops))
+    x64 = xs.astype(np.float64)
+    inside = np.abs(x64) <= 1
+    for (op, ref), g in zip(ops.items(), got):
+        g64 = g.astype(np.float64)
+        assert rel_err(g64[inside], ref(x64[inside])) < TOL[dtype], op
+        assert np.isnan(g64[~inside]).all(), op
+
+
 def test_maximum_and_minimum_propagate_nan(run):
     a = np.array([1.0, np.nan, 3.0, np.nan], np.float32)
     b = np.array([np.nan, 2.0, 1.0, np.nan], np.float32)

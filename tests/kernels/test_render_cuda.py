@@ -61,6 +61,16 @@ def mask_where() -> ir.Kernel:
                       ir.Store(3, flat(shape), ir.cast(m, "int64"))))
 
 
+def inverse_trig() -> ir.Kernel:
+    """out0 = asin(x), out1 = acos(x) in float32."""
+    shape = (9,)
+    x = ir.Load(0, flat(shape), "float32")
+    return ir.Kernel("inverse_trig", shape, (), (ir.Arg("float32", "r"),)
+                     + (ir.Arg("float32", "w"),) * 2,
+                     tuple(ir.Store(1 + i, flat(shape), ir.Op(op, (x,), "float32"))
+                           for i, op in enumerate(("asin", "acos"))))
+
+
 def _kernel_text(src: str, index: int) -> str:
     """The text of kernel `index` of a rendered library (from its signature on)."""
     start = src.index(f"aotrt_k{index}(")
@@ -86,6 +96,11 @@ def test_signature_and_grid_stride_loop_of_a_pointwise_kernel() -> None:
     assert "it < n; it += step" in k0 and "blockIdx.x * blockDim.x + threadIdx.x" in k0
     assert "lane" not in k0                         # one thread per element
     assert "/* kernel pointwise_float32 */" in src and "/* kernel pointwise_float16 */" in src
+
+
+def test_inverse_sine_and_cosine_call_the_device_math_library() -> None:
+    body = _kernel_text(CudaRenderer().render([inverse_trig()]), 0)
+    assert "asinf(" in body and "acosf(" in body
 
 
 def test_small_domains_index_in_32_bits_and_huge_ones_in_64() -> None:
@@ -150,7 +165,7 @@ def test_a_cast_inside_a_kernel_rounds_through_the_storage_type() -> None:
 @pytest.mark.parametrize("arch", ["sm_90", "sm_80"])
 def test_rendered_kernels_compile(arch: str) -> None:
     kernels = [pointwise("float32"), pointwise("bfloat16", (1 << 16, 1 << 16)), mask_where(),
-               softmax_kernel(4, 64, "float16"), row_sum(8), row_sum(40)]
+               softmax_kernel(4, 64, "float16"), row_sum(8), row_sum(40), inverse_trig()]
     code = CUDA.compile_source(CudaRenderer().render(kernels), arch, "render_cuda test")
     for i in range(len(kernels)):
         assert f"aotrt_k{i}".encode() in code

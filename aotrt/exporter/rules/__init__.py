@@ -3,7 +3,7 @@ one `Rule` that checks and lowers it. Each family lives in its own file:
 
 - views.py        view ops, split/unbind, getitem, clones that alias: new TViews, no copies
 - cat_scatter.py  cat, slice/select/diagonal_scatter, and where a value is written (placement)
-- index.py        index_put: a generated scatter kernel
+- index.py        index_put: a generated scatter kernel (accumulate: a gather over constant indices)
 - library.py      GEMMs, convolution, attention, topk/sort, max pooling, upsampling
 - fold.py         no-op asserts; batch-norm and constant folding before lowering
 - fused.py        the kernel table's ops (pointwise.py, reductions.py): fused kernels

@@ -18,7 +18,7 @@ import torch.fx
 import torch.utils._pytree as pytree
 from torch.export.graph_signature import InputKind
 
-from aotrt.exporter.nodes import dtype_name, to_numpy
+from aotrt.exporter.nodes import dtype_name, is_random, to_numpy
 from aotrt.exporter.rules.registry import Rule, register, rule_of
 from aotrt.exporter.rules.views import multi_view, view_of
 from aotrt.exporter.tview import Buf, TView
@@ -129,8 +129,7 @@ def propagate_constants(lw: Lowering) -> None:
         if not isinstance(node.target, torch._ops.OpOverload) and \
                 node.target is not operator.getitem:
             continue
-        if isinstance(node.target, torch._ops.OpOverload) and (
-                torch.Tag.nondeterministic_seeded in node.target.tags):
+        if is_random(node):
             continue
         deps = [a for a in node.all_input_nodes]
         if not all(d in lw.const_values for d in deps):
