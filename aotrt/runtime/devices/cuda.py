@@ -506,7 +506,7 @@ class CudaDevice(Device):
                 host[handle.byte_offset - lo:].view(handle.dtype.np), shape=handle.sizes,
                 strides=[s * isz for s in handle.strides])
             view[...] = src
-            _check(_drv.cuMemcpyHtoD(handle.alloc.ptr + lo, host.ctypes.data, hi - lo), "write")
+            self._upload(handle.alloc.ptr + lo, host, hi - lo)
             return
         # Holes between the elements may belong to others: scatter through a kernel.
         dense = np.ascontiguousarray(src)
@@ -514,7 +514,7 @@ class CudaDevice(Device):
         try:
             self._alloc_stream.sync()
             tmp_ptr = int(tmp.handle)
-            _check(_drv.cuMemcpyHtoD(tmp_ptr, dense.ctypes.data, dense.nbytes), "write")
+            self._upload(tmp_ptr, dense, dense.nbytes)
             strides = [1] * handle.ndim
             acc = 1
             for d in range(handle.ndim - 1, -1, -1):
@@ -525,6 +525,18 @@ class CudaDevice(Device):
             self._alloc_stream.sync()
         finally:
             tmp.close(self._alloc_stream)
+
+    def _upload(self, dst: int, host: np.ndarray, nbytes: int) -> None:
+        """Copy `nbytes` of `host` to device address `dst`, complete when this returns.
+
+        cuMemcpyHtoD from pageable memory may return before its DMA lands, and only the
+        legacy default stream is ordered after it; the streams here are non-blocking, so a
+        kernel could read the old bytes (intermittent wrong answers under GPU load on the
+        H200, 2026-12-02). The copy goes on a stream of ours, which is then synchronized.
+        """
+        _check(_drv.cuMemcpyHtoDAsync(dst, host.ctypes.data, nbytes,
+                                      self._alloc_stream.handle), "write")
+        self._alloc_stream.sync()
 
     # -- kernels ------------------------------------------------------------------------------
 
