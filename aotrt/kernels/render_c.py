@@ -590,6 +590,30 @@ static inline int64_t aot_nthreads(int64_t n, int64_t cost, int64_t threads) {
         """The loop variable."""
         return "it"
 
+    def _reduce(self, e: ir.Reduce, scope: dict, depth: int) -> str:
+        """A float max/min as a SIMD reduction that ignores NaN, with an "any NaN" flag
+        beside it that makes the result NaN (torch's max keeps NaN): a NaN-keeping compare
+        in the loop cannot be vectorised, and the chain of dependent compares took 40% of a
+        softmax. Unlike a sum's, a max's value does not depend on the order (float sums
+        stay in order: the kernels' results are defined bit for bit, tests/fuzz)."""
+        if e.op not in ("max", "min") or e.dtype not in ir.FLOAT_DTYPES:
+            return super()._reduce(e, scope, depth)
+        for red in _direct_reduces([e.body]):
+            self._expr(red, scope, depth)
+        acc = self._new()
+        nan = f"{acc}_nan"
+        init = "-INFINITY" if e.op == "max" else "INFINITY"
+        self._emit(depth, f"{COMPUTE_TYPE[e.dtype]} {acc} = {init}; int {nan} = 0;")
+        self._emit(depth, f"#pragma omp simd reduction({e.op}:{acc}) reduction(|:{nan})")
+        self._open_rloop(depth, f"j{acc}")
+        val = self._expr(e.body, dict(scope), depth + 1)
+        cmp = ">=" if e.op == "max" else "<="      # ties take the new value, as aot_fmaxf
+        self._emit(depth + 1, f"{acc} = ({val}) {cmp} {acc} ? ({val}) : {acc};")
+        self._emit(depth + 1, f"{nan} |= ({val}) != ({val});")
+        self._close_rloop(depth)
+        self._emit(depth, f"if ({nan}) {acc} = NAN;")
+        return acc
+
     def outer_lines(self, k: ir.Kernel) -> list[str]:
         """None where the wrapper's row loop defines the coordinates (rank >= 1)."""
         return [] if k.shape else super().outer_lines(k)

@@ -503,6 +503,7 @@ class CpuDevice(Device):
         self.cache = KernelCache()
         self._dnnl: Any = _UNSET
         self._dnnl_lock = threading.Lock()
+        self._softmaxes: Any = None
         # Per thread: the kernel thread count of the stream whose worker it is (CpuStream).
         self.worker = threading.local()
         self._openmp: ctypes.CDLL | None = None
@@ -526,6 +527,16 @@ class CpuDevice(Device):
 
                 self._dnnl = cpu_dnnl.create(self)
             return self._dnnl
+
+    @property
+    def softmaxes(self) -> Any:
+        """The device's compiled row softmaxes (ops/cpu_softmax.py), made on first use."""
+        with self._dnnl_lock:
+            if self._softmaxes is None:
+                from aotrt.runtime.ops.cpu_softmax import SoftmaxCache
+
+                self._softmaxes = SoftmaxCache(self)
+            return self._softmaxes
 
     def pin_openmp(self) -> None:
         """Keep the OpenMP runtime a kernel library pulled in mapped for good.

@@ -169,6 +169,17 @@ def _cpu_sdpa(out: Handle, q: Handle, k: Handle, v: Handle, mask: Handle | None,
               is_causal: bool, scale: float, groups: int) -> Callable[[], None]:
     from aotrt.runtime.devices.cpu import host_array
 
+    # Without a causal mask every block's scores are rows of all s keys: their softmax is
+    # one compiled kernel, made now (at load), for the largest block.
+    softmax = None
+    lq, s = q.sizes[-2], k.sizes[-2]
+    if not is_causal and s > 0 and out.numel > 0:
+        # the loop's innermost batch dim: the group of query heads sharing a key head, else
+        # the heads (as work() sees them, after its leading unit dim)
+        inner = groups if groups > 1 else (out.sizes[-3] if out.ndim >= 3 else 1)
+        lstep, hstep = _blocks(lq, s, inner, is_causal)
+        softmax = out.device.softmaxes.get(hstep * lstep, s)
+
     def work() -> None:
         o = host_array(out)
         qa, ka, va, ma = c.detach_inputs([out], [q, k, v, mask], [
@@ -196,7 +207,7 @@ def _cpu_sdpa(out: Handle, q: Handle, k: Handle, v: Handle, mask: Handle | None,
                     l1 = min(l0 + lstep, lq)
                     res = _attend(qx[idx], kx[idx], vx[idx], None if mx is None else mx[idx],
                                   h0, h0 + hstep, l0, l1, min(s, l1) if is_causal else s,
-                                  is_causal, scale)
+                                  is_causal, scale, softmax)
                     c.store(o[idx][h0:h0 + hstep, l0:l1], res)
     return work
 
@@ -207,8 +218,10 @@ def _rows(a: np.ndarray, h0: int, h1: int) -> np.ndarray:
 
 
 def _attend(q: np.ndarray, k: np.ndarray, v: np.ndarray, m: np.ndarray | None, h0: int,
-            h1: int, l0: int, l1: int, kend: int, is_causal: bool, scale: float) -> np.ndarray:
-    """Attention of query rows l0:l1 of heads h0:h1 over keys [0, kend), in float32."""
+            h1: int, l0: int, l1: int, kend: int, is_causal: bool, scale: float,
+            softmax: Any = None) -> np.ndarray:
+    """Attention of query rows l0:l1 of heads h0:h1 over keys [0, kend), in float32;
+    `softmax`: the compiled row softmax (ops/cpu_softmax.py), else numpy's passes."""
     qc = _rows(q, h0, h1)[:, l0:l1].astype(np.float32) * np.float32(scale)
     kc = c.load_f32(_rows(k, h0, h1)[:, :kend])
     scores = np.matmul(qc, kc.transpose(0, 2, 1))
@@ -226,6 +239,11 @@ def _attend(q: np.ndarray, k: np.ndarray, v: np.ndarray, m: np.ndarray | None, h
     if is_causal:
         keep = np.arange(kend)[None, :] <= np.arange(l0, l1)[:, None]
         np.copyto(scores, np.float32(-np.inf), where=~keep)
+    if softmax is not None and scores.shape[-1] == softmax.cols and \
+            scores.size // softmax.cols <= softmax.rows and scores.flags.c_contiguous:
+        probs = np.empty_like(scores)
+        softmax(scores, probs)
+        return np.matmul(probs, c.load_f32(_rows(v, h0, h1)[:, :kend]))
     top = scores.max(axis=-1, keepdims=True)
     # A fully masked row has max -inf; shifting by 0 keeps exp() at 0 instead of NaN.
     top[np.isneginf(top)] = 0
