@@ -221,6 +221,10 @@ class CudaStream(Stream):
         self._deferred: list[Work] = []
         self._error: BaseException | None = None
         self.capturing = False
+        # Library ops' shared scratch (cuDNN, cuBLASLt): (pointer, bytes, buffer), grown in
+        # stream order by ops/cuda/common.stream_workspace; the buffer frees itself with
+        # the stream's last reference.
+        self.workspace: tuple[int, int, Any] | None = None
 
     def _run(self, work: Any) -> None:
         if self._error is not None:

@@ -67,7 +67,7 @@ class Scratch:
 def stream_workspace(stream: "CudaStream", nbytes: int) -> int:
     """A per-stream workspace of at least `nbytes`; grows in stream order (old one freed
     after the work already enqueued that uses it)."""
-    cur = getattr(stream, "_aot_workspace", None)
+    cur = stream.workspace
     if cur is not None and cur[1] >= nbytes:
         return cur[0]
     if stream.capturing:
@@ -77,7 +77,7 @@ def stream_workspace(stream: "CudaStream", nbytes: int) -> int:
     buf = stream.device.core.allocate(size, stream=stream.cs)
     if cur is not None:
         cur[2].close(stream.cs)
-    stream._aot_workspace = (int(buf.handle), size, buf)
+    stream.workspace = (int(buf.handle), size, buf)
     return int(buf.handle)
 
 
