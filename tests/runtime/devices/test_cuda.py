@@ -312,6 +312,23 @@ def test_copy_packed_and_strided(dev, stream, dt) -> None:
 
 
 @needs_gpu
+def test_a_write_has_landed_when_it_returns(dev, stream) -> None:
+    """A stream's first read of freshly written memory sees the new bytes. cuMemcpyHtoD from
+    pageable memory may return before its last DMA lands, and aotrt's streams are not
+    ordered after it (wrong answers under load on the H200, 2026-12-02); the tail of a large
+    write is read at once, several times over."""
+    n = 32 << 20                                          # 128 MiB of float32
+    for rep in range(4):
+        src = np.full(n, rep + 1, np.float32)
+        src[-4096:] = np.arange(4096, dtype=np.float32) + 1000 * (rep + 1)
+        h = _tensor(dev, stream, src, "float32")
+        tail = shims.reinterpret_tensor(h, (4096,), (1,), n - 4096)
+        out = _empty(dev, stream, (4096,), "float32")
+        stream.copy(out, tail)
+        np.testing.assert_array_equal(out.numpy(), src[-4096:])
+
+
+@needs_gpu
 def test_fill_packed_and_strided(dev, stream) -> None:
     h = _tensor(dev, stream, np.arange(24, dtype=np.int32).reshape(4, 6), "int32")
     stream.fill(h, 0)
