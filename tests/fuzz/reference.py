@@ -22,6 +22,7 @@ import numpy as np
 
 from aotrt import dtypes
 from aotrt.kernels import ir
+from aotrt.kernels.render_c import SUM_BLOCK
 
 #: the largest iteration grid (outer x reduce elements) and memory the reference evaluates
 GRID_LIMIT = 1 << 22
@@ -318,7 +319,11 @@ class _Kernel:
         if e.op not in init:
             raise RefRefusal(f"unknown reduction {e.op}")
         dt = {"f": np.float32, "i": np.int64, "b": bool}[k]
+        # a float sum adds blocks of SUM_BLOCK in float, the blocks in double, and rounds
+        # once (render_c._sum_in_double)
+        fsum = k == "f" and e.op == "sum"
         acc = np.full((self.N, 1), init[e.op], dtype=dt)
+        total = np.zeros((self.N, 1), np.float64)
         val = to_kind(body, "i") if k == "i" else body
         vv = np.broadcast_to(val.v, (self.N, self.R))
         u, n, a = (np.broadcast_to(m, (self.N, self.R)).any(axis=1, keepdims=True)
@@ -345,6 +350,11 @@ class _Kernel:
                 else:
                     r = np.where((x > acc) if e.op == "max" else (x < acc), x, acc)
                 acc = (r != 0) if k == "b" else r.astype(dt)
+                if fsum and (j % SUM_BLOCK == SUM_BLOCK - 1 or j == self.R - 1):
+                    total += acc.astype(np.float64)
+                    acc = np.zeros_like(acc)
+        if fsum:
+            acc = total.astype(np.float32)
         return V(acc, k, u, n, a if k == "f" else np.zeros_like(a))
 
     def _load(self, e: ir.Load, idx: V, level: str, before: bool) -> V:
