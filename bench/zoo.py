@@ -442,11 +442,10 @@ def _calibrate(m: Any, inputs: tuple, seed: int) -> None:
                 m(*[torch.randn(x.shape, generator=g).to(x.dtype) if x.is_floating_point()
                     else x for x in inputs])
     except Exception:  # noqa: BLE001 - a model that cannot calibrate keeps its statistics
-        for b, (mom, mean, var) in zip(bns, saved):
+        for b, (_, mean, var) in zip(bns, saved):
             b.running_mean.copy_(mean)
             b.running_var.copy_(var)
             b.num_batches_tracked.zero_()
-            b.momentum = mom
     finally:
         for b, (mom, _, _) in zip(bns, saved):
             b.momentum = mom

@@ -1,5 +1,8 @@
 """On the GPU machine: rerun the module-suite cases that gave wrong bf16 answers on cuda
-(2026-12-02), across dtypes, graph on/off and hazard checking, and print each error."""
+(2026-12-02), across dtypes, graph on/off and hazard checking, and print each error.
+
+    python3 scripts/cuda_race_probe.py sdpa_add,linear_chunk_first_dim [cuda|cpu]
+"""
 
 from __future__ import annotations
 

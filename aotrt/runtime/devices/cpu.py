@@ -504,6 +504,7 @@ class CpuDevice(Device):
         self._dnnl: Any = _UNSET
         self._dnnl_lock = threading.Lock()
         self._softmaxes: Any = None
+        self._softmaxes_lock = threading.Lock()
         # Per thread: the kernel thread count of the stream whose worker it is (CpuStream).
         self.worker = threading.local()
         self._openmp: ctypes.CDLL | None = None
@@ -531,7 +532,7 @@ class CpuDevice(Device):
     @property
     def softmaxes(self) -> Any:
         """The device's compiled row softmaxes (ops/cpu_softmax.py), made on first use."""
-        with self._dnnl_lock:
+        with self._softmaxes_lock:
             if self._softmaxes is None:
                 from aotrt.runtime.ops.cpu_softmax import SoftmaxCache
 

@@ -169,15 +169,16 @@ def _cpu_sdpa(out: Handle, q: Handle, k: Handle, v: Handle, mask: Handle | None,
               is_causal: bool, scale: float, groups: int) -> Callable[[], None]:
     from aotrt.runtime.devices.cpu import host_array
 
-    # Without a causal mask every block's scores are rows of all s keys: their softmax is
-    # one compiled kernel, made now (at load), for the largest block.
-    softmax = None
+    # The block loop, decided now (at load): the innermost batch dim is the group of query
+    # heads sharing a key head, else the heads (as work() sees them, after its leading unit
+    # dim); q, k and out broadcast to the same lengths.
     lq, s = q.sizes[-2], k.sizes[-2]
+    inner = groups if groups > 1 else (out.sizes[-3] if out.ndim >= 3 else 1)
+    lstep, hstep = _blocks(lq, s, inner, is_causal) if s > 0 else (1, 1)
+    # Without a causal mask every block's scores are rows of all s keys: their softmax is
+    # one compiled kernel, made now, for the largest block.
+    softmax = None
     if not is_causal and s > 0 and out.numel > 0:
-        # the loop's innermost batch dim: the group of query heads sharing a key head, else
-        # the heads (as work() sees them, after its leading unit dim)
-        inner = groups if groups > 1 else (out.sizes[-3] if out.ndim >= 3 else 1)
-        lstep, hstep = _blocks(lq, s, inner, is_causal)
         softmax = out.device.softmaxes.get(hstep * lstep, s)
 
     def work() -> None:
@@ -198,9 +199,6 @@ def _cpu_sdpa(out: Handle, q: Handle, k: Handle, v: Handle, mask: Handle | None,
         batch = o.shape[:-2]
         qx, kx, vx = _expand(qa, batch), _expand(ka, batch), _expand(va, batch)
         mx = None if ma is None else _expand(ma, batch)
-        lq, s = qx.shape[-2], kx.shape[-2]
-        inner = batch[-1]
-        lstep, hstep = _blocks(lq, s, inner, is_causal)
         for idx in np.ndindex(batch[:-1]):
             for h0 in range(0, inner, hstep):
                 for l0 in range(0, lq, lstep):
