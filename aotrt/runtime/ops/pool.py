@@ -18,6 +18,7 @@ from aotrt import dtypes
 from aotrt.errors import InvalidArgument
 from aotrt.runtime.device import Stream
 from aotrt.runtime.ops import _common as c
+from aotrt.runtime.ops import cpu_pool
 from aotrt.runtime.ops.cuda import pool as cuda_pool
 from aotrt.runtime.tensor import Handle
 
@@ -139,6 +140,11 @@ def max_pool2d(stream: Stream, out: Handle, x: Handle, kernel_size: Any, stride:
 def _cpu_pool(out: Handle, indices_out: Handle | None, x: Handle,
               p: PoolParams) -> Callable[[], None]:
     from aotrt.runtime.devices.cpu import host_array
+
+    if indices_out is None:
+        compiled = cpu_pool.compiled_max_pool(out, x, p)
+        if compiled is not None:
+            return compiled
 
     def work() -> None:
         (xa,) = c.detach_inputs([out, indices_out], [x], [host_array(x)])
