@@ -505,6 +505,7 @@ class CpuDevice(Device):
         self._dnnl_lock = threading.Lock()
         self._softmaxes: Any = None
         self._softmaxes_lock = threading.Lock()
+        self._pools: Any = None
         # Per thread: the kernel thread count of the stream whose worker it is (CpuStream).
         self.worker = threading.local()
         self._openmp: ctypes.CDLL | None = None
@@ -538,6 +539,16 @@ class CpuDevice(Device):
 
                 self._softmaxes = SoftmaxCache(self)
             return self._softmaxes
+
+    @property
+    def pools(self) -> Any:
+        """The device's compiled max pools (ops/cpu_pool.py), made on first use."""
+        with self._softmaxes_lock:
+            if self._pools is None:
+                from aotrt.runtime.ops.cpu_pool import PoolKernels
+
+                self._pools = PoolKernels(self)
+            return self._pools
 
     def pin_openmp(self) -> None:
         """Keep the OpenMP runtime a kernel library pulled in mapped for good.

@@ -9,6 +9,8 @@ stream's worker thread; cuda: the make_* functions of aotrt.runtime.ops.cuda.<op
 
 from __future__ import annotations
 
+import contextlib
+
 import math
 import numbers
 from dataclasses import dataclass
@@ -282,6 +284,15 @@ def launch(op: str, stream: Stream, outs: Sequence[Handle | None],
 
 
 # -- cpu helpers (numpy) ------------------------------------------------------------------------
+
+def blas_scope(device: Any) -> Callable[[], Any]:
+    """What a cpu work wraps its numpy GEMMs in: the device's `Dnnl.numpy_blas` (one BLAS
+    thread where the GEMMs run on oneDNN's pool), else a no-op; decided at load."""
+    dnnl = getattr(device, "dnnl", None)
+    if dnnl is None or not dnnl.gemm_pool:
+        return contextlib.nullcontext
+    return dnnl.numpy_blas
+
 
 def load_f32(arr: np.ndarray) -> np.ndarray:
     """The values as float32 (a view when already float32)."""

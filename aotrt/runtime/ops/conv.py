@@ -150,6 +150,12 @@ def _lifted(x: Any, w: Any, p: ConvParams) -> tuple[tuple[int, ...], ...]:
             one + p.dilation, zero + p.output_padding, one + tuple(outs[2:]))
 
 
+#: scratch bytes a convolution may take for a library's own workspace beside the copies
+#: charged below: oneDNN's AMX bfloat16 brgconv asked 62976 bytes for a 2x16x20 conv1d whose
+#: copies come to 24 KB
+LIBRARY_WORKSPACE = 64 << 10
+
+
 def conv_cost(out: Any, x: Any, w: Any, bias: Any, p: ConvParams) -> c.OpCost:
     """Cost of the cpu convolution: its multiply-adds, element visits and loop steps; its
     scratch: float32 (and detached) input copies, the padded input, the im2col buffer or
@@ -161,7 +167,7 @@ def conv_cost(out: Any, x: Any, w: Any, bias: Any, p: ConvParams) -> c.OpCost:
     item = out.dtype.itemsize
     nb = bias.numel if bias is not None else 0
     work = x.numel + w.numel + nb + out.numel
-    scratch = (4 + item) * (x.numel + w.numel + nb)
+    scratch = (4 + item) * (x.numel + w.numel + nb) + LIBRARY_WORKSPACE
     cout = out.numel // max(n * n_out, 1)
     if not p.transposed:
         cg = w1

@@ -11,6 +11,7 @@ counted, and one primitive can run on several worker threads at once.
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import functools
 import importlib.metadata
@@ -51,6 +52,11 @@ ARG_SRC, ARG_DST, ARG_WEIGHTS, ARG_BIAS, ARG_SCRATCHPAD = 1, 17, 33, 41, 80
 MAX_NDIMS = 12
 # Primitives a device keeps for reuse (each holds JIT code; programs of many shapes evict).
 MAX_CACHED = 512
+
+#: oneDNN matmul implementations aotrt prefers to numpy's OpenBLAS: brgemm (AVX-512 and up).
+#: Where oneDNN 3.2 has only gemm:jit (AVX2), OpenBLAS took 1.5-1.8x less time at rest
+#: (bench/results/cpu-speed-2026-12-02.md), so GEMMs stay on numpy there.
+FAST_MATMUL = ("brg",)
 
 # aotrt dtype name -> dnnl_data_type_t
 DATA_TYPES = {"float16": 1, "bfloat16": 2, "float32": 3}
@@ -437,6 +443,41 @@ class Dnnl:
         self._prims: OrderedDict[Any, Primitive | None] = OrderedDict()
         self._local = threading.local()
         self.stats = {"created": 0, "hits": 0, "refused": 0, "runs": 0, "numpy": 0}
+        self._gemm_pool: bool | None = None
+        self._blas: Any = None      # threadpoolctl's controller of numpy's BLAS, or False
+
+    @property
+    def gemm_pool(self) -> bool:
+        """Whether this device's float32 GEMMs run on oneDNN's OpenMP pool (a FAST_MATMUL
+        implementation exists on this CPU), rather than on numpy's BLAS threads."""
+        if self._gemm_pool is None:
+            key = MatmulKey("float32", ((64, 64), (64, 1)), ((64, 64), (64, 1)), None,
+                            ((64, 64), (64, 1)))
+            prim = self._create(MatmulPrimitive, key, False)
+            self._gemm_pool = prim is not None and prim.impl.startswith(FAST_MATMUL)
+            if prim is not None:
+                prim.destroy()
+        return self._gemm_pool
+
+    def numpy_blas(self) -> Any:
+        """A context in which numpy's BLAS uses the calling thread only, where the GEMMs run
+        on oneDNN's pool: OpenBLAS's threads spin for a while after each call, on the cores
+        the pool's threads need (ResNet-18 with its one numpy linear: 23.4 ms, without:
+        14.7, AVX-512, two cores). numpy's BLAS thread count is process-wide, so a numpy
+        call of another thread made meanwhile is limited too."""
+        if not self.gemm_pool:
+            return contextlib.nullcontext()
+        if self._blas is None:
+            try:
+                import threadpoolctl
+
+                self._blas = threadpoolctl.ThreadpoolController().select(user_api="blas")
+            except ImportError:
+                log.debug("oneDNN: threadpoolctl is missing; numpy's BLAS keeps its threads")
+                self._blas = False
+        if not self._blas:
+            return contextlib.nullcontext()
+        return self._blas.limit(limits=1)
 
     def stream(self) -> Any:
         """This thread's dnnl stream (oneDNN streams are not shared between threads)."""

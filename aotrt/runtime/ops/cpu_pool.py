@@ -13,21 +13,27 @@ nine strided passes over ResNet-18's stem pool took 8.7 ms of a 29 ms run on two
 from __future__ import annotations
 
 import ctypes
+import threading
 from typing import TYPE_CHECKING, Callable
 
 from aotrt.kernels import ir
-from aotrt.runtime.device import arg_bounds
+from aotrt.runtime.device import KernelLibrary, arg_bounds
 from aotrt.runtime.ops import _common as c
 from aotrt.runtime.tensor import Handle
 
 if TYPE_CHECKING:
+    from aotrt.runtime.devices.cpu import CpuDevice
     from aotrt.runtime.ops.pool import PoolParams
 
 #: windows of more taps than this stay on numpy (the kernel unrolls every tap)
 MAX_TAPS = 64
 
+Dims = tuple[tuple[int, ...], tuple[int, ...]]
+#: x's and out's 4-D (sizes, strides), the dtype and the pooling parameters
+Geometry = tuple[Dims, Dims, str, "PoolParams"]
 
-def _dims4(h: Handle) -> tuple[tuple[int, ...], tuple[int, ...]]:
+
+def _dims4(h: Handle) -> Dims:
     """(sizes, strides) of a (N,)C,H,W view as N,C,H,W (a missing N of size 1)."""
     if h.ndim == 3:
         return (1, *h.sizes), (0, *h.strides)
@@ -47,9 +53,7 @@ def _nan_max(acc: ir.Expr, v: ir.Expr) -> ir.Expr:
     return ir.Op("where", (ir.Op("isnan", (v,), "bool"), v, bigger), "float32")
 
 
-def max_pool_kernel(x: tuple[tuple[int, ...], tuple[int, ...]],
-                    out: tuple[tuple[int, ...], tuple[int, ...]], dtype: str,
-                    p: "PoolParams") -> ir.Kernel:
+def max_pool_kernel(x: Dims, out: Dims, dtype: str, p: "PoolParams") -> ir.Kernel:
     """out[n, c, oh, ow] = max over the window's taps of x, for 4-D (sizes, strides)."""
     (n, ch, h, w), xs = x
     (_, _, ho, wo), os_ = out
@@ -107,7 +111,8 @@ def compiled_max_pool(out: Handle, x: Handle, p: "PoolParams") -> Callable[[], N
     if (taps > MAX_TAPS or x.alloc is None or out.alloc is None or c.overlaps(out, x)
             or x.dtype.name not in ir.FLOAT_DTYPES or out.dtype != x.dtype):
         return None
-    kernel = max_pool_kernel(_dims4(x), _dims4(out), x.dtype.name, p)
+    geometry = (_dims4(x), _dims4(out), x.dtype.name, p)
+    kernel = out.device.pools.kernel(geometry)
     # The code must stay inside the views it was given: the kernel's own index range, as
     # the prover sees it, against each view's.
     for h, rng in zip((x, out), arg_bounds(kernel)):
@@ -118,7 +123,7 @@ def compiled_max_pool(out: Handle, x: Handle, p: "PoolParams") -> Callable[[], N
         if h.byte_offset + rng[0] * isz < lo or h.byte_offset + (rng[1] + 1) * isz > hi:
             return None
     device = out.device
-    library = device.kernel_library([kernel])
+    library = device.pools.library(geometry)
     symbol, label = library.symbol(kernel.name), f"max_pool2d {list(x.sizes)}"
     worker, n = device.worker, kernel.numel
 
@@ -130,4 +135,40 @@ def compiled_max_pool(out: Handle, x: Handle, p: "PoolParams") -> Callable[[], N
     return work
 
 
-__all__ = ["MAX_TAPS", "compiled_max_pool", "max_pool_kernel"]
+class PoolKernels:
+    """The cpu device's compiled max pools, by geometry (a device's state, as its softmaxes
+    are): pools of one geometry, such as YOLO's three SPPF pools, share one library. Keyed
+    by the geometry, not the kernel: IR equality walks shared subtrees once per path."""
+
+    def __init__(self, device: "CpuDevice") -> None:
+        self._device = device
+        self._lock = threading.Lock()
+        self._kernels: dict[Geometry, ir.Kernel] = {}
+        self._made: dict[Geometry, KernelLibrary] = {}
+
+    def kernel(self, geometry: "Geometry") -> ir.Kernel:
+        """The kernel of `geometry` (x's and out's 4-D sizes and strides, dtype, params)."""
+        with self._lock:
+            k = self._kernels.get(geometry)
+            if k is None:
+                k = self._kernels[geometry] = max_pool_kernel(*geometry)
+            return k
+
+    def library(self, geometry: "Geometry") -> KernelLibrary:
+        """The compiled library of `geometry`'s kernel (compiled once, kept)."""
+        k = self.kernel(geometry)
+        with self._lock:
+            lib = self._made.get(geometry)
+            if lib is None or lib.closed:
+                lib = self._made[geometry] = self._device.kernel_library([k])
+            return lib
+
+    def close(self) -> None:
+        """Let the compiled libraries go."""
+        with self._lock:
+            for lib in self._made.values():
+                lib.close()
+            self._made.clear()
+
+
+__all__ = ["MAX_TAPS", "PoolKernels", "compiled_max_pool", "max_pool_kernel"]

@@ -2,10 +2,10 @@
 
 Inputs may be any views (transposed, strided, offset); outputs may be non-packed views and
 are written in place. float32, float16 and bfloat16; half types compute in float32 and
-round once on store. On cpu, with ONEDNN_MATMUL, float32 linear, mm and addmm (alpha 1,
-beta 0 or 1, a bias row, b stored column by column) run as a oneDNN matmul
-(ops/cpu_dnnl.py) where oneDNN is installed and the views fold into 2-D ones; everything
-else through numpy's BLAS.
+round once on store. On cpu, float32 linear, mm and addmm (alpha 1, beta 0 or 1, a bias
+row) run as a oneDNN matmul (ops/cpu_dnnl.py) where oneDNN has a FAST_MATMUL implementation
+for them and the views fold into 2-D ones; everything else through numpy's BLAS, on one
+thread where the device's GEMMs run on oneDNN's pool (`Dnnl.numpy_blas`).
 """
 
 from __future__ import annotations
@@ -23,11 +23,6 @@ from aotrt.runtime.tensor import Handle
 
 log = logging.getLogger(__name__)
 
-#: Route float32 linear / mm / addmm through oneDNN's matmul on cpu. Off: on this project's
-#: AVX2 machines oneDNN 3.2's gemm:jit took 1.5-1.8x OpenBLAS's time at rest (BERT's linears
-#: 297 against 187 ms per run), though 3-10x less under heavy contention
-#: (bench/results/cpu-speed-2026-12-02.md). A fixed choice, not an environment variable.
-ONEDNN_MATMUL = False
 
 
 def _dtypes(op: str, out: Any, named: list[tuple[Any, str]]) -> None:
@@ -37,12 +32,19 @@ def _dtypes(op: str, out: Any, named: list[tuple[Any, str]]) -> None:
         c.check_same_dtype(op, out, "out", h, name)
 
 
+#: scratch bytes a GEMM may take beside its operands' copies, for a library's own workspace:
+#: oneDNN's brgemm matmul asked 9472 bytes for a 1x9 @ 9x48 product, where the copies are
+#: 1.8 KB (and 263 KB for 128x768 @ 768x3072, where they are 9.8 MB)
+GEMM_WORKSPACE = 64 << 10
+
+
 def _gemm_cost(out: Any, ins: list[Any], steps: int, scratch_ins: int) -> c.OpCost:
     """A GEMM's cost on cpu: `steps` multiply-adds plus a visit of every element; scratch
     is the float32 copies of the inputs (matmul copies strided operands), the float32
-    result and its rounded copy."""
+    result and its rounded copy, and a library's workspace."""
     visits = out.numel + sum(h.numel for h in ins)
-    scratch = 4 * scratch_ins + 4 * out.numel + out.dtype.itemsize * out.numel
+    scratch = 4 * scratch_ins + 4 * out.numel + out.dtype.itemsize * out.numel + \
+        GEMM_WORKSPACE
     return c.OpCost(steps + visits, scratch)
 
 
@@ -158,12 +160,8 @@ def _cpu_matmul(out: Handle, a: Handle, b: Handle, bias: Handle | None, beta: fl
                 alpha: float) -> Callable[[], None]:
     from aotrt.runtime.devices.cpu import host_array
 
-    if a.ndim == 2 and b.ndim == 2 and alpha == 1.0 and beta in (0.0, 1.0) and (
-            b.strides[0] == 1 or b.sizes[0] == 1):
+    if a.ndim == 2 and b.ndim == 2 and alpha == 1.0 and beta in (0.0, 1.0):
         # mm and addmm (bmm stays on numpy); beta == 0 ignores the bias, as torch does.
-        # Only b stored column by column (w[N, K] read as [K, N], as linear's): oneDNN 3.2's
-        # gemm on a row-major b[K, N] took 10 ms where OpenBLAS took 4.7 and the transposed
-        # one 4.0 (128x768 @ 768x3072, AVX2; bench/results/cpu-speed-2026-12-02.md).
         use = bias if beta == 1.0 else None
         cost = (check_mm(out, a, b) if bias is None else
                 check_addmm(out, bias, a, b, beta, alpha))[1]
@@ -172,9 +170,12 @@ def _cpu_matmul(out: Handle, a: Handle, b: Handle, bias: Handle | None, beta: fl
         if dnnl_work is not None:
             return dnnl_work
 
+    blas = c.blas_scope(out.device)
+
     def work() -> None:
         o = host_array(out)
-        res = np.matmul(c.load_f32(host_array(a)), c.load_f32(host_array(b)))
+        with blas():
+            res = np.matmul(c.load_f32(host_array(a)), c.load_f32(host_array(b)))
         if alpha != 1.0:
             res *= np.float32(alpha)
         if bias is not None and beta != 0.0:
@@ -219,7 +220,7 @@ def _dnnl_gemm(out: Handle, x: Handle, w: Handle, w_kn: tuple[tuple[int, ...], t
     """The oneDNN work of out = x @ w (+ bias), float32, `w` seen as [K, N] through `w_kn`;
     None (logged) where it cannot serve."""
     dnnl = getattr(out.device, "dnnl", None)
-    if not ONEDNN_MATMUL or dnnl is None or out.dtype.name != "float32":
+    if dnnl is None or out.dtype.name != "float32":
         return None
     from aotrt.runtime.ops import cpu_dnnl
 
@@ -229,7 +230,7 @@ def _dnnl_gemm(out: Handle, x: Handle, w: Handle, w_kn: tuple[tuple[int, ...], t
         return None
     key = cpu_dnnl.MatmulKey("float32", xr, w_kn, bias_stride, outr)
     prim = dnnl.matmul(key)
-    if prim is None:
+    if prim is None or not prim.impl.startswith(cpu_dnnl.FAST_MATMUL):
         dnnl.stats["numpy"] += 1
         return None
     detach = [h for h in (x, w, bias) if h is not None and c.overlaps(out, h)]
@@ -254,13 +255,16 @@ def _cpu_linear(out: Handle, x: Handle, w: Handle, bias: Handle | None) -> Calla
     if dnnl_work is not None:
         return dnnl_work
 
+    blas = c.blas_scope(out.device)
+
     def work() -> None:
         xv = c.load_f32(host_array(x))
         wv = c.load_f32(host_array(w))
         lead = xv.shape[:-1]
         rows = int(np.prod(lead, dtype=np.int64))
         # One 2-D GEMM instead of a stack of small ones (reshape copies only if it must).
-        res = np.matmul(xv.reshape(rows, xv.shape[-1]), wv.T)
+        with blas():
+            res = np.matmul(xv.reshape(rows, xv.shape[-1]), wv.T)
         if bias is not None:
             res += c.load_f32(host_array(bias))
         c.store(host_array(out), res.reshape(lead + (wv.shape[0],)))

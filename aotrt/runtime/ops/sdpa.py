@@ -180,8 +180,13 @@ def _cpu_sdpa(out: Handle, q: Handle, k: Handle, v: Handle, mask: Handle | None,
     softmax = None
     if not is_causal and s > 0 and out.numel > 0:
         softmax = out.device.softmaxes.get(hstep * lstep, s)
+    blas = c.blas_scope(out.device)
 
     def work() -> None:
+        with blas():
+            _work()
+
+    def _work() -> None:
         o = host_array(out)
         qa, ka, va, ma = c.detach_inputs([out], [q, k, v, mask], [
             host_array(q), host_array(k), host_array(v),

@@ -169,10 +169,11 @@ def test_linear_and_bmm_in_place_read_old_values(kit, stream):
 
 @pytest.fixture(autouse=True)
 def _onednn_matmul(monkeypatch):
-    """The oneDNN matmul path on, as the tests below expect (it is off by default)."""
-    import importlib
+    """oneDNN's matmul taken whatever its implementation on this CPU (by default only its
+    FAST_MATMUL ones are), so the tests below run the oneDNN path on every machine."""
+    from aotrt.runtime.ops import cpu_dnnl
 
-    monkeypatch.setattr(importlib.import_module("aotrt.runtime.ops.mm"), "ONEDNN_MATMUL", True)
+    monkeypatch.setattr(cpu_dnnl, "FAST_MATMUL", ("",))
 
 
 def _dnnl(kit):
@@ -209,19 +210,36 @@ def test_float32_linear_runs_through_onednn(kit, stream, x_layout, x_shape, with
     assert dnnl.stats["numpy"] == before["numpy"]
 
 
-def test_the_onednn_matmul_is_off_by_default(kit, stream, monkeypatch):
-    import importlib
+def test_only_a_fast_onednn_matmul_is_taken(kit, stream, monkeypatch):
+    # By default a GEMM goes to oneDNN where its implementation is a FAST_MATMUL one
+    # (brgemm), and stays on numpy where it is not (gemm:jit on AVX2 CPUs).
+    from aotrt.runtime.ops import cpu_dnnl
 
-    mm_mod = importlib.import_module("aotrt.runtime.ops.mm")
     monkeypatch.undo()
-    assert mm_mod.ONEDNN_MATMUL is False
     dnnl = _dnnl(kit)
     x_np, w_np = kit.randn((7, 16), "float32"), kit.randn((8, 16), "float32")
     out = kit.out((7, 8), "float32")
     before = dict(dnnl.stats)
     linear(stream, out, kit.tensor(x_np), kit.tensor(w_np))
     kit.close(kit.read(out), kit.t64(x_np) @ kit.t64(w_np).T, "float32")
-    assert dnnl.stats["runs"] == before["runs"]
+    key = cpu_dnnl.MatmulKey("float32", ((7, 16), (16, 1)), ((16, 8), (1, 16)), None,
+                             ((7, 8), (8, 1)))
+    fast = dnnl.matmul(key).impl.startswith(cpu_dnnl.FAST_MATMUL)
+    assert dnnl.stats["runs"] == before["runs"] + fast
+    assert dnnl.gemm_pool == fast
+
+
+def test_numpy_blas_is_one_thread_only_inside_the_scope_where_gemms_use_the_pool(kit):
+    dnnl = _dnnl(kit)
+    threadpoolctl = pytest.importorskip("threadpoolctl")
+    blas = threadpoolctl.ThreadpoolController().select(user_api="blas")
+    if not blas.lib_controllers:
+        pytest.skip("numpy's BLAS is not one threadpoolctl controls")
+    outside = blas.info()[0]["num_threads"]
+    with dnnl.numpy_blas():
+        inside = threadpoolctl.ThreadpoolController().select(user_api="blas").info()[0]
+    assert inside["num_threads"] == (1 if dnnl.gemm_pool else outside)
+    assert blas.info()[0]["num_threads"] == outside
 
 
 def test_linear_with_a_strided_bias_runs_on_numpy(kit, stream):
@@ -250,8 +268,8 @@ def test_linear_over_leading_dims_that_do_not_fold_runs_on_numpy(kit, stream):
 @pytest.mark.parametrize("bias_shape", [None, (9,), (1, 9)])
 @pytest.mark.parametrize("b_layout", ["packed", "transposed"])
 def test_float32_mm_and_addmm_run_through_onednn(kit, stream, bias_shape, b_layout):
-    """b stored column by column (transposed) goes to oneDNN; a row-major b, where oneDNN's
-    gemm is slower than OpenBLAS, stays on numpy. Both match torch."""
+    """b stored row by row or column by column goes to oneDNN (a FAST_MATMUL
+    implementation packs either), and matches torch."""
     dnnl = _dnnl(kit)
     a_np, b_np = kit.randn((6, 5), "float32"), kit.randn((5, 9), "float32")
     c_np = None if bias_shape is None else kit.randn(bias_shape, "float32")
@@ -265,7 +283,7 @@ def test_float32_mm_and_addmm_run_through_onednn(kit, stream, bias_shape, b_layo
         addmm(stream, out, kit.tensor(c_np, "offset"), a, b)
         ref = torch.addmm(kit.t64(c_np), kit.t64(a_np), kit.t64(b_np))
     kit.close(kit.read(out), ref, "float32")
-    assert dnnl.stats["runs"] == before["runs"] + (b_layout == "transposed")
+    assert dnnl.stats["runs"] == before["runs"] + 1
 
 
 @pytest.mark.parametrize("beta, alpha", [(0.5, 1.0), (1.0, -1.5)])
