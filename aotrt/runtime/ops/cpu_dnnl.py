@@ -532,6 +532,35 @@ class Dnnl:
             self._keep(key, prim)
             return prim
 
+    def gemm_arrays(self, a: np.ndarray, b: np.ndarray, out: np.ndarray) -> bool:
+        """out = a @ b through oneDNN on this thread's stream, for float32 arrays of rank 2
+        or 3 (batch dims of size 1 broadcast) of any non-negative strides; False, with
+        nothing done, where no FAST_MATMUL implementation takes them (numpy then runs it)."""
+        dims = [_array_dims(x) for x in (a, b, out)]
+        if any(d is None for d in dims) or not a.ndim == b.ndim == out.ndim:
+            return False
+        prim = self.matmul(MatmulKey("float32", dims[0], dims[1], None, dims[2]))
+        if prim is None or not prim.impl.startswith(FAST_MATMUL):
+            return False
+        run = _Run(self.lib, self.engine)
+        pairs = []
+        for arg, md, arr in ((ARG_SRC, prim.src.user_md, a), (ARG_WEIGHTS, prim.w.user_md, b),
+                             (ARG_DST, prim.dst.user_md, out)):
+            mem, _ = run.memory(md)
+            _check(self.lib.dnnl_memory_set_data_handle(mem, arr.ctypes.data),
+                   "memory_set_data_handle")
+            pairs.append((arg, mem))
+        m_scr, a_scr = run.memory(prim.scratch_md, prim.scratch_bytes)
+        if a_scr:
+            _check(self.lib.dnnl_memory_set_data_handle(m_scr, a_scr), "memory_set_data_handle")
+        pairs.append((ARG_SCRATCHPAD, m_scr))
+        st = self.stream()
+        _check(self.lib.dnnl_primitive_execute(prim.prim, st, len(pairs), _args(pairs)),
+               "primitive execute")
+        _check(self.lib.dnnl_stream_wait(st), "stream_wait")
+        self.stats["runs"] += 1
+        return True
+
     def convolution(self, key: ConvKey) -> ConvPrimitive | None:
         """The cached primitive for `key`, created now; None where oneDNN refuses it.
 
@@ -639,6 +668,23 @@ class Dnnl:
 
         work.keep = (run, copies, prim)  # type: ignore[attr-defined]  # live as the work
         return work
+
+
+def _array_dims(a: np.ndarray) -> tuple[tuple[int, ...], tuple[int, ...]] | None:
+    """A float32 array's (sizes, strides in elements), a size-1 dim given a dense stride;
+    None where oneDNN cannot describe it (another dtype, a negative or odd stride)."""
+    if a.dtype != np.float32 or a.ndim not in (2, 3) or a.size == 0:
+        return None
+    strides = []
+    dense = 1
+    for n, st in zip(reversed(a.shape), reversed(a.strides)):
+        if n == 1:
+            st = dense * 4
+        if st < 0 or st % 4 or (st == 0 and n > 1):
+            return None
+        strides.append(st // 4)
+        dense *= n
+    return tuple(a.shape), tuple(reversed(strides))
 
 
 class _StreamHolder:
