@@ -12,7 +12,7 @@ mkdir -p "$out/tests"
  echo "modules rc=$? $(grep -E 'passed|failed' "$out/tests/modules.log" | tail -n1)" \
      > "$out/tests/modules.txt") &
 for spec in ${2:?}; do
-    timeout 150 python3 scripts/cuda_bisect.py "${spec%%:*}" --depth "${spec##*:}" \
+    timeout 110 python3 scripts/cuda_bisect.py "${spec%%:*}" --depth "${spec##*:}" \
         >> "$out/bisect.txt" 2>&1
 done
 wait
