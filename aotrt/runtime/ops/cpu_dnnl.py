@@ -443,21 +443,21 @@ class Dnnl:
         self._prims: OrderedDict[Any, Primitive | None] = OrderedDict()
         self._local = threading.local()
         self.stats = {"created": 0, "hits": 0, "refused": 0, "runs": 0, "numpy": 0}
-        self._gemm_pool: bool | None = None
+        self._probe_impl: str | None = None   # the implementation of a probe matmul
         self._blas: Any = None      # threadpoolctl's controller of numpy's BLAS, or False
 
     @property
     def gemm_pool(self) -> bool:
         """Whether this device's float32 GEMMs run on oneDNN's OpenMP pool (a FAST_MATMUL
         implementation exists on this CPU), rather than on numpy's BLAS threads."""
-        if self._gemm_pool is None:
+        if self._probe_impl is None:
             key = MatmulKey("float32", ((64, 64), (64, 1)), ((64, 64), (64, 1)), None,
                             ((64, 64), (64, 1)))
             prim = self._create(MatmulPrimitive, key, False)
-            self._gemm_pool = prim is not None and prim.impl.startswith(FAST_MATMUL)
+            self._probe_impl = "" if prim is None else prim.impl
             if prim is not None:
                 prim.destroy()
-        return self._gemm_pool
+        return bool(self._probe_impl) and self._probe_impl.startswith(FAST_MATMUL)
 
     def numpy_blas(self) -> Any:
         """A context in which numpy's BLAS uses the calling thread only, where the GEMMs run

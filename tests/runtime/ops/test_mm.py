@@ -229,19 +229,6 @@ def test_only_a_fast_onednn_matmul_is_taken(kit, stream, monkeypatch):
     assert dnnl.gemm_pool == fast
 
 
-def test_numpy_blas_is_one_thread_only_inside_the_scope_where_gemms_use_the_pool(kit):
-    dnnl = _dnnl(kit)
-    threadpoolctl = pytest.importorskip("threadpoolctl")
-    blas = threadpoolctl.ThreadpoolController().select(user_api="blas")
-    if not blas.lib_controllers:
-        pytest.skip("numpy's BLAS is not one threadpoolctl controls")
-    outside = blas.info()[0]["num_threads"]
-    with dnnl.numpy_blas():
-        inside = threadpoolctl.ThreadpoolController().select(user_api="blas").info()[0]
-    assert inside["num_threads"] == (1 if dnnl.gemm_pool else outside)
-    assert blas.info()[0]["num_threads"] == outside
-
-
 def test_linear_with_a_strided_bias_runs_on_numpy(kit, stream):
     # oneDNN 3.2's gemm matmul reads the bias as dense whatever its strides say.
     dnnl = _dnnl(kit)

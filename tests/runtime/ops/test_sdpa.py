@@ -407,3 +407,23 @@ def test_sdpa_half_types_take_cudnns_fused_attention_on_cuda(kit, stream, dtype,
            enable_gqa=case == "gqa", q_kw=kw)
     built = [val for key, val in dnn.graphs.items() if key[0] == "sdpa"]
     assert len(built) == 1 and built[0] is not None, "the fused cuDNN path was not taken"
+
+
+@pytest.mark.parametrize("is_causal", [False, True])
+def test_cpu_sdpa_gemms_run_on_onednn_where_the_device_gemms_do(kit, stream, monkeypatch,
+                                                                 is_causal):
+    # The block GEMMs go through oneDNN's array matmul (forced here, as on a CPU with a
+    # brgemm matmul), masks and strided views included, and still match.
+    from aotrt.runtime.ops import cpu_dnnl
+
+    dnnl = getattr(kit.dev, "dnnl", None)
+    if kit.dev.name != "cpu" or dnnl is None:
+        pytest.skip("oneDNN serves the cpu device")
+    monkeypatch.setattr(cpu_dnnl, "FAST_MATMUL", ("",))
+    b, h, n, e = 2, 3, 20, 16
+    q, k, v = (kit.randn((b, n, h, e), "float32").transpose(0, 2, 1, 3).copy()
+               for _ in range(3))
+    mask = kit.randn((n, n), "float32")
+    runs = dnnl.stats["runs"]
+    _check(kit, stream, "float32", q, k, v, None if is_causal else mask, is_causal)
+    assert dnnl.stats["runs"] >= runs + 2

@@ -1,0 +1,74 @@
+"""The cpu device's oneDNN state beyond convolutions and linear (those are tested with their
+ops): the array matmul attention uses, the GEMM pool capability and the BLAS thread scope."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from aotrt.runtime.device import get_device
+from aotrt.runtime.ops import cpu_dnnl
+
+
+@pytest.fixture
+def dnnl(monkeypatch):
+    """The cpu device's oneDNN state, taking any matmul implementation (so the tests run
+    the oneDNN path on every CPU); skips where onednn-cpu-gomp is not installed."""
+    if cpu_dnnl.find_library() is None:
+        pytest.skip(f"{cpu_dnnl.DIST} is not installed")
+    monkeypatch.setattr(cpu_dnnl, "FAST_MATMUL", ("",))
+    d = get_device("cpu").dnnl
+    assert d is not None, "onednn-cpu-gomp is installed but the device did not load it"
+    return d
+
+
+def _rng(*shape):
+    return np.random.default_rng(sum(shape)).standard_normal(shape).astype(np.float32)
+
+
+@pytest.mark.parametrize("case", ["2d", "3d", "b_transposed", "a_broadcast", "sliced"])
+def test_gemm_arrays_matches_numpy(dnnl, case):
+    a, b = _rng(4, 7, 5), _rng(4, 5, 6)
+    if case == "2d":
+        a, b = a[0], b[0]
+    elif case == "b_transposed":
+        b = _rng(4, 6, 5).transpose(0, 2, 1)
+    elif case == "a_broadcast":
+        a = a[:1]
+    elif case == "sliced":
+        a, b = _rng(4, 9, 8)[:, 1:8, 2:7], _rng(4, 5, 11)[:, :, 3:9]
+    shape = np.broadcast_shapes(a.shape[:-2], b.shape[:-2]) + (a.shape[-2], b.shape[-1])
+    out = np.full(shape, np.nan, np.float32)
+    runs = dnnl.stats["runs"]
+    assert dnnl.gemm_arrays(a, b, out)
+    assert dnnl.stats["runs"] == runs + 1
+    ref = np.matmul(a.astype(np.float64), b.astype(np.float64))
+    np.testing.assert_allclose(out, ref, rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("case", ["float64", "negative_stride", "rank4", "empty"])
+def test_gemm_arrays_declines_what_it_cannot_describe(dnnl, case):
+    a, b = _rng(3, 4, 5), _rng(3, 5, 2)
+    out = np.zeros((3, 4, 2), np.float32)
+    if case == "float64":
+        a = a.astype(np.float64)
+    elif case == "negative_stride":
+        a = a[:, ::-1]
+    elif case == "rank4":
+        a, b, out = a[None], b[None], out[None]
+    elif case == "empty":
+        a, out = a[:, :0], out[:, :0]
+    assert not dnnl.gemm_arrays(a, b, out)
+    assert not out.any()                  # nothing written
+
+
+def test_numpy_blas_is_one_thread_only_inside_the_scope_where_gemms_use_the_pool(dnnl):
+    threadpoolctl = pytest.importorskip("threadpoolctl")
+    blas = threadpoolctl.ThreadpoolController().select(user_api="blas")
+    if not blas.lib_controllers:
+        pytest.skip("numpy's BLAS is not one threadpoolctl controls")
+    outside = blas.info()[0]["num_threads"]
+    with dnnl.numpy_blas():
+        inside = threadpoolctl.ThreadpoolController().select(user_api="blas").info()[0]
+    assert inside["num_threads"] == (1 if dnnl.gemm_pool else outside)
+    assert blas.info()[0]["num_threads"] == outside
