@@ -48,11 +48,16 @@ def geometry(shape: tuple[int, ...], layout: str) -> tuple[tuple[int, ...], int]
         rev = contiguous_strides(tuple(reversed(shape)))
         return tuple(reversed(rev)), 2
     if layout == "channels_last":
-        # NHWC, aligned at offset 0: what a channels-last export gives cuDNN directly
-        if len(shape) != 4:
+        # NHWC (NDHWC for 5-D), aligned at offset 0: what a channels-last export gives
+        # cuDNN directly
+        if len(shape) not in (4, 5):
             return contiguous_strides(shape), 0
-        n, c, h, w = shape
-        return (h * w * c, 1, w * c, c), 0
+        order = (0, *range(2, len(shape)), 1)          # outermost to innermost
+        inner = contiguous_strides(tuple(shape[d] for d in order))
+        strides = [0] * len(shape)
+        for d, st in zip(order, inner):
+            strides[d] = st
+        return tuple(strides), 0
     raise ValueError(layout)
 
 

@@ -133,6 +133,18 @@ def test_conv3d_reads_and_writes_views_in_place(kit, stream, layout):
          [1, 0, 1], [1, 1, 2], groups=2, layouts=(layout,) * 4)
 
 
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("case", [
+    # R(2+1)D's factored kernels: temporal (3, 1, 1) and spatial (1, 3, 3), odd channels
+    ((1, 45, 4, 6, 6), (64, 45, 3, 1, 1), [1, 1, 1], [1, 0, 0]),
+    ((2, 16, 4, 6, 6), (45, 16, 1, 3, 3), [1, 2, 2], [0, 1, 1]),
+])
+def test_conv3d_factored_kernels_channels_last(kit, stream, dtype, case):
+    # Size-1 kernel dims in NDHWC weights: their strides must not reorder the layout.
+    x, w, s, p = case
+    _run(kit, stream, dtype, x, w, True, s, p, [1, 1, 1], layouts=("channels_last",) * 4)
+
+
 CASES_3D_T = [
     # x, w (Cin, Cout/g, k...), bias, stride, padding, dilation, output_padding, groups
     ((2, 4, 3, 4, 5), (4, 3, 3, 3, 3), True, [2, 2, 2], [1, 1, 1], [1, 1, 1], [1, 0, 1], 1),

@@ -69,6 +69,9 @@ def _dense4d(h: Handle) -> tuple[list[int], list[int], bool]:
     when it is packed (any dense order) and 16-byte aligned, else a packed row-major copy."""
     sz, st = _as_dnn(h)
     if h.packed and h.address % 16 == 0 and all(x > 0 for n, x in zip(sz, st) if n > 1):
+        canon = _canonical_strides(sz, st) if len(sz) == 5 else None
+        if canon is not None:
+            return sz, canon, True
         # size-1 dims get the stride a packed tensor would have (cuDNN checks them)
         fixed = list(st)
         for i in range(len(sz) - 1, -1, -1):
@@ -77,6 +80,23 @@ def _dense4d(h: Handle) -> tuple[list[int], list[int], bool]:
                 fixed[i] = max([1] + [v for v in inner])
         return sz, fixed, True
     return sz, list(contiguous_strides(tuple(sz))), False
+
+
+def _canonical_strides(sz: list[int], st: list[int]) -> list[int] | None:
+    """The strides of the packed NC... or N...C tensor these dims are, size-1 dims included,
+    where the view is one; else None. R(2+1)D's (64, 45, 3, 1, 1) NDHWC weights had their
+    size-1 H and W given the largest stride, which made them the outermost dims: cuDNN's
+    result was garbage (error 1.2 on the H200, 2026-12-02)."""
+    last = sz[1] > 1 and st[1] == 1 and any(n > 1 for n in sz[2:])
+    order = [0, *range(2, len(sz)), 1] if last else list(range(len(sz)))
+    canon = [0] * len(sz)
+    acc = 1
+    for d in reversed(order):
+        canon[d] = acc
+        acc *= sz[d]
+    if all(canon[d] == st[d] for d in range(len(sz)) if sz[d] > 1):
+        return canon
+    return None
 
 
 def _cudnn_conv(dnn: Dnn, out: Handle, x: Handle, w: Handle, bias: Handle | None,
