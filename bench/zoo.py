@@ -449,7 +449,11 @@ def _calibrate(m: Any, inputs: tuple, seed: int) -> None:
     finally:
         for b, (mom, _, _) in zip(bns, saved):
             b.momentum = mom
-            b.eval()
+        # The whole model back to eval, not only the BatchNorms: modules that cache in eval
+        # mode drop what the calibration passes filled (timm's LeViT and EfficientFormer
+        # cache attention biases in float32; a timm whose .to() keeps that cache gave fp16
+        # programs float32 biases on the H200's torch 2.11).
+        m.eval()
 
 
 def run_case(case: Case, device: str, dtype_name: str, seed: int = 0, threads: int = 0,
