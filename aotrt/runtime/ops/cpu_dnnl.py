@@ -184,6 +184,9 @@ class MatmulKey:
     weights: tuple[tuple[int, ...], tuple[int, ...]]
     bias: int | None
     dst: tuple[tuple[int, ...], tuple[int, ...]]
+    #: weights reordered once into oneDNN's own layout (constants only: the copy is made at
+    #: the first run and kept), rather than packed again by every run
+    packed: bool = False
 
 
 class _Operand:
@@ -358,10 +361,11 @@ class MatmulPrimitive(Primitive):
     """A 2-D matmul, the bias a broadcast row; the weights in oneDNN's packed layout."""
 
     key: MatmulKey
-    # The weights as the program holds them: oneDNN's jit gemm reads w[N, K] transposed at
-    # about the speed of its packed layout (bench/results/cpu-matmul-2026-12-02.md), and a
-    # packed copy would double the weights' memory.
-    pack_weights = False
+
+    @property
+    def pack_weights(self) -> bool:  # type: ignore[override]
+        """Constant weights in oneDNN's layout (MatmulKey.packed), others as they are."""
+        return self.key.packed
 
     def _bias_md(self, dt: int) -> Any:
         n, stride = self.key.dst[0][1], self.key.bias
