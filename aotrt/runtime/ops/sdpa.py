@@ -268,7 +268,10 @@ def _matmul(gemm: Any, a: np.ndarray, b: np.ndarray) -> np.ndarray:
     if gemm is not None:
         out = np.empty(np.broadcast_shapes(a.shape[:-2], b.shape[:-2])
                        + (a.shape[-2], b.shape[-1]), np.float32)
-        if gemm(a, b, out):
+        # oneDNN refuses heads interleaved in the rows (GPT-2's split of one projection:
+        # a batch stride below the row stride); packed copies of those are cheap beside
+        # a GEMM on one thread.
+        if gemm(a, b, out) or gemm(np.ascontiguousarray(a), np.ascontiguousarray(b), out):
             return out
     return np.matmul(a, b)
 
