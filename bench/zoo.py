@@ -354,11 +354,25 @@ def cases(families: list[str]) -> list[Case]:
 # one model
 
 
-def _rel(got: Any, ref: Any) -> float:
+def rel_err(got: Any, ref: Any) -> float:
+    """Norm-wise relative error of a torch tensor against a reference (inf if not finite)."""
     g, r = got.double(), ref.double()
     if not bool(g.isfinite().all()):
         return float("inf")
     return float((g - r).norm() / r.norm().clamp_min(1e-30))
+
+
+def tensors(out: Any) -> list:
+    """Every tensor in a model's output, nested tuples, lists and dicts walked in order."""
+    import torch
+
+    if isinstance(out, torch.Tensor):
+        return [out]
+    if isinstance(out, (list, tuple)):
+        return [t for o in out for t in tensors(o)]
+    if isinstance(out, dict):
+        return [t for o in out.values() for t in tensors(o)]
+    return []
 
 
 def _floats(out: Any) -> list:
@@ -456,6 +470,22 @@ def _calibrate(m: Any, inputs: tuple, seed: int) -> None:
         m.eval()
 
 
+def built(case: Case, seed: int = 0) -> tuple[Any, tuple]:
+    """The case's model, seeded, in eval with recalibrated BatchNorms, and its inputs."""
+    import torch
+
+    torch.manual_seed(seed)
+    m, inputs = case.build()
+    m = m.eval()
+    _calibrate(m, inputs, seed)
+    return m, inputs
+
+
+def build(name: str, seed: int = 0) -> tuple[Any, tuple]:
+    """`built` for the zoo model called `name` (any family)."""
+    return built(next(c for c in cases(list(FAMILIES)) if c.name == name), seed)
+
+
 def run_case(case: Case, device: str, dtype_name: str, seed: int = 0, threads: int = 0,
              timed: bool = False) -> dict:
     """Build, export, run and judge one model in one dtype; a row of the zoo table."""
@@ -470,12 +500,9 @@ def run_case(case: Case, device: str, dtype_name: str, seed: int = 0, threads: i
     row: dict[str, Any] = {"family": case.family, "model": case.name, "dtype": dtype_name,
                            "device": device}
     dt = getattr(torch, dtype_name)
-    torch.manual_seed(seed)
     t0 = time.perf_counter()
     try:
-        m, inputs = case.build()
-        m = m.eval()
-        _calibrate(m, inputs, seed)
+        m, inputs = built(case, seed)
     except Exception as e:  # noqa: BLE001 - the zoo's own failure, recorded
         row.update(status="build", error=f"{type(e).__name__}: {e}"[:400])
         return row
@@ -539,8 +566,8 @@ def _judge(row: dict, m: Any, m_dt: Any, fresh: list, got_f: list, dtype_name: s
     if len(got_f) != len(ref):
         row.update(status="mismatch", error=f"{len(got_f)} float outputs, eager has {len(ref)}")
         return row
-    errs = [_rel(a, r) for a, r in zip(got_f, ref)]
-    eerrs = [_rel(e, r) for e, r in zip(eager, ref)]
+    errs = [rel_err(a, r) for a, r in zip(got_f, ref)]
+    eerrs = [rel_err(e, r) for e, r in zip(eager, ref)]
     bound = [max(FLOOR[dtype_name], 2 * ee) for ee in eerrs]
     row["err"] = max(errs) if errs else 0.0
     row["eager_err"] = max(eerrs) if eerrs else 0.0

@@ -29,21 +29,6 @@ import zoo  # noqa: E402
 import aotrt  # noqa: E402
 
 
-def _rel(got: torch.Tensor, ref: torch.Tensor) -> float:
-    got, ref = got.double().cpu(), ref.double().cpu()
-    return float((got - ref).norm() / max(float(ref.norm()), 1e-30))
-
-
-def _tensors(out: object) -> list[torch.Tensor]:
-    if isinstance(out, torch.Tensor):
-        return [out]
-    if isinstance(out, (list, tuple)):
-        return [t for o in out for t in _tensors(o)]
-    if isinstance(out, dict):
-        return [t for o in out.values() for t in _tensors(o)]
-    return []
-
-
 def _record(seen: dict, path: str, args: tuple) -> None:
     # A pre-hook returning a value would replace the call's arguments: return None.
     seen.setdefault(path, args)
@@ -51,12 +36,7 @@ def _record(seen: dict, path: str, args: tuple) -> None:
 
 def bisect(name: str, dtype_name: str, depth: int, device: str) -> None:
     """Print one line per submodule: its error on cuda and eager's."""
-    case = next(c for c in zoo.cases(["torchvision", "timm", "hf", "ultralytics"])
-                if c.name == name)
-    torch.manual_seed(0)
-    m, inputs = case.build()
-    m = m.eval()
-    zoo._calibrate(m, inputs, 0)   # noqa: SLF001 - the zoo's own setup, reused
+    m, inputs = zoo.build(name)
     dt = getattr(torch, dtype_name)
     seen: dict[str, tuple] = {}
     hooks = []
@@ -76,18 +56,18 @@ def bisect(name: str, dtype_name: str, depth: int, device: str) -> None:
         sub = mods[path]
         try:
             with torch.no_grad():
-                ref = _tensors(copy.deepcopy(sub).double()(*[
+                ref = zoo.tensors(copy.deepcopy(sub).double()(*[
                     a.double() if a.is_floating_point() else a for a in args]))
                 sub_dt = copy.deepcopy(sub).to(dt)
                 cast = tuple(a.to(dt) if a.is_floating_point() else a for a in args)
-                eager = _tensors(copy.deepcopy(sub_dt).to(device)(*[a.to(device) for a in cast]))
+                eager = zoo.tensors(copy.deepcopy(sub_dt).to(device)(*[a.to(device) for a in cast]))
                 prog = aotrt.export(sub_dt, cast)
             d = aotrt.load(prog, device=device)
             got = d.run(*[a.numpy() for a in cast])
             d.close()
-            errs = [_rel(torch.from_numpy(np.asarray(g).astype("float64")), r)
+            errs = [zoo.rel_err(torch.from_numpy(np.asarray(g).astype("float64")), r)
                     for g, r in zip(got, ref) if r.is_floating_point()]
-            eerr = [_rel(e, r) for e, r in zip(eager, ref) if r.is_floating_point()]
+            eerr = [zoo.rel_err(e.cpu(), r) for e, r in zip(eager, ref) if r.is_floating_point()]
             worst = max(errs, default=0.0)
             flag = " <<<" if worst > 10 * max(max(eerr, default=0.0), 2e-3) else ""
             print(f"{path:<28} {type(sub).__name__:<22} aotrt {worst:9.2e}  eager "

@@ -29,19 +29,7 @@ import aotrt  # noqa: E402
 
 
 def _rel(got: np.ndarray, ref: torch.Tensor) -> float:
-    g = torch.from_numpy(np.asarray(got).astype(np.float64))
-    r = ref.double()
-    return float((g - r).norm() / max(float(r.norm()), 1e-30))
-
-
-def _outs(out: object) -> list[torch.Tensor]:
-    if isinstance(out, torch.Tensor):
-        return [out]
-    if isinstance(out, (list, tuple)):
-        return [t for o in out for t in _outs(o)]
-    if isinstance(out, dict):
-        return [t for o in out.values() for t in _outs(o)]
-    return []
+    return zoo.rel_err(torch.from_numpy(np.asarray(got).astype(np.float64)), ref)
 
 
 def _try(label: str, fn: object) -> None:
@@ -53,16 +41,11 @@ def _try(label: str, fn: object) -> None:
 
 def model(name: str, dtype_name: str) -> None:
     """Print the error of each variant of one model's program."""
-    case = next(c for c in zoo.cases(["torchvision", "timm", "hf", "ultralytics"])
-                if c.name == name)
-    torch.manual_seed(0)
-    m, inputs = case.build()
-    m = m.eval()
-    zoo._calibrate(m, inputs, 0)   # noqa: SLF001 - the zoo's own setup, reused
+    m, inputs = zoo.build(name)
     dt = getattr(torch, dtype_name)
     x = tuple(a.to(dt) for a in inputs)
     with torch.no_grad():
-        ref = [o for o in _outs(copy.deepcopy(m).double()(*[a.double() for a in inputs]))
+        ref = [o for o in zoo.tensors(copy.deepcopy(m).double()(*[a.double() for a in inputs]))
                if o.is_floating_point()]
         m_dt = copy.deepcopy(m).to(dt)
         progs = {lay: aotrt.export(m_dt, x, layout=lay) for lay in ("auto", "contiguous")}

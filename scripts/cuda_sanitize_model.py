@@ -29,12 +29,7 @@ def export(name: str, out: Path, layout: str, dtype_name: str) -> None:
 
     import aotrt
 
-    case = next(c for c in zoo.cases(["torchvision", "timm", "hf", "ultralytics"])
-                if c.name == name)
-    torch.manual_seed(0)
-    m, inputs = case.build()
-    m = m.eval()
-    zoo._calibrate(m, inputs, 0)   # noqa: SLF001 - the zoo's own setup, reused
+    m, inputs = zoo.build(name)
     dt = getattr(torch, dtype_name)
     x = tuple(a.to(dt) for a in inputs)
     with torch.no_grad():

@@ -1,6 +1,6 @@
-"""oneDNN (libdnnl.so.3 from the `onednn-cpu-gomp` wheel) through ctypes: the cpu device's
+"""oneDNN (libdnnl.so.3, bound in ops/cpu_dnnl_api.py) for the cpu device: its
 forward convolution on the views' own memory, any strides (NCHW, NHWC, slices), and its
-matmul (linear: x @ w.T + bias, the weights reordered once into oneDNN's packed layout).
+matmuls (linear, mm, addmm on views; attention's GEMMs on arrays).
 
 The cpu device owns one `Dnnl` (its `dnnl` attribute, made on first use): the engine, a
 dnnl stream per worker thread and the primitive cache. Primitives are made when an op's work
@@ -13,25 +13,23 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
-import functools
-import importlib.metadata
 import logging
 import threading
 import weakref
 from collections import OrderedDict
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any, Callable, Sequence
 
 import numpy as np
 
 from aotrt.errors import DeviceError
+from aotrt.runtime.ops.cpu_dnnl_api import Dims as _Dims, ExecArg as _ExecArg, VoidP as _p
+# Re-exported: callers ask this module whether oneDNN is there.
+from aotrt.runtime.ops.cpu_dnnl_api import DIST, find_library, library  # noqa: F401
 from aotrt.runtime.tensor import Handle
 
 log = logging.getLogger(__name__)
 
-DIST = "onednn-cpu-gomp"
-SONAME = "libdnnl.so.3"
 
 # Enum values and argument indices of oneDNN 3.2 (dnnl_types.h, dnnl_common_types.h).
 _SUCCESS = 0
@@ -49,7 +47,6 @@ _STREAM_IN_ORDER = 1
 # Implementations slower than the blocked ones (oneDNN's im2col + gemm, reference loops).
 _SLOW = ("gemm", "x64:gemm", "ref")
 ARG_SRC, ARG_DST, ARG_WEIGHTS, ARG_BIAS, ARG_SCRATCHPAD = 1, 17, 33, 41, 80
-MAX_NDIMS = 12
 # Primitives a device keeps for reuse (each holds JIT code; programs of many shapes evict).
 MAX_CACHED = 512
 
@@ -60,87 +57,6 @@ FAST_MATMUL = ("brg",)
 
 # aotrt dtype name -> dnnl_data_type_t
 DATA_TYPES = {"float16": 1, "bfloat16": 2, "float32": 3}
-
-_p = ctypes.c_void_p
-_Dims = ctypes.c_int64 * MAX_NDIMS
-
-
-class _ExecArg(ctypes.Structure):
-    _fields_ = [("arg", ctypes.c_int), ("memory", ctypes.c_void_p)]
-
-
-_SIGNATURES: dict[str, tuple[Any, list[Any]]] = {
-    "dnnl_engine_create": (ctypes.c_int, [ctypes.POINTER(_p), ctypes.c_int, ctypes.c_size_t]),
-    "dnnl_stream_create": (ctypes.c_int, [ctypes.POINTER(_p), _p, ctypes.c_uint]),
-    "dnnl_stream_wait": (ctypes.c_int, [_p]),
-    "dnnl_stream_destroy": (ctypes.c_int, [_p]),
-    "dnnl_memory_desc_create_with_strides": (
-        ctypes.c_int, [ctypes.POINTER(_p), ctypes.c_int, _Dims, ctypes.c_int, _Dims]),
-    "dnnl_memory_desc_create_with_tag": (
-        ctypes.c_int, [ctypes.POINTER(_p), ctypes.c_int, _Dims, ctypes.c_int, ctypes.c_int]),
-    "dnnl_memory_desc_destroy": (ctypes.c_int, [_p]),
-    "dnnl_memory_desc_equal": (ctypes.c_int, [_p, _p]),
-    "dnnl_memory_desc_get_size": (ctypes.c_size_t, [_p]),
-    "dnnl_primitive_attr_create": (ctypes.c_int, [ctypes.POINTER(_p)]),
-    "dnnl_primitive_attr_destroy": (ctypes.c_int, [_p]),
-    "dnnl_primitive_attr_set_scratchpad_mode": (ctypes.c_int, [_p, ctypes.c_int]),
-    "dnnl_primitive_attr_set_post_ops": (ctypes.c_int, [_p, _p]),
-    "dnnl_post_ops_create": (ctypes.c_int, [ctypes.POINTER(_p)]),
-    "dnnl_post_ops_append_eltwise": (ctypes.c_int, [_p, ctypes.c_int, ctypes.c_float,
-                                                    ctypes.c_float]),
-    "dnnl_post_ops_destroy": (ctypes.c_int, [_p]),
-    "dnnl_convolution_forward_primitive_desc_create": (
-        ctypes.c_int, [ctypes.POINTER(_p), _p, ctypes.c_int, ctypes.c_int, _p, _p, _p, _p,
-                       _Dims, _Dims, _Dims, _Dims, _p]),
-    "dnnl_matmul_primitive_desc_create": (
-        ctypes.c_int, [ctypes.POINTER(_p), _p, _p, _p, _p, _p, _p]),
-    "dnnl_reorder_primitive_desc_create": (
-        ctypes.c_int, [ctypes.POINTER(_p), _p, _p, _p, _p, _p]),
-    "dnnl_primitive_desc_query": (ctypes.c_int, [_p, ctypes.c_int, ctypes.c_int, _p]),
-    "dnnl_primitive_desc_query_md": (_p, [_p, ctypes.c_int, ctypes.c_int]),
-    "dnnl_primitive_desc_destroy": (ctypes.c_int, [_p]),
-    "dnnl_primitive_create": (ctypes.c_int, [ctypes.POINTER(_p), _p]),
-    "dnnl_primitive_execute": (ctypes.c_int, [_p, _p, ctypes.c_int, ctypes.POINTER(_ExecArg)]),
-    "dnnl_primitive_destroy": (ctypes.c_int, [_p]),
-    "dnnl_memory_create": (ctypes.c_int, [ctypes.POINTER(_p), _p, _p, _p]),
-    "dnnl_memory_set_data_handle": (ctypes.c_int, [_p, _p]),
-    "dnnl_memory_destroy": (ctypes.c_int, [_p]),
-}
-
-
-def find_library() -> Path | None:
-    """libdnnl.so.3 of the installed onednn-cpu-gomp distribution, or None."""
-    try:
-        dist = importlib.metadata.distribution(DIST)
-    except importlib.metadata.PackageNotFoundError:
-        return None
-    for f in dist.files or ():
-        if f.name == SONAME:
-            path = Path(dist.locate_file(f))
-            if path.is_file():
-                return path
-    return None
-
-
-@functools.cache
-def library() -> ctypes.CDLL | None:
-    """The loaded libdnnl with its signatures bound, or None (logged) where it is missing."""
-    path = find_library()
-    if path is None:
-        log.debug("oneDNN: %s is not installed; cpu convolutions use numpy", DIST)
-        return None
-    try:
-        lib = ctypes.CDLL(str(path))
-        for name, (res, args) in _SIGNATURES.items():
-            # getattr, not lib[name]: an attribute is cached on the CDLL, so the signature
-            # set here is the one every later call uses.
-            fn = getattr(lib, name)
-            fn.restype, fn.argtypes = res, args
-    except (OSError, AttributeError) as e:
-        log.debug("oneDNN: cannot load %s (%s); cpu convolutions use numpy", path, e)
-        return None
-    return lib
-
 
 def _check(status: int, what: str) -> None:
     # DeviceError: at load it only means "not through oneDNN" (the caller falls back); in a
