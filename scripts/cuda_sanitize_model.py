@@ -30,6 +30,9 @@ def export(name: str, out: Path, layout: str, dtype_name: str) -> None:
     import aotrt
 
     m, inputs = zoo.build(name)
+    with torch.no_grad():
+        ref = zoo.tensors(m.double()(*(a.double() for a in inputs)))
+    print("reference norms", [float(r.norm()) for r in ref])
     dt = getattr(torch, dtype_name)
     x = tuple(a.to(dt) for a in inputs)
     with torch.no_grad():

@@ -6,7 +6,9 @@ also proves the ops created no handles.
 Layouts: 'packed' (row-major at offset 0), 'offset' (row-major at an element offset),
 'strided' (non-packed: padded dims, like a slice of a bigger tensor, at an offset),
 'transposed' (dense, dims in reverse memory order, at an offset), 'channels_last' (NHWC at
-offset 0 for 4-D views, else row-major). Bytes of the parent
+offset 0 for 4-D views, else row-major), 'channel_slice' (channels 8.. of an NHWC buffer
+with 11 more channels: a concatenation's part, as channels-last networks such as DLA-34
+make). Bytes of the parent
 around each view hold sentinels, so tests can prove an op wrote only its view.
 
 A device whose op is not implemented raises Unsupported, and its test fails: a missing
@@ -47,17 +49,18 @@ def geometry(shape: tuple[int, ...], layout: str) -> tuple[tuple[int, ...], int]
     if layout == "transposed":
         rev = contiguous_strides(tuple(reversed(shape)))
         return tuple(reversed(rev)), 2
-    if layout == "channels_last":
+    if layout in ("channels_last", "channel_slice"):
         # NHWC (NDHWC for 5-D), aligned at offset 0: what a channels-last export gives
-        # cuDNN directly
+        # cuDNN directly; or a channel slice of a wider such buffer
         if len(shape) not in (4, 5):
             return contiguous_strides(shape), 0
+        extra = 11 if layout == "channel_slice" else 0
         order = (0, *range(2, len(shape)), 1)          # outermost to innermost
-        inner = contiguous_strides(tuple(shape[d] for d in order))
+        inner = contiguous_strides(tuple(shape[d] + (extra if d == 1 else 0) for d in order))
         strides = [0] * len(shape)
         for d, st in zip(order, inner):
             strides[d] = st
-        return tuple(strides), 0
+        return tuple(strides), (8 if extra else 0)
     raise ValueError(layout)
 
 

@@ -55,7 +55,7 @@ def test_conv2d_matches_torch(kit, stream, dtype, case):
     _run(kit, stream, dtype, x, w, bias, s, p, d, groups=g)
 
 
-@pytest.mark.parametrize("layout", LAYOUTS)
+@pytest.mark.parametrize("layout", LAYOUTS + ("channel_slice",))
 def test_conv2d_reads_and_writes_views_in_place(kit, stream, layout):
     _run(kit, stream, "float32", (2, 4, 7, 6), (6, 2, 3, 3), True, [1, 2], [1, 0], [1, 1],
          groups=2, layouts=(layout,) * 4)
@@ -466,7 +466,9 @@ EPILOGUE_CASES = [
 @pytest.mark.parametrize("case", range(len(EPILOGUE_CASES)))
 @pytest.mark.parametrize("layout,w_layout", [("packed", "packed"), ("offset", "packed"),
                                              ("channels_last", "packed"),
-                                             ("channels_last", "channels_last")])
+                                             ("channels_last", "channels_last"),
+                                             ("channel_slice", "channels_last"),
+                                             ("channel_slice", "packed")])
 def test_conv_epilogue_matches_torch(kit, stream, dtype, activation, case, layout, w_layout):
     """out = act(conv + bias + residual) in one library call, against float64 torch; the
     residual and output are views of any layout, the weights KCRS or KRSC (channels-last
@@ -524,16 +526,21 @@ def test_conv3d_epilogue_matches_torch(kit, stream, dtype, layout):
     kit.close(kit.read(out), ref, dtype)
 
 
-def test_conv_epilogue_over_its_own_residual_reads_the_old_values(kit, stream):
-    # The exporter may place the output over the residual's memory once the residual dies.
-    x_np, w_np = kit.randn((1, 4, 6, 6), "float32"), kit.randn((4, 4, 3, 3), "float32", 0.5)
-    r_np = kit.randn((1, 4, 6, 6), "float32")
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("layout", ["packed", "channels_last", "channel_slice"])
+def test_conv_epilogue_over_its_own_residual_reads_the_old_values(kit, stream, dtype, layout):
+    """The exporter may place the output over the residual's memory once the residual dies;
+    the residual's copy keeps the layout the library is told it has (an NHWC residual copied
+    row-major was read with NHWC strides before)."""
+    x_np, w_np = kit.randn((1, 4, 6, 6), dtype), kit.randn((4, 4, 3, 3), dtype, 0.5)
+    r_np = kit.randn((1, 4, 6, 6), dtype)
     ref = torch.relu(_ref(kit, x_np, w_np, None, [1, 1], [1, 1], [1, 1], False, [0, 0], 1)
                      + kit.t64(r_np))
-    r = kit.tensor(r_np)
-    convolution(stream, r, kit.tensor(x_np), kit.tensor(w_np), None, [1, 1], [1, 1], [1, 1],
-                residual=r, activation="relu")
-    kit.close(kit.read(r), ref, "float32")
+    w_layout = "packed" if layout == "packed" else "channels_last"
+    r = kit.tensor(r_np, layout)
+    convolution(stream, r, kit.tensor(x_np, layout), kit.tensor(w_np, w_layout), None, [1, 1],
+                [1, 1], [1, 1], residual=r, activation="relu")
+    kit.close(kit.read(r), ref, dtype)
 
 
 @pytest.mark.parametrize("bad", [{"activation": "gelu"}, {"activation": 1},

@@ -85,16 +85,20 @@ def stream_workspace(stream: "CudaStream", nbytes: int) -> int:
 # packed copies
 
 
-def copy_packed(dev: "CudaDevice", s: "CudaStream", dst: int, src: Handle) -> None:
-    """Enqueue a copy of view `src` into packed row-major memory at `dst`."""
-    dev.strided_work(dst, src.address, src.sizes, contiguous_strides(src.sizes), src.strides,
-                 src.dtype.itemsize, None)(s)
+def copy_packed(dev: "CudaDevice", s: "CudaStream", dst: int, src: Handle,
+                strides: Sequence[int] | None = None) -> None:
+    """Enqueue a copy of view `src` into packed memory at `dst`, laid out by `strides`
+    (row-major when None)."""
+    st = contiguous_strides(src.sizes) if strides is None else strides
+    dev.strided_work(dst, src.address, src.sizes, st, src.strides, src.dtype.itemsize, None)(s)
 
 
-def copy_unpacked(dev: "CudaDevice", s: "CudaStream", dst: Handle, src: int) -> None:
-    """Enqueue a copy of packed row-major memory at `src` into view `dst`."""
-    dev.strided_work(dst.address, src, dst.sizes, dst.strides, contiguous_strides(dst.sizes),
-                 dst.dtype.itemsize, None)(s)
+def copy_unpacked(dev: "CudaDevice", s: "CudaStream", dst: Handle, src: int,
+                  strides: Sequence[int] | None = None) -> None:
+    """Enqueue a copy of packed memory at `src`, laid out by `strides` (row-major when None),
+    into view `dst`."""
+    st = contiguous_strides(dst.sizes) if strides is None else strides
+    dev.strided_work(dst.address, src, dst.sizes, dst.strides, st, dst.dtype.itemsize, None)(s)
 
 
 def broadcast_strides(h: Handle, shape: Sequence[int]) -> tuple[int, ...]:

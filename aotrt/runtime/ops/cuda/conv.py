@@ -66,7 +66,8 @@ def _geometry(p: Any, ndim: int) -> tuple[list[int], list[int], list[int]]:
 
 def _dense4d(h: Handle) -> tuple[list[int], list[int], bool]:
     """(sizes, strides, direct) of a 3-D/4-D/5-D conv operand as cuDNN gets it: the view itself
-    when it is packed (any dense order) and 16-byte aligned, else a packed row-major copy."""
+    when it is packed (any dense order) and 16-byte aligned, else a packed copy in the view's
+    own channel order (`_packed_like`)."""
     sz, st = _as_dnn(h)
     if h.packed and h.address % 16 == 0 and all(x > 0 for n, x in zip(sz, st) if n > 1):
         canon = _canonical_strides(sz, st) if len(sz) == 5 else None
@@ -79,7 +80,24 @@ def _dense4d(h: Handle) -> tuple[list[int], list[int], bool]:
                 inner = [st[j] * sz[j] for j in range(len(sz)) if sz[j] > 1 and st[j] < 2 ** 62]
                 fixed[i] = max([1] + [v for v in inner])
         return sz, fixed, True
-    return sz, list(contiguous_strides(tuple(sz))), False
+    return sz, _packed_like(sz, st), False
+
+
+def _packed_like(sz: list[int], st: list[int]) -> list[int]:
+    """Packed strides for a copy of a (sizes, strides) view: N...C when the view keeps its
+    channels innermost, else NC... row-major. A channel slice of a channels-last
+    concatenation copied as NCHW gave cuDNN mixed layouts (NHWC input, NCHW output), and
+    its fused engines then left parts of the output unwritten (compute-sanitizer initcheck
+    on DLA-34 at fp16, H200, 2026-12-02)."""
+    real = [x for n, x in zip(sz, st) if n > 1]
+    last = sz[1] > 1 and len(sz) > 2 and st[1] == min(real)
+    order = [0, *range(2, len(sz)), 1] if last else list(range(len(sz)))
+    packed = [0] * len(sz)
+    acc = 1
+    for d in reversed(order):
+        packed[d] = acc
+        acc *= sz[d]
+    return packed
 
 
 def _canonical_strides(sz: list[int], st: list[int]) -> list[int] | None:
@@ -176,26 +194,29 @@ def _cudnn_conv(dnn: Dnn, out: Handle, x: Handle, w: Handle, bias: Handle | None
     def work(s: "CudaStream") -> None:
         scratch: list[Scratch] = []
         try:
-            def packed(view: Handle, direct: bool, copy_in: bool) -> int:
+            def packed(view: Handle, direct: bool, copy_in: bool,
+                       strides: list[int] | None) -> int:
                 if direct:
                     return view.address
                 sc = Scratch(s, view.numel * isz)
                 scratch.append(sc)
                 if copy_in:
-                    copy_packed(dev, s, sc.ptr, view)
+                    copy_packed(dev, s, sc.ptr, view, strides)
                 return sc.ptr
-            pack = {X: packed(xv, x_direct, True), W: packed(wv, w_direct, True),
-                    Y: packed(ov, o_direct, False)}
+            pack = {X: packed(xv, x_direct, True, xst), W: packed(wv, w_direct, True, wst),
+                    Y: packed(ov, o_direct, False, ost)}
             if B is not None:
-                pack[B] = packed(bias, b_direct, True)
+                pack[B] = packed(bias, b_direct, True, None)
             if R is not None:
-                pack[R] = packed(rv, r_direct and not r_overlaps, True)
+                # copies are laid out as the graph's R says (an overlapping residual was
+                # copied row-major under NHWC strides before: wrong values)
+                pack[R] = packed(rv, r_direct and not r_overlaps, True, rst)
             ws_ptr = stream_workspace(s, wsize) if wsize else 0
             with dnn.lock:
                 cudnn.set_stream(handle, s.handle)
                 g.execute(pack, ws_ptr, handle=handle)
             if not o_direct:
-                copy_unpacked(dev, s, ov, pack[Y])
+                copy_unpacked(dev, s, ov, pack[Y], ost)
         finally:
             for sc in scratch:
                 sc.free()
