@@ -1,10 +1,11 @@
 """On the GPU machine: where the host time of aotrt's run() goes without CUDA graphs
 (issue #9: aotrt without graphs must beat eager), by Python function, under cProfile.
 
-    python3 scripts/cuda_host_profile.py resnet50_b1 [--iters 50]
+    python3 scripts/cuda_host_profile.py resnet50_b1 [--iters 50] [--graph]
 
-Prints the wall time per run with and without the profiler, and the functions with the
-most own time (tottime) and cumulative time per run.
+Prints the wall time per run with and without the profiler, the host time of run() alone
+(what it takes to enqueue), and the functions with the most own time (tottime) and
+cumulative time per run. `--graph` profiles the CUDA graph replay path instead.
 """
 
 from __future__ import annotations
@@ -26,14 +27,23 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("model", help="a bench.build name, e.g. resnet50_b1")
     ap.add_argument("--iters", type=int, default=50, help="profiled runs")
+    ap.add_argument("--graph", action="store_true", help="with CUDA graphs")
     a = ap.parse_args()
     m, inputs = bench.build(a.model)
     prog = aotrt.export(m, inputs)
     print(f"{a.model}: {len(prog.instructions)} instructions")
-    with aotrt.load(prog, device="cuda", cuda_graph=False) as d:
+    with aotrt.load(prog, device="cuda", cuda_graph=a.graph) as d:
         for _ in range(5):
             d.run(*inputs)
         d.stream.commit_and_wait()
+        host = []
+        for _ in range(a.iters):
+            t0 = time.perf_counter()
+            d.run(*inputs)
+            host.append(time.perf_counter() - t0)
+            d.stream.commit_and_wait()
+        host.sort()
+        print(f"run() alone (enqueue, median): {host[len(host) // 2] * 1e3:.3f} ms")
         t0 = time.perf_counter()
         for _ in range(a.iters):
             d.run(*inputs)

@@ -96,6 +96,8 @@ class Lowering:
         if self.channels_last:
             n = layout.propagate_channels_last(self.graph, is_pointwise)
             log.debug("channels-last: %d nodes laid out NHWC", n)
+        n = layout.row_major_for_row_reductions(self.graph, is_pointwise)
+        log.debug("%d elementwise results laid out row-major for the rows reduced", n)
         propagate_constants(self)
         self._check_supported()
         units = self._schedule()

@@ -196,3 +196,61 @@ def test_channels_last_keeps_5d_parameters_as_they_are() -> None:
     with aotrt.load(prog, device="cpu") as d:
         got = np.asarray(d.run(x.numpy())[0]).astype(np.float64)
     assert rel_err(got, ref) < 1e-5
+
+
+class PermutedResidual(nn.Module):
+    """Whisper's encoder front: a conv1d whose output is permuted to (B, T, C), then
+    residual adds, each read by a LayerNorm over C (and a softmax over the last dim)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv = nn.Conv1d(8, 16, 3, padding=1)
+        self.pos = nn.Parameter(torch.randn(12, 16))
+        self.ln1, self.ln2 = nn.LayerNorm(16), nn.LayerNorm(16)
+        self.fc = nn.Linear(16, 16)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.conv(x).permute(0, 2, 1) + self.pos
+        h = h + self.fc(self.ln1(h))
+        return self.ln2(h) + torch.softmax(h * 2.0, -1)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_rows_a_layer_norm_reduces_are_laid_out_row_major(device: str) -> None:
+    """The permuted residual stream is stored (B, T, C) row-major, so each LayerNorm reads
+    its rows contiguously; the result still matches eager."""
+    torch.manual_seed(0)
+    m = PermutedResidual().eval()
+    x = torch.randn(2, 8, 12)
+    with torch.no_grad():
+        prog = aotrt.export(m, (x,))
+    assert [k for k in prog.kernels if "layer_norm" in k.name]
+    strides = [t["strides"] for t in prog.tensors
+               if t["root"] == "arena" and t["sizes"] == [2, 12, 16]]
+    # the two residual sums row-major; only the convolution's output is read permuted
+    assert strides.count([192, 16, 1]) >= 2 and strides.count([192, 1, 12]) <= 1, strides
+    with aotrt.load(prog, device=device, check_hazards=True) as d:
+        xs = torch.randn(2, 8, 12, generator=torch.Generator().manual_seed(1))
+        with torch.no_grad():
+            ref = m.double()(xs.double()).numpy()
+            m.float()
+        got = np.asarray(d.run(xs.numpy())[0]).astype(np.float64)
+        assert rel_err(got, ref) < 1e-4
+
+
+def test_row_major_pass_leaves_program_outputs_and_other_dims_alone() -> None:
+    """A permuted elementwise result that is a program output, or that a softmax reduces
+    over another dim, keeps torch's layout."""
+    from aotrt.exporter.capture import capture
+    from aotrt.exporter.lower import runs_whole
+    from aotrt.exporter.nodes import is_pointwise
+
+    class M(nn.Module):
+        def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+            a = x.permute(0, 2, 1) * 2.0
+            b = x.permute(0, 2, 1) + 1.0
+            return a, torch.softmax(b, 1)
+
+    with torch.no_grad():
+        ep = capture(M(), (torch.randn(2, 3, 4),), runs_whole=runs_whole)
+    assert layout.row_major_for_row_reductions(ep.graph_module.graph, is_pointwise) == 0

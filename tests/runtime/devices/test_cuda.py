@@ -523,6 +523,27 @@ def test_delegate_replays_a_graph_by_default() -> None:
         assert not d.uses_graph
 
 
+@needs_gpu
+def test_graph_run_returns_before_its_replay_and_reads_inputs_as_they_were() -> None:
+    """run() waits for its input copies alone: the replay is still queued when it returns,
+    and a caller that overwrites its cuda input at once does not change the result."""
+    torch, m, prog = _small_program()
+    import aotrt
+
+    if not torch.cuda.is_available():
+        pytest.skip("torch has no cuda here")
+    with aotrt.load(prog, device="cuda", cuda_graph=True) as d:
+        d.run(np.zeros((2, 3, 16, 16), np.float32))     # capture
+        for _ in range(3):
+            xc = torch.randn(2, 3, 16, 16, device="cuda")
+            ref = m(xc.cpu()).detach().numpy()
+            (out,) = d.run(xc)
+            pending = d.stream.recorded_seq > d.stream.completed_seq
+            xc.fill_(1e4)                               # the caller reuses its input at once
+            assert pending, "run() waited for its own replay"
+            assert rel_err(torch.from_dlpack(out).cpu().numpy(), ref) < 1e-4
+
+
 # -- library lifetime, cache, int64 grids (issue 7, items 6, 9, 10) --------------------------
 
 

@@ -34,7 +34,8 @@ pytestmark = pytest.mark.skipif(not _nvrtc_ok(), reason="NVRTC is not installed 
 
 
 OP_KERNELS = {
-    "pool": ("aot_maxpool_float16", "aot_maxpool_bfloat16"),
+    "pool": ("aot_maxpool_float16", "aot_maxpool_bfloat16", "aot_maxpool_nhwc8_float16",
+             "aot_maxpool_nhwc1_bfloat16", "aot_maxpool_nhwc4_float32"),
     "upsample": ("aot_upsample1", "aot_upsample8"),
     "sdpa": ("aot_softmax_float16_float32", "aot_softmax_bfloat16_bfloat16"),
     "conv": ("aot_im2col2", "aot_col2im_float32", "aot_conv_epilogue_float16"),

@@ -61,6 +61,19 @@ def test_max_pool2d_views_in_place(kit, stream, layout):
          out_layout=layout)
 
 
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("case", range(len(CASES)))
+@pytest.mark.parametrize("channels", [16, 5])
+def test_max_pool2d_nhwc_values_only(kit, stream, dtype, case, channels):
+    """Dense NHWC views without indices (a channels-last network's pool): on cuda the
+    vectorized kernel (16 channels: 16-byte lanes; 5: one channel a thread), with NaN and
+    -inf among the values."""
+    x_np = kit.randn((2, channels, 9, 10), dtype)
+    x_np[0, 1, 2, 3], x_np[1, 3, 4, 4] = np.nan, -np.inf
+    _run(kit, stream, x_np, *CASES[case], layout="channels_last", out_layout="channels_last",
+         with_indices=False)
+
+
 def test_max_pool2d_unbatched_and_without_indices(kit, stream):
     _run(kit, stream, kit.randn((3, 7, 7), "bfloat16"), *CASES[3], with_indices=False)
     _run(kit, stream, kit.randn((3, 7, 7), "float32"), *CASES[1])

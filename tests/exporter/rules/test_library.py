@@ -1,0 +1,64 @@
+"""Library-op rules (aotrt/exporter/rules/library.py): attention's causal mask."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+import torch.nn as nn
+
+import aotrt
+from tests.conftest import DEVICES
+from tests.exporter.lowering import library_instrs
+from tests.support import rel_err
+
+
+class MaskedAttention(nn.Module):
+    """Attention under a constant bool mask (a buffer, as GPT-2's is once folded)."""
+
+    def __init__(self, mask: torch.Tensor) -> None:
+        super().__init__()
+        self.register_buffer("mask", mask)
+
+    def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        return torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=self.mask)
+
+
+def _export_and_run(mask: torch.Tensor, device: str) -> tuple[dict, float]:
+    gen = torch.Generator().manual_seed(0)
+    qkv = [torch.randn(2, 3, 6, 8, generator=gen) for _ in range(3)]
+    m = MaskedAttention(mask).eval()
+    with torch.no_grad():
+        prog = aotrt.export(m, tuple(qkv))
+        ref = m.double()(*(t.double() for t in qkv)).numpy()
+    (ins,) = library_instrs(prog, "sdpa")
+    with aotrt.load(prog, device=device) as d:
+        got = np.asarray(d.run(*(t.numpy() for t in qkv))[0]).astype(np.float64)
+    return ins, rel_err(got, ref)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("shape", [(6, 6), (1, 1, 6, 6)])
+def test_constant_causal_mask_becomes_is_causal(device: str, shape: tuple[int, ...]) -> None:
+    mask = torch.ones(6, 6, dtype=torch.bool).tril().expand(shape).clone()
+    ins, err = _export_and_run(mask, device)
+    assert ins["params"]["is_causal"] is True
+    assert ins["ins"][3] is None
+    assert err < 1e-4
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("which", ["upper", "shifted", "one_head_differs"])
+def test_other_constant_masks_stay_masks(device: str, which: str) -> None:
+    mask = torch.ones(2, 3, 6, 6, dtype=torch.bool).tril()
+    if which == "upper":
+        mask = mask.transpose(-1, -2).clone()
+    elif which == "shifted":
+        mask = torch.ones(2, 3, 6, 6, dtype=torch.bool).tril(-1)
+        mask[..., 0, 0] = True
+    else:
+        mask[1, 2, 0, 3] = True
+    ins, err = _export_and_run(mask, device)
+    assert ins["params"]["is_causal"] is False
+    assert ins["ins"][3] is not None
+    assert err < 1e-4
