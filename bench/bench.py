@@ -165,6 +165,18 @@ def time_torch(fn: Callable[[], Any], iters: int, warmup: int) -> float:
     return times[len(times) // 2]
 
 
+def reset_pool_high() -> None:
+    """Restart the high-water marks of the driver's default pool (aotrt's memory), so each
+    runner reports its own peak and not the one of the runner before it."""
+    from cuda.bindings import driver
+
+    err, pool = driver.cuDeviceGetDefaultMemPool(0)
+    if int(err) == 0:
+        a = driver.CUmemPool_attribute
+        for attr in (a.CU_MEMPOOL_ATTR_USED_MEM_HIGH, a.CU_MEMPOOL_ATTR_RESERVED_MEM_HIGH):
+            driver.cuMemPoolSetAttribute(pool, attr, driver.cuuint64_t(0))
+
+
 def time_aotrt(d: Any, inputs: tuple, iters: int, warmup: int) -> tuple[float, Any]:
     """Median ms of one run, CUDA events on the delegate's stream (host overhead included:
     the end event is recorded after run() has enqueued everything)."""
@@ -247,6 +259,7 @@ def run_model(name: str, runners: list[str], iters: int, warmup: int,
         torch.cuda.synchronize()
         torch.cuda.empty_cache()
         torch.cuda.reset_peak_memory_stats()
+        reset_pool_high()
         try:
             r = fn()
             r["ok"] = True
