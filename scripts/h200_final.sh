@@ -1,0 +1,23 @@
+#!/usr/bin/env bash
+# On the GPU machine (device tool, carry .whl): the changed cuda tests, the cuDNN execute
+# probe and a dtype probe side by side, then bench.py over the six models, alone on the GPU.
+#
+#   bash scripts/h200_final.sh $OUT/f
+out="${1:?usage: h200_final.sh OUTDIR}"
+source scripts/device_env.sh || exit 1
+mkdir -p "$out"
+(timeout 200 python3 -m pytest -q -p no:cacheprovider --tb=short -rfE -k cuda \
+    tests/runtime/ops/test_pool.py tests/runtime/ops/test_conv.py tests/runtime/ops/test_sdpa.py \
+    tests/runtime/devices/test_cuda.py tests/exporter/test_layout.py \
+    tests/exporter/rules/test_library.py tests/runtime/ops/test_cuda_sources.py \
+    > "$out/tests.log" 2>&1) &
+(timeout 120 python3 scripts/cudnn_execute_probe.py > "$out/probe.txt" 2>&1;
+ timeout 120 python3 scripts/dtype_probe.py levit_128s > "$out/dtype.txt" 2>&1) &
+wait
+echo "== tests"; tail -3 "$out/tests.log"; grep -E "^(FAILED|ERROR)" "$out/tests.log" | head -20
+echo "== probe"; grep -v Warn "$out/probe.txt" | tail -8
+echo "== dtype"; grep -v Warn "$out/dtype.txt" | grep -v "next(self" | tail -30
+uptime
+timeout 400 python3 bench/bench.py --out "$out/bench.json" --budget 380 --iters 30 2>&1 \
+    | grep -v Warning | grep -v "return cls" > "$out/bench.log"
+tail -8 "$out/bench.log"
