@@ -8,6 +8,7 @@ source scripts/device_env.sh || exit 1
 mkdir -p "$out"
 (timeout 200 python3 -m pytest -q -p no:cacheprovider --tb=short -rfE -k cuda \
     tests/runtime/ops/test_pool.py tests/runtime/ops/test_conv.py tests/runtime/ops/test_sdpa.py \
+    tests/runtime/ops/test_mm.py \
     tests/runtime/devices/test_cuda.py tests/exporter/test_layout.py \
     tests/exporter/rules/test_library.py tests/runtime/ops/test_cuda_sources.py \
     > "$out/tests.log" 2>&1) &

@@ -115,6 +115,22 @@ def test_linear_matches_torch(kit, stream, dtype, x_shape, with_bias):
     kit.close(kit.read(out), ref, dtype)
 
 
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_linears_of_one_shape_read_their_own_bias(kit, stream, dtype):
+    """Layers of one shape share a GEMM plan (on cuda: one cuBLASLt descriptor per bias);
+    alternating between them, each result has its own bias, runs after runs."""
+    x_np, w_np = kit.randn((16, 32), dtype), kit.randn((24, 32), dtype)
+    x, w = kit.tensor(x_np), kit.tensor(w_np)
+    biases = [kit.randn((24,), dtype) for _ in range(3)]
+    handles = [kit.tensor(b) for b in biases]
+    for _ in range(2):
+        for b_np, b in zip(biases, handles):
+            out = kit.out((16, 24), dtype)
+            linear(stream, out, x, w, b)
+            ref = torch.nn.functional.linear(kit.t64(x_np), kit.t64(w_np), kit.t64(b_np))
+            kit.close(kit.read(out), ref, dtype)
+
+
 def test_linear_chunk_last_dim_seed_repro(kit, stream):
     # behaviors.md §5 LinearChunkLastDim: Linear 7->16, second half of chunk(2, -1),
     # Linear 8->5, on (12, 7); the half is a non-packed view read in place.

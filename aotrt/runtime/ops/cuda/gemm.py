@@ -4,6 +4,7 @@ make_linear, and the plain plans that sdpa and conv run their GEMMs through."""
 from __future__ import annotations
 
 import threading
+from collections import OrderedDict
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Sequence
 
@@ -20,6 +21,8 @@ if TYPE_CHECKING:
 
 # cublasComputeType_t CUBLAS_COMPUTE_32F: every GEMM accumulates in float32
 _COMPUTE_32F = 68
+# bias descriptors a GEMM plan keeps (one per linear layer of its shape that has a bias)
+_BIAS_DESCS = 64
 
 
 # ---------------------------------------------------------------------------------------------
@@ -96,13 +99,11 @@ class _GemmPlan:
         self.L = L
         self.blas = blas
         dt = CUDA_TYPE[dtype]
-        compute = _COMPUTE_32F
-        self.desc = L.matmul_desc_create(compute, 0)
-        self._set_desc(L.MatmulDescAttribute.TRANSA, 1 if a.trans else 0)
-        self._set_desc(L.MatmulDescAttribute.TRANSB, 1 if b.trans else 0)
-        if bias_epilogue:
-            self._set_desc(L.MatmulDescAttribute.EPILOGUE, int(L.Epilogue.BIAS))
-            self._set_desc(L.MatmulDescAttribute.BIAS_DATA_TYPE, dt)
+        self._dt, self._trans, self._bias_epilogue = dt, (a.trans, b.trans), bias_epilogue
+        self.desc = self._new_desc(0)
+        # One descriptor per bias pointer (least recently used dropped past _BIAS_DESCS):
+        # setting the pointer on a shared one cost a numpy array and a call on every run.
+        self._bias_descs: OrderedDict[int, int] = OrderedDict()
         self.layouts = []
         self.adesc = self._layout(dt, a)
         self.bdesc = self._layout(dt, b)
@@ -134,15 +135,38 @@ class _GemmPlan:
         self.workspace = int(results[ok[0]]["workspace_size"])
         self.alpha = np.zeros(1, np.float32)
         self.beta = np.zeros(1, np.float32)
-        self._bias_attr = L.MatmulDescAttribute.BIAS_POINTER
+
+    def _new_desc(self, bias: int) -> int:
+        """A matmul descriptor of this shape, reading the bias at `bias` (0: none yet)."""
+        L = self.L
+        desc = L.matmul_desc_create(_COMPUTE_32F, 0)
+        attrs = [(L.MatmulDescAttribute.TRANSA, 1 if self._trans[0] else 0),
+                 (L.MatmulDescAttribute.TRANSB, 1 if self._trans[1] else 0)]
+        if self._bias_epilogue:
+            attrs += [(L.MatmulDescAttribute.EPILOGUE, int(L.Epilogue.BIAS)),
+                      (L.MatmulDescAttribute.BIAS_DATA_TYPE, self._dt)]
+            if bias:
+                attrs.append((L.MatmulDescAttribute.BIAS_POINTER, bias))
+        for attr, value in attrs:
+            self._set(L.matmul_desc_set_attribute, L.get_matmul_desc_attribute_dtype, desc,
+                      attr, value)
+        return desc
+
+    def _desc_for(self, bias: int) -> int:
+        """The descriptor reading the bias at `bias`, made on its first use."""
+        desc = self._bias_descs.get(bias)
+        if desc is not None:
+            self._bias_descs.move_to_end(bias)
+            return desc
+        desc = self._bias_descs[bias] = self._new_desc(bias)
+        if len(self._bias_descs) > _BIAS_DESCS:
+            _, old = self._bias_descs.popitem(last=False)
+            self.L.matmul_desc_destroy(old)     # read at enqueue time only: safe to drop
+        return desc
 
     def _set(self, fn: Any, dtype_of: Any, obj: int, attr: Any, value: int) -> None:
         arr = np.array([value], dtype=dtype_of(attr))
         fn(obj, attr, arr.ctypes.data, arr.itemsize)
-
-    def _set_desc(self, attr: Any, value: int) -> None:
-        self._set(self.L.matmul_desc_set_attribute, self.L.get_matmul_desc_attribute_dtype,
-                  self.desc, attr, value)
 
     def _layout(self, dt: int, op: _Operand) -> int:
         L = self.L
@@ -164,10 +188,9 @@ class _GemmPlan:
             # between calls (under the lock) is safe.
             self.alpha[0] = alpha
             self.beta[0] = beta
-            if bias:
-                self._set_desc(self._bias_attr, bias)
+            desc = self._desc_for(bias) if bias else self.desc
             ws = stream_workspace(stream, self.workspace) if self.workspace else 0
-            L.matmul(self.blas.handle, self.desc, self.alpha.ctypes.data, a, self.adesc, b,
+            L.matmul(self.blas.handle, desc, self.alpha.ctypes.data, a, self.adesc, b,
                      self.bdesc, self.beta.ctypes.data, c, self.cdesc, d, self.ddesc,
                      self.algo, ws, self.workspace, stream.handle)
 
