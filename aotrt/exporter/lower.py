@@ -45,6 +45,7 @@ from aotrt.exporter.rules.cat_scatter import dest
 from aotrt.exporter.rules.fold import (const_view, fold_batch_norms, propagate_constants,
                                        remove_noops)
 from aotrt.exporter.rules.fused import lower_group
+from aotrt.exporter.rules.library import cast_gemm_operands
 from aotrt.exporter.tview import Buf, Instr, TView, is_injective
 from aotrt.kernels import ir
 from aotrt.program import Program
@@ -89,6 +90,8 @@ class Lowering:
         self._classify_placeholders()
         self._check_outputs()
         remove_noops(self)
+        n = cast_gemm_operands(self.graph)
+        log.debug("%d GEMM operands cast to their result's dtype", n)
         fold_batch_norms(self)
         self.graph.eliminate_dead_code()
         n = epilogue.fuse_conv_epilogues(self.graph)

@@ -103,8 +103,41 @@ def _is_causal_mask(m: Any) -> bool:
     rows, cols = m.shape[-2], m.shape[-1]
     if rows != cols or rows == 0:
         return False
+    # on the host: a module exported on cuda folds its mask to a cuda tensor (bench.py's
+    # BERT and GPT-2 on the H200 failed here with "two devices" when it was compared as is)
     tril = torch.ones(rows, cols, dtype=torch.bool).tril()
-    return bool((m == tril).all())
+    return bool((m.detach().cpu() == tril).all())
+
+
+_GEMMS = (aten.mm.default, aten.bmm.default, aten.addmm.default, aten.linear.default)
+
+
+def cast_gemm_operands(graph: torch.fx.Graph) -> int:
+    """Give a GEMM operand of another float dtype than the GEMM's result a cast to that
+    dtype (what eager computed); returns how many casts were added. torch 2.11's capture
+    of timm's LeViT and EfficientFormer at fp16 on cuda fed a float32 softmax
+    (half_to_float) straight into an fp16 bmm; the program was refused at export with
+    "a: dtype float32 does not match out's float16" (H200, 2026-12-02)."""
+    added = 0
+    for node in list(graph.nodes):
+        if node.op != "call_function" or node.target not in _GEMMS:
+            continue
+        out = node.meta.get("val")
+        if not isinstance(out, torch.Tensor) or not out.is_floating_point():
+            continue
+        for a in list(node.all_input_nodes):
+            v = a.meta.get("val")
+            if not (isinstance(v, torch.Tensor) and v.is_floating_point()
+                    and v.dtype != out.dtype):
+                continue
+            with graph.inserting_before(node):
+                cast = graph.call_function(aten._to_copy.default, (a,), {"dtype": out.dtype})
+            cast.meta = dict(a.meta)
+            cast.meta["val"] = torch.empty_strided(tuple(v.shape), tuple(v.stride()),
+                                                   dtype=out.dtype, device="meta")
+            node.replace_input_with(a, cast)
+            added += 1
+    return added
 
 
 def _conv_params(node: Node) -> dict[str, Any]:

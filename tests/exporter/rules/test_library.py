@@ -62,3 +62,49 @@ def test_other_constant_masks_stay_masks(device: str, which: str) -> None:
     assert ins["params"]["is_causal"] is False
     assert ins["ins"][3] is not None
     assert err < 1e-4
+
+
+def test_a_mask_folded_on_cuda_is_recognised_too() -> None:
+    """A module exported on cuda has its constants there: the causal check reads the mask
+    on the host (bench.py's BERT and GPT-2 exports on the H200 failed with "two devices")."""
+    if not torch.cuda.is_available():
+        pytest.skip("torch has no cuda here")
+    gen = torch.Generator().manual_seed(0)
+    qkv = tuple(torch.randn(1, 2, 6, 8, generator=gen).cuda() for _ in range(3))
+    for mask, causal in ((torch.ones(6, 6, dtype=torch.bool).tril(), True),
+                         (torch.ones(1, 1, 6, 6, dtype=torch.bool), False)):
+        with torch.no_grad():
+            prog = aotrt.export(MaskedAttention(mask).cuda().eval(), qkv)
+        (ins,) = library_instrs(prog, "sdpa")
+        assert ins["params"]["is_causal"] is causal
+
+
+class SoftmaxThenBmm(nn.Module):
+    """LeViT's attention tail: softmax(q k^T) v in half precision."""
+
+    def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        return torch.bmm(torch.bmm(q, k.transpose(1, 2)).softmax(-1), v)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_a_float32_operand_of_a_half_gemm_is_cast_first(device: str) -> None:
+    """torch 2.11's capture of LeViT at fp16 on cuda fed a float32 softmax (half_to_float)
+    into an fp16 bmm. Rebuilt here from a capture: the export casts the operand to fp16, as
+    eager's softmax rounds, instead of refusing the program."""
+    from aotrt.exporter.capture import capture
+    from aotrt.exporter.lower import lower, runs_whole
+
+    gen = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(2, 5, 8, generator=gen).half() for _ in range(3))
+    with torch.no_grad():
+        ep = capture(SoftmaxThenBmm(), (q, k, v), runs_whole=runs_whole)
+    (sm,) = [n for n in ep.graph_module.graph.nodes if n.target == torch.ops.aten._softmax.default]
+    sm.args = (sm.args[0], sm.args[1], True)                     # half_to_float, as on 2.11
+    val = sm.meta["val"]
+    sm.meta["val"] = torch.empty(tuple(val.shape), dtype=torch.float32, device="meta")
+    prog = lower(ep)          # the lowering itself: a re-capture would trip on the graph
+    with torch.no_grad():
+        ref = SoftmaxThenBmm()(*(t.double() for t in (q, k, v))).numpy()
+    with aotrt.load(prog, device=device) as d:
+        got = np.asarray(d.run(*(t.numpy() for t in (q, k, v)))[0]).astype(np.float64)
+    assert rel_err(got, ref) < 2e-2
