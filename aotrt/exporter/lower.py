@@ -45,7 +45,7 @@ from aotrt.exporter.rules.cat_scatter import dest
 from aotrt.exporter.rules.fold import (const_view, fold_batch_norms, propagate_constants,
                                        remove_noops)
 from aotrt.exporter.rules.fused import lower_group
-from aotrt.exporter.rules.library import cast_gemm_operands
+from aotrt.exporter.rules.library import cast_gemm_operands, transpose_gemm_weights
 from aotrt.exporter.tview import Buf, Instr, TView, is_injective
 from aotrt.kernels import ir
 from aotrt.program import Program
@@ -101,6 +101,8 @@ class Lowering:
             log.debug("channels-last: %d nodes laid out NHWC", n)
         n = layout.row_major_for_row_reductions(self.graph, is_pointwise)
         log.debug("%d elementwise results laid out row-major for the rows reduced", n)
+        n = transpose_gemm_weights(self)
+        log.debug("%d GEMM weights stored column-major", n)
         propagate_constants(self)
         self._check_supported()
         units = self._schedule()

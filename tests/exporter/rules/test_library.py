@@ -108,3 +108,38 @@ def test_a_float32_operand_of_a_half_gemm_is_cast_first(device: str) -> None:
     with aotrt.load(prog, device=device) as d:
         got = np.asarray(d.run(*(t.numpy() for t in (q, k, v)))[0]).astype(np.float64)
     assert rel_err(got, ref) < 2e-2
+
+
+class Conv1DLike(nn.Module):
+    """GPT-2's Conv1D: addmm(bias, x, W) with W stored [in, out]; `shared` also reads W
+    elsewhere."""
+
+    def __init__(self, shared: bool) -> None:
+        super().__init__()
+        self.w = nn.Parameter(torch.randn(8, 12))
+        self.b = nn.Parameter(torch.randn(12))
+        self.shared = shared
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = torch.addmm(self.b, x, self.w) + torch.mm(x, self.w)
+        return y + self.w.sum() if self.shared else y
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("shared", [False, True])
+def test_gemm_weights_are_stored_column_major(device: str, shared: bool) -> None:
+    """A constant only GEMMs read as their [K, N] operand is stored as its transpose's bytes
+    (what oneDNN reads without a reorder); one read elsewhere too keeps its layout."""
+    torch.manual_seed(0)
+    m = Conv1DLike(shared).eval()
+    x = torch.randn(5, 8)
+    with torch.no_grad():
+        prog = aotrt.export(m, (x,))
+        ref = m.double()(x.double()).numpy()
+        m.float()
+    views = [t["strides"] for t in prog.tensors
+             if t["root"] == "constant" and t["sizes"] == [8, 12]]
+    assert views and all(st == ([12, 1] if shared else [1, 8]) for st in views), views
+    with aotrt.load(prog, device=device) as d:
+        got = np.asarray(d.run(x.numpy())[0]).astype(np.float64)
+    assert rel_err(got, ref) < 1e-4
