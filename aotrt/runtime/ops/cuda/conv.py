@@ -90,14 +90,7 @@ def _packed_like(sz: list[int], st: list[int]) -> list[int]:
     its fused engines then left parts of the output unwritten (compute-sanitizer initcheck
     on DLA-34 at fp16, H200, 2026-12-02)."""
     real = [x for n, x in zip(sz, st) if n > 1]
-    last = sz[1] > 1 and len(sz) > 2 and st[1] == min(real)
-    order = [0, *range(2, len(sz)), 1] if last else list(range(len(sz)))
-    packed = [0] * len(sz)
-    acc = 1
-    for d in reversed(order):
-        packed[d] = acc
-        acc *= sz[d]
-    return packed
+    return _dense_strides(sz, sz[1] > 1 and len(sz) > 2 and st[1] == min(real))
 
 
 def _canonical_strides(sz: list[int], st: list[int]) -> list[int] | None:
@@ -105,16 +98,21 @@ def _canonical_strides(sz: list[int], st: list[int]) -> list[int] | None:
     where the view is one; else None. R(2+1)D's (64, 45, 3, 1, 1) NDHWC weights had their
     size-1 H and W given the largest stride, which made them the outermost dims: cuDNN's
     result was garbage (error 1.2 on the H200, 2026-12-02)."""
-    last = sz[1] > 1 and st[1] == 1 and any(n > 1 for n in sz[2:])
-    order = [0, *range(2, len(sz)), 1] if last else list(range(len(sz)))
-    canon = [0] * len(sz)
-    acc = 1
-    for d in reversed(order):
-        canon[d] = acc
-        acc *= sz[d]
+    canon = _dense_strides(sz, sz[1] > 1 and st[1] == 1 and any(n > 1 for n in sz[2:]))
     if all(canon[d] == st[d] for d in range(len(sz)) if sz[d] > 1):
         return canon
     return None
+
+
+def _dense_strides(sz: list[int], channels_last: bool) -> list[int]:
+    """The strides of a packed tensor of sizes `sz`, N...C or NC... (size-1 dims included)."""
+    order = [0, *range(2, len(sz)), 1] if channels_last else list(range(len(sz)))
+    strides = [0] * len(sz)
+    acc = 1
+    for d in reversed(order):
+        strides[d] = acc
+        acc *= sz[d]
+    return strides
 
 
 def _cudnn_conv(dnn: Dnn, out: Handle, x: Handle, w: Handle, bias: Handle | None,
