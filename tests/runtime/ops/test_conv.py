@@ -3,6 +3,7 @@ dilation, groups, transposed with output padding, bias, every layout."""
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 import torch
 
@@ -182,6 +183,25 @@ def test_unbatched_conv3d(kit, stream):
     convolution(stream, out, kit.tensor(x_np), kit.tensor(w_np), None, [1], [0], [1], False,
                 [0], 1)
     ref = torch.nn.functional.conv3d(kit.t64(x_np), kit.t64(w_np))
+    kit.close(kit.read(out), ref, "float32")
+
+
+@pytest.mark.parametrize("bias_stride", [0, 2])
+@pytest.mark.parametrize("shape", [((1, 1, 1), (2, 1, 1)), ((2, 3, 6, 5), (4, 3, 3, 3))])
+def test_bias_of_any_stride(kit, stream, bias_stride, shape):
+    """A broadcast (stride 0) or strided bias: oneDNN read a stride-0 bias as a dense one,
+    past the view's end (hypothesis found a 1x1 conv1d: its channel 2 got 0)."""
+    x_shape, w_shape = shape
+    x_np, w_np = kit.randn(x_shape, "float32"), kit.randn(w_shape, "float32")
+    cout = w_shape[0]
+    b_np = (np.full((cout,), 3.25, np.float32) if bias_stride == 0
+            else kit.randn((cout,), "float32"))
+    nd = len(w_shape) - 2
+    ref = _ref(kit, x_np, w_np, b_np, [1] * nd, [0] * nd, [1] * nd, False, [0] * nd, 1)
+    out = kit.out(tuple(ref.shape), "float32")
+    convolution(stream, out, kit.tensor(x_np), kit.tensor(w_np),
+                kit.tensor(b_np, strides=(bias_stride,), offset=1), [1] * nd, [0] * nd,
+                [1] * nd, False, [0] * nd, 1)
     kit.close(kit.read(out), ref, "float32")
 
 
