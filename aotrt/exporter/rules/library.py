@@ -79,20 +79,35 @@ def _sdpa_params(node: Node) -> dict[str, Any]:
 
 
 def _lower_sdpa(lw: Lowering, node: Node) -> None:
-    """sdpa as the library op; a constant mask that is exactly the causal one becomes
-    is_causal. GPT-2's (1, 1, 256, 256) bool mask, folded to a constant, was turned into an
-    additive bias by every one of its 12 attention calls (35 us a layer on the H200) where
-    the fused kernels skip the masked blocks themselves."""
+    """sdpa as the library op; a constant mask that masks nothing is dropped, and one that
+    is exactly the causal triangle becomes is_causal. GPT-2's (1, 1, 256, 256) bool mask,
+    folded to a constant, was turned into an additive bias by every one of its 12 attention
+    calls (35 us a layer on the H200) where the fused kernels skip the masked blocks
+    themselves."""
     mask = arg(node, 3, "attn_mask", None)
     params = _sdpa_params(node)
-    if (mask is not None and not params["is_causal"]
-            and _is_causal_mask(lw.const_values.get(mask))):
+    value = lw.const_values.get(mask) if mask is not None else None
+    if _masks_nothing(value):
+        mask = None
+    elif not params["is_causal"] and _is_causal_mask(value):
         mask, params = None, dict(params, is_causal=True)
     ins = [_opt(lw, v) for v in (node.args[0], node.args[1], node.args[2], mask)]
     out = lw.out_view(node)
     lw.instrs.append(Instr("library", describe(node), fn="sdpa", outs=(out,), ins=tuple(ins),
                            params=params))
     lw.bind(node, out)
+
+
+def _masks_nothing(m: Any) -> bool:
+    """True for a constant mask that changes no score: all True (bool) or all zero (added).
+    BERT's padding mask without padding is a (1, 1, 128, 128) all-True constant, which
+    every attention call applied (a pass over the scores on cpu, a bias kernel on cuda)."""
+    if not isinstance(m, torch.Tensor) or m.numel() == 0:
+        return False
+    m = m.detach().cpu()
+    if m.dtype == torch.bool:
+        return bool(m.all())
+    return m.is_floating_point() and bool((m == 0).all())
 
 
 def _is_causal_mask(m: Any) -> bool:

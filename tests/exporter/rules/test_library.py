@@ -143,3 +143,18 @@ def test_gemm_weights_are_stored_column_major(device: str, shared: bool) -> None
     with aotrt.load(prog, device=device) as d:
         got = np.asarray(d.run(x.numpy())[0]).astype(np.float64)
     assert rel_err(got, ref) < 1e-4
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("which", ["all_true", "zeros"])
+def test_a_constant_mask_that_masks_nothing_is_dropped(device: str, which: str) -> None:
+    """BERT without padding: an all-True bool mask (or an all-zero additive one) changes no
+    score, so the program has no mask at all."""
+    if which == "all_true":
+        mask = torch.ones(1, 1, 6, 1, dtype=torch.bool).expand(1, 1, 6, 6)
+    else:
+        mask = torch.zeros(2, 3, 6, 6)
+    ins, err = _export_and_run(mask, device)
+    assert ins["params"]["is_causal"] is False
+    assert ins["ins"][3] is None
+    assert err < 1e-4
