@@ -40,6 +40,19 @@ def _model() -> nn.Module:
     return m
 
 
+def _matches_eager(prog: aotrt.Program, m: nn.Module, shape: tuple[int, ...], device: str,
+                   seeds: tuple[int, ...]) -> None:
+    """The program, under the hazard checker, against float64 eager on fresh inputs."""
+    with aotrt.load(prog, device=device, check_hazards=True) as d:
+        for seed in seeds:
+            xs = torch.randn(*shape, generator=torch.Generator().manual_seed(seed))
+            with torch.no_grad():
+                ref = m.double()(xs.double()).numpy()
+                m.float()
+            got = np.asarray(d.run(xs.numpy())[0]).astype(np.float64)
+            assert rel_err(got, ref) < 1e-4
+
+
 def _nhwc_tensors(prog: aotrt.Program) -> int:
     """How many 4-D arena tensors with more than one channel have the channel innermost."""
     return sum(1 for t in prog.tensors if t["root"] == "arena" and len(t["sizes"]) == 4
@@ -60,14 +73,7 @@ def test_layouts_match_eager(which: str, device: str) -> None:
         assert _nhwc_tensors(prog) >= 3
     else:
         assert _nhwc_tensors(prog) == 0
-    with aotrt.load(prog, device=device, check_hazards=True) as d:
-        for seed in range(2):
-            xs = torch.randn(2, 3, 8, 8, generator=torch.Generator().manual_seed(seed))
-            with torch.no_grad():
-                ref = m.double()(xs.double()).numpy()
-                m.float()
-            got = np.asarray(d.run(xs.numpy())[0]).astype(np.float64)
-            assert rel_err(got, ref) < 1e-4
+    _matches_eager(prog, m, (2, 3, 8, 8), device, seeds=(0, 1))
 
 
 def test_auto_follows_the_default_device(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -103,13 +109,7 @@ def test_lowering_lays_out_nhwc_whatever_torch_propagated() -> None:
     assert _nhwc_tensors(plain) == 0 and _nhwc_tensors(prog) >= 3
     convs = [i for i in prog.instructions if i.get("fn") == "convolution"]
     assert all(prog.tensors[i["outs"][0]]["strides"][1] == 1 for i in convs)
-    with aotrt.load(prog, device="cpu", check_hazards=True) as d:
-        xs = torch.randn(2, 3, 8, 8, generator=torch.Generator().manual_seed(5))
-        with torch.no_grad():
-            ref = m.double()(xs.double()).numpy()
-            m.float()
-        got = np.asarray(d.run(xs.numpy())[0]).astype(np.float64)
-    assert rel_err(got, ref) < 1e-4
+    _matches_eager(prog, m, (2, 3, 8, 8), "cpu", seeds=(5,))
 
 
 def test_propagation_stops_at_views_and_reductions() -> None:
@@ -229,13 +229,7 @@ def test_rows_a_layer_norm_reduces_are_laid_out_row_major(device: str) -> None:
                if t["root"] == "arena" and t["sizes"] == [2, 12, 16]]
     # the two residual sums row-major; only the convolution's output is read permuted
     assert strides.count([192, 16, 1]) >= 2 and strides.count([192, 1, 12]) <= 1, strides
-    with aotrt.load(prog, device=device, check_hazards=True) as d:
-        xs = torch.randn(2, 8, 12, generator=torch.Generator().manual_seed(1))
-        with torch.no_grad():
-            ref = m.double()(xs.double()).numpy()
-            m.float()
-        got = np.asarray(d.run(xs.numpy())[0]).astype(np.float64)
-        assert rel_err(got, ref) < 1e-4
+    _matches_eager(prog, m, (2, 8, 12), device, seeds=(1,))
 
 
 def test_row_major_pass_leaves_program_outputs_and_other_dims_alone() -> None:

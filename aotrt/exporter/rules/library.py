@@ -87,6 +87,10 @@ def _lower_sdpa(lw: Lowering, node: Node) -> None:
     mask = arg(node, 3, "attn_mask", None)
     params = _sdpa_params(node)
     value = lw.const_values.get(mask) if mask is not None else None
+    if isinstance(value, torch.Tensor):
+        # on the host: a module exported on cuda folds its mask to a cuda tensor (bench.py's
+        # BERT and GPT-2 on the H200 failed with "two devices" when it was compared as is)
+        value = value.detach().cpu()
     if _masks_nothing(value):
         mask = None
     elif not params["is_causal"] and _is_causal_mask(value):
@@ -99,29 +103,26 @@ def _lower_sdpa(lw: Lowering, node: Node) -> None:
 
 
 def _masks_nothing(m: Any) -> bool:
-    """True for a constant mask that changes no score: all True (bool) or all zero (added).
-    BERT's padding mask without padding is a (1, 1, 128, 128) all-True constant, which
+    """True for a constant host mask that changes no score: all True (bool) or all zero
+    (added). BERT's padding mask without padding is a (1, 1, 128, 128) all-True constant, which
     every attention call applied (a pass over the scores on cpu, a bias kernel on cuda)."""
     if not isinstance(m, torch.Tensor) or m.numel() == 0:
         return False
-    m = m.detach().cpu()
     if m.dtype == torch.bool:
         return bool(m.all())
     return m.is_floating_point() and bool((m == 0).all())
 
 
 def _is_causal_mask(m: Any) -> bool:
-    """True for a bool (..., L, L) tensor that is the lower triangle (col <= row) in every
-    leading index: what is_causal means, with L == S so top-left and bottom-right agree."""
+    """True for a bool (..., L, L) host tensor that is the lower triangle (col <= row) in
+    every leading index: what is_causal means, with L == S so top-left and bottom-right agree."""
     if not isinstance(m, torch.Tensor) or m.dtype != torch.bool or m.dim() < 2:
         return False
     rows, cols = m.shape[-2], m.shape[-1]
     if rows != cols or rows == 0:
         return False
-    # on the host: a module exported on cuda folds its mask to a cuda tensor (bench.py's
-    # BERT and GPT-2 on the H200 failed here with "two devices" when it was compared as is)
     tril = torch.ones(rows, cols, dtype=torch.bool).tril()
-    return bool((m.detach().cpu() == tril).all())
+    return bool((m == tril).all())
 
 
 _GEMMS = (aten.mm.default, aten.bmm.default, aten.addmm.default, aten.linear.default)

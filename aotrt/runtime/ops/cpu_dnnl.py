@@ -100,9 +100,6 @@ class MatmulKey:
     weights: tuple[tuple[int, ...], tuple[int, ...]]
     bias: int | None
     dst: tuple[tuple[int, ...], tuple[int, ...]]
-    #: weights reordered once into oneDNN's own layout (constants only: the copy is made at
-    #: the first run and kept), rather than packed again by every run
-    packed: bool = False
 
 
 class _Operand:
@@ -274,14 +271,12 @@ class ConvPrimitive(Primitive):
 
 
 class MatmulPrimitive(Primitive):
-    """A 2-D matmul, the bias a broadcast row; the weights in oneDNN's packed layout."""
+    """A 2-D matmul, the bias a broadcast row, the weights read as they are: the exporter
+    stores GEMM weights in the layout brgemm reads (rules/library.transpose_gemm_weights),
+    where a kept packed copy cost GPT-2 300 MB of RSS past eager's."""
 
     key: MatmulKey
-
-    @property
-    def pack_weights(self) -> bool:  # type: ignore[override]
-        """Constant weights in oneDNN's layout (MatmulKey.packed), others as they are."""
-        return self.key.packed
+    pack_weights = False
 
     def _bias_md(self, dt: int) -> Any:
         n, stride = self.key.dst[0][1], self.key.bias

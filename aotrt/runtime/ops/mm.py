@@ -38,13 +38,6 @@ def _dtypes(op: str, out: Any, named: list[tuple[Any, str]]) -> None:
 GEMM_WORKSPACE = 64 << 10
 
 
-#: constant weights up to this size are kept in oneDNN's packed layout, a second copy made at
-#: the first run, instead of being packed by every run. Off: it took BERT-base 129 -> 114-121
-#: ms and GPT-2 152 -> 121-123 (AVX-512, two cores), but added 300 MB to their peak RSS,
-#: which then passed eager's (1225 vs 1203 MB, 1340 vs 1275).
-PACK_BYTES = 0
-
-
 def _gemm_cost(out: Any, ins: list[Any], steps: int, scratch_ins: int) -> c.OpCost:
     """A GEMM's cost on cpu: `steps` multiply-adds plus a visit of every element; scratch
     is the float32 copies of the inputs (matmul copies strided operands), the float32
@@ -235,9 +228,7 @@ def _dnnl_gemm(out: Handle, x: Handle, w: Handle, w_kn: tuple[tuple[int, ...], t
     ok, bias_stride = _bias_row(bias, w_kn[0][1])
     if xr is None or outr is None or not ok:
         return None
-    keep = w.alloc is not None and w.alloc.kind == "constants" and not c.overlaps(out, w)
-    key = cpu_dnnl.MatmulKey("float32", xr, w_kn, bias_stride, outr,
-                             packed=keep and w.numel * 4 <= PACK_BYTES)
+    key = cpu_dnnl.MatmulKey("float32", xr, w_kn, bias_stride, outr)
     prim = dnnl.matmul(key)
     if prim is None or not prim.impl.startswith(cpu_dnnl.FAST_MATMUL):
         dnnl.stats["numpy"] += 1
@@ -250,6 +241,7 @@ def _dnnl_gemm(out: Handle, x: Handle, w: Handle, w_kn: tuple[tuple[int, ...], t
                   key, extra, budget)
         dnnl.stats["numpy"] += 1
         return None
+    keep = w.alloc is not None and w.alloc.kind == "constants" and not c.overlaps(out, w)
     return dnnl.work(prim, x, w, bias, out, detach, keep)
 
 

@@ -428,28 +428,3 @@ def test_registry_refuses_bad_instructions(kit, stream):
                       gamma=1)
     with pytest.raises(InvalidArgument, match=r"ins\[1\]: this input is required"):
         OPS["linear"](stream, [kit.out((2, 2), "float32")], [x, None, None])
-
-
-def test_packed_constant_weights_match(kit, stream, monkeypatch):
-    # PACK_BYTES (off by default): constant weights reordered once into oneDNN's layout.
-    import importlib
-
-    mm_mod = importlib.import_module("aotrt.runtime.ops.mm")
-    dnnl = _dnnl(kit)
-    monkeypatch.setattr(mm_mod, "PACK_BYTES", 1 << 30)
-    x_np, w_np = kit.randn((9, 32), "float32"), kit.randn((24, 32), "float32")
-    w = kit.tensor(w_np)
-    kind, w.alloc.kind = w.alloc.kind, "constants"      # as a program's weights are
-    created = dnnl.stats["created"]
-    runs = dnnl.stats["runs"]
-    try:
-        for _ in range(2):                   # the second run reuses the packed copy
-            out = kit.out((9, 24), "float32")
-            linear(stream, out, kit.tensor(x_np), w)
-            kit.close(kit.read(out), kit.t64(x_np) @ kit.t64(w_np).T, "float32")
-    finally:
-        w.alloc.kind = kind                  # freed as the kit's own at teardown
-    assert dnnl.stats["runs"] == runs + 2
-    packed = [p for k, p in dnnl._prims.items()  # noqa: SLF001 - the cache, inspected
-              if p is not None and getattr(k, "packed", False) and p.w.reorder is not None]
-    assert dnnl.stats["created"] >= created and packed
