@@ -372,6 +372,11 @@ class Memory:
             i = bisect.bisect_left(self._starts, end)
             return [a for a in self._allocs[:i] if a.end > start and a.ptr < end]
 
+    def knows(self, start: int, end: int) -> bool:
+        """Whether [start, end) touches memory of this runtime: live, bound or pooled."""
+        with self._lock:
+            return bool(self.overlapping(start, end) or self.pool.overlapping(start, end))
+
     def _add(self, a: Allocation) -> None:
         i = bisect.bisect_right(self._starts, a.ptr)
         self._starts.insert(i, a.ptr)

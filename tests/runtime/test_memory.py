@@ -442,6 +442,20 @@ def test_overlapping_lists_intersecting_allocations(dev, stream, owner):
         free(a)
 
 
+def test_knows_covers_live_and_pooled_memory_but_not_foreign(dev, stream, owner):
+    """The check the lean CUDA graph replay uses to leave runtime memory to the full path."""
+    m = dev.memory
+    a = m.allocate(4096, stream)
+    lo, hi = a.ptr, a.ptr + 4096
+    assert m.knows(lo + 100, lo + 200) and m.knows(lo - 8, lo + 1)
+    assert not m.knows(hi + (1 << 40), hi + (1 << 40) + 64)
+    free(a)
+    assert m.pool.overlapping(lo, hi), "a small freed block is kept by the pool"
+    assert m.knows(lo, hi)              # pooled: still the runtime's
+    m.pool.clear()
+    assert not m.knows(lo, hi)
+
+
 def test_live_lists_allocations_in_address_order(dev, stream, owner):
     xs = [dev.memory.allocate(64, stream) for _ in range(5)]
     try:

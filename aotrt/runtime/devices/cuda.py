@@ -188,16 +188,33 @@ class CudaGraph:
     def __init__(self, graph: Any, exec_: Any) -> None:
         self._graph = graph
         self._exec = exec_
+        # Marks the end of a launch's input copies, so the host can wait for them alone.
+        flags = _drv.CUevent_flags.CU_EVENT_DISABLE_TIMING
+        self._copied = _check(_drv.cuEventCreate(flags), "event create")
 
-    def launch(self, stream: "CudaStream") -> None:
-        """Replay the whole graph on `stream` (asynchronously)."""
-        _check(_drv.cuGraphLaunch(self._exec, stream.cs.handle), "graph launch")
+    def launch(self, stream: "CudaStream",
+               copies: Sequence[tuple[int, int, int]] = ()) -> None:
+        """Copy `copies` ((dst, src, bytes) device addresses), then replay the whole graph on
+        `stream` (asynchronously)."""
+        h = stream.cs.handle
+        for dst, src, n in copies:
+            _check(_drv.cuMemcpyDtoDAsync(dst, src, n, h), "copy into the graph's inputs")
+        _check(_drv.cuEventRecord(self._copied, h), "event record")
+        _check(_drv.cuGraphLaunch(self._exec, h), "graph launch")
+
+    def wait_copies(self, stream: "CudaStream") -> None:
+        """Block until the input copies of the last `launch` on `stream` are done (not the
+        replay after them); a launch that failed is reported here, after a full wait."""
+        if stream._error is not None:
+            stream.commit_and_wait()    # raises the failure
+        _check(_drv.cuEventSynchronize(self._copied), "wait for the graph's input copies")
 
     def close(self) -> None:
         """Free the graph; safe to call twice."""
         if self._exec is not None:
             _drv.cuGraphExecDestroy(self._exec)
             _drv.cuGraphDestroy(self._graph)
+            _drv.cuEventDestroy(self._copied)
             self._exec = self._graph = None
 
     def __del__(self) -> None:
