@@ -1,10 +1,11 @@
 #!/usr/bin/env bash
 # On the GPU machine (device tool, carry .whl): cuda tests of the files named in $2, host
-# profiles of the runs named in $3 ("model[:graph]" words), then bench.py over the six
-# models with every runner, alone on the GPU, within $4 seconds. Logs under $1.
+# profiles of the runs named in $3 ("model[:graph]" words), GPU kernel profiles of the models
+# named in $5, then bench.py over the six models with every runner, alone on the GPU, within
+# $4 seconds. Logs under $1.
 #
 #   bash scripts/h200_bench.sh $OUT/b "tests/runtime/devices/test_cuda.py" \
-#       "resnet50_b1:graph whisper_tiny_encoder" 420
+#       "resnet50_b1:graph whisper_tiny_encoder" 420 "stem_b32 resnet50_b32"
 out="${1:?usage: h200_bench.sh OUTDIR TEST_FILES PROFILES SECONDS}"
 source scripts/device_env.sh || exit 1
 mkdir -p "$out"
@@ -22,6 +23,11 @@ for p in ${3:-}; do
     echo "== host profile: $m $g" >> "$s"
     timeout 90 python3 scripts/cuda_host_profile.py "$m" $g --iters 60 2>&1 | flt \
         | head -${HOST_PROFILE_LINES:-34} >> "$s"
+done
+for m in ${5:-}; do
+    echo "== gpu profile: $m" >> "$s"
+    timeout 120 python3 scripts/cuda_profile.py "$m" 2>&1 | flt | grep -v "strides \[" \
+        | head -36 >> "$s"
 done
 secs="${4:-420}"
 timeout $((secs + 20)) python3 bench/bench.py --out "$out/bench.json" --budget "$secs" \
