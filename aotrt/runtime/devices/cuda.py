@@ -240,8 +240,11 @@ class CudaStream(Stream):
         self.capturing = False
         # Library ops' shared scratch (cuDNN, cuBLASLt): (pointer, bytes, buffer), grown in
         # stream order by ops/cuda/common.stream_workspace; the buffer frees itself with
-        # the stream's last reference.
+        # the stream's last reference. A workspace a captured graph has baked in is kept in
+        # `retired` when it is outgrown, since that graph still uses it.
         self.workspace: tuple[int, int, Any] | None = None
+        self.workspace_baked = False
+        self.retired: list[Any] = []
 
     def _run(self, work: Any) -> None:
         if self._error is not None:
@@ -318,6 +321,22 @@ class CudaStream(Stream):
             _drv.cuGraphDestroy(graph)
             raise
         return CudaGraph(graph, exec_)
+
+    def capture(self, fn: Callable[["CudaStream"], None]) -> CudaGraph:
+        """A CUDA graph of what `fn(self)` enqueues, which does not run now; the stream's
+        commands and counters are untouched (unlike begin_capture, nothing is waited for)."""
+        if self.capturing:
+            raise DeviceError(f"cuda stream {self.id}: already capturing")
+        self.device.ensure_current()
+        mode = _drv.CUstreamCaptureMode.CU_STREAM_CAPTURE_MODE_RELAXED
+        _check(_drv.cuStreamBeginCapture(self.cs.handle, mode), "begin capture")
+        self.capturing = True
+        try:
+            fn(self)
+        except BaseException:
+            self.abort_capture()
+            raise
+        return self.end_capture()
 
     def abort_capture(self) -> None:
         """End a capture that failed half-way, dropping what it captured."""

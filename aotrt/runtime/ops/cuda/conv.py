@@ -11,8 +11,8 @@ import numpy as np
 from aotrt.errors import Unsupported
 from aotrt.runtime.ops._common import overlaps
 from aotrt.runtime.ops.cuda.common import (CUDA_TYPE, Scratch, Work, alignment,
-                                           copy_packed, copy_unpacked, i32, kernel, typed,
-                                           stream_workspace)
+                                           copy_packed, copy_unpacked, i32, kernel, replayed,
+                                           stream_workspace, typed)
 from aotrt.runtime.ops.cuda.gemm import operand, plain_plan
 from aotrt.runtime.ops.cuda.libraries import DNN_TYPES, Dnn
 from aotrt.runtime.tensor import Handle, contiguous_strides
@@ -218,7 +218,7 @@ def _cudnn_conv(dnn: Dnn, out: Handle, x: Handle, w: Handle, bias: Handle | None
         finally:
             for sc in scratch:
                 sc.free()
-    return work
+    return replayed(work)
 
 
 def _dnn_view(h: Handle) -> Handle:

@@ -11,8 +11,8 @@ import numpy as np
 
 from aotrt.errors import Unsupported
 from aotrt.runtime.ops.cuda.common import (CUDA_TYPE, Scratch, Work, alignment,
-                                           broadcast_strides, i32, kernel, stream_workspace,
-                                           typed)
+                                           broadcast_strides, i32, kernel, replayed,
+                                           stream_workspace, typed)
 from aotrt.runtime.ops.cuda.gemm import operand, plain_plan
 from aotrt.runtime.ops.cuda.libraries import DNN_TYPES, Dnn
 from aotrt.runtime.tensor import Handle, contiguous_strides
@@ -275,7 +275,7 @@ def _cudnn_sdpa(out: Handle, q: Handle, k: Handle, v: Handle, mask: Handle | Non
         finally:
             if bias is not None:
                 bias.free()
-    return work
+    return replayed(work)
 
 
 def _build_sdpa(dnn: Dnn, dt_name: str, qd: list, qs: list, kd: list, ks: list, vd: list,
