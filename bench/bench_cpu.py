@@ -226,9 +226,9 @@ def prepare(name: str, what: str, workdir: str, threads: int, layout: str) -> di
                  **{f"ref{i}": r for i, r in enumerate(ref32)},
                  **{f"fp64_{i}": r for i, r in enumerate(ref64)})
         if layout == "convnets-nhwc":
-            from aotrt.exporter.layout import has_conv2d
+            from aotrt.exporter.layout import has_conv
 
-            layout = "channels_last" if has_conv2d(m) else "auto"
+            layout = "channels_last" if has_conv(m) else "auto"
         res["layout"] = layout
         t = time.perf_counter()
         prog = aotrt.export(m, x, layout=layout)

@@ -1,14 +1,18 @@
-"""Activation layouts chosen at export: channels-last for convolution networks.
+"""Activation layouts chosen at export: channels-last for convolution networks (2-D, and
+1-D as N, L, C).
 
 cuDNN's convolution engines work in NHWC; fed NCHW activations it transposes around every
 convolution (half of ResNet-50's GPU time on the H200, issue #9). Two parts:
 - the module is traced as a channels-last copy, so its convolution weights become KRSC
-  constants (the lowering keeps a constant's dense layout);
-- `propagate_channels_last` then gives 2-D convolution results, and what elementwise ops
-  and pooling compute from them, channels-last meta strides before the lowering lays out
-  buffers. torch's own propagation cannot be relied on: on the H200 (torch 2.11, cuda),
-  a channels-last module traced on channels-last inputs still came out with every
-  activation NCHW (0 of ResNet-50's 53 convolutions), where torch 2.14 on cpu gives NHWC.
+  (1-D: KSC) constants (the lowering keeps a constant's dense layout);
+- `propagate_channels_last` then gives 1-D and 2-D convolution results, and what
+  elementwise ops and pooling compute from them, channels-last meta strides before the
+  lowering lays out buffers. Whisper's two 1-D convolutions were 6 cuDNN layout
+  transposes per run on the H200 (21 us); their NLC result is also the (L, C) token order
+  the encoder permutes it into, so that permute becomes free. torch's own propagation
+  cannot be relied on: on the H200 (torch 2.11, cuda), a channels-last module traced on
+  channels-last inputs still came out with every activation NCHW (0 of ResNet-50's 53
+  convolutions), where torch 2.14 on cpu gives NHWC.
 The program's inputs keep row-major specs, so callers still pass NCHW tensors.
 """
 
@@ -30,19 +34,19 @@ aten = torch.ops.aten
 LAYOUTS = ("auto", "channels_last", "contiguous")
 
 
-def has_conv2d(model: torch.nn.Module) -> bool:
-    """True when the module holds a 2-D convolution."""
-    return any(isinstance(m, torch.nn.Conv2d) for m in model.modules())
+def has_conv(model: torch.nn.Module) -> bool:
+    """True when the module holds a 1-D or 2-D convolution."""
+    return any(isinstance(m, (torch.nn.Conv1d, torch.nn.Conv2d)) for m in model.modules())
 
 
 def auto_channels_last(model: torch.nn.Module) -> bool:
-    """"auto": channels-last for a model with 2-D convolutions when the default device (the
-    one `aotrt.load` picks here) prefers it: cuda (cuDNN) and cpu (oneDNN, whose NCHW path
+    """"auto": channels-last for a model with 1-D or 2-D convolutions when the default device
+    (the one `aotrt.load` picks here) prefers it: cuda (cuDNN) and cpu (oneDNN, whose NCHW path
     copies every activation into its blocked layout and back); either program runs
     correctly on either device."""
     from aotrt.runtime.device import default_device, get_device
 
-    return has_conv2d(model) and get_device(default_device()).prefers_channels_last
+    return has_conv(model) and get_device(default_device()).prefers_channels_last
 
 
 def for_layout(model: Any, layout: str) -> tuple[Any, bool]:
@@ -59,19 +63,28 @@ def for_layout(model: Any, layout: str) -> tuple[Any, bool]:
 
 
 def _channels_last_copy(model: torch.nn.Module) -> torch.nn.Module:
-    """A copy whose 4-D parameters and buffers are stored channels-last. Module.to(
-    memory_format=...) refuses modules with 5-D ones (timm's lambda layers), which keep
-    their layout here."""
+    """A copy whose 4-D parameters and buffers, and 1-D convolutions' weights, are stored
+    channels-last. Module.to(memory_format=...) refuses modules with 5-D ones (timm's lambda
+    layers), which keep their layout here. Other 3-D parameters (position embeddings) keep
+    theirs: the kernels that read them want it."""
     m = copy.deepcopy(model)
     with torch.no_grad():
         for t in itertools.chain(m.parameters(), m.buffers()):
             if t.dim() == 4:
                 t.data = t.data.contiguous(memory_format=torch.channels_last)
+        for mod in m.modules():
+            if isinstance(mod, torch.nn.Conv1d) and mod.weight.dim() == 3:
+                w = mod.weight
+                w.data = w.data.transpose(1, 2).contiguous().transpose(1, 2)
     return m
 
 
 def channels_last_strides(sizes: tuple[int, ...]) -> tuple[int, ...]:
-    """The strides of an (N, C, H, W) tensor stored N, H, W, C."""
+    """The strides of an (N, C, H, W) tensor stored N, H, W, C (and of (N, C, L) stored
+    N, L, C)."""
+    if len(sizes) == 3:
+        n, c, l_ = sizes
+        return (l_ * c, 1, c)
     n, c, h, w = sizes
     return (h * w * c, 1, w * c, c)
 
@@ -82,7 +95,7 @@ _POOLS = (aten.max_pool2d_with_indices.default, aten.upsample_nearest2d.vec,
 
 def propagate_channels_last(graph: torch.fx.Graph,
                             is_pointwise: Callable[[torch.fx.Node], bool]) -> int:
-    """Give 2-D convolution results channels-last meta strides, and the same to the 4-D
+    """Give 1-D and 2-D convolution results channels-last meta strides, and the same to the
     results of elementwise ops, pooling and upsampling that read one of them; returns how
     many nodes changed. Views, reductions and everything else keep torch's layout (the
     lowering derives views from their base's real layout and copies where none fits)."""
@@ -93,7 +106,7 @@ def propagate_channels_last(graph: torch.fx.Graph,
         t = node.target
         if is_conv(node):
             w = node.args[1].meta.get("val") if isinstance(node.args[1], torch.fx.Node) else None
-            take = (isinstance(w, torch.Tensor) and w.dim() == 4 and not node.args[6])
+            take = (isinstance(w, torch.Tensor) and w.dim() in (3, 4) and not node.args[6])
         elif t in _POOLS or is_pointwise(node) or _elementwise(node):
             take = any(a in marked for a in node.all_input_nodes[:1 if t in _POOLS else None])
         elif t is operator.getitem:
@@ -181,17 +194,17 @@ def _elementwise(node: torch.fx.Node) -> bool:
 
 
 def _relayout(node: torch.fx.Node) -> bool:
-    """Swap a node's 4-D floating meta value(s) for channels-last ones; False if it has
-    none to swap."""
+    """Swap a node's 3-D or 4-D floating meta value(s) for channels-last ones; False if it
+    has none to swap."""
     val = node.meta.get("val")
 
     def cl(v: Any) -> Any:
-        if isinstance(v, torch.Tensor) and v.dim() == 4 and v.numel() > 0:
+        if isinstance(v, torch.Tensor) and v.dim() in (3, 4) and v.numel() > 0:
             return torch.empty_strided(tuple(v.shape), channels_last_strides(tuple(v.shape)),
                                        dtype=v.dtype, device="meta")
         return v
     if isinstance(val, torch.Tensor):
-        if val.dim() != 4 or not val.is_floating_point() or val.numel() == 0:
+        if val.dim() not in (3, 4) or not val.is_floating_point() or val.numel() == 0:
             return False
         node.meta["val"] = cl(val)
         return True
@@ -201,5 +214,5 @@ def _relayout(node: torch.fx.Node) -> bool:
     return False
 
 
-__all__ = ["LAYOUTS", "auto_channels_last", "channels_last_strides", "for_layout", "has_conv2d",
+__all__ = ["LAYOUTS", "auto_channels_last", "channels_last_strides", "for_layout", "has_conv",
            "propagate_channels_last", "row_major_for_row_reductions"]

@@ -134,7 +134,7 @@ def test_propagation_stops_at_views_and_reductions() -> None:
 
 
 def test_auto_needs_a_conv2d_and_a_device_that_prefers_it() -> None:
-    assert layout.has_conv2d(_model()) and not layout.has_conv2d(nn.Linear(2, 2))
+    assert layout.has_conv(_model()) and not layout.has_conv(nn.Linear(2, 2))
     assert not layout.auto_channels_last(nn.Linear(2, 2))
 
 
@@ -248,3 +248,46 @@ def test_row_major_pass_leaves_program_outputs_and_other_dims_alone() -> None:
     with torch.no_grad():
         ep = capture(M(), (torch.randn(2, 3, 4),), runs_whole=runs_whole)
     assert layout.row_major_for_row_reductions(ep.graph_module.graph, is_pointwise) == 0
+
+
+class AudioStem(nn.Module):
+    """Whisper's encoder stem: two 1-D convolutions with GELU, the permute to tokens, a
+    position embedding and a LayerNorm."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv1 = nn.Conv1d(8, 16, 3, padding=1)
+        self.conv2 = nn.Conv1d(16, 16, 3, stride=2, padding=1)
+        self.pos = nn.Parameter(torch.randn(12, 16))
+        self.norm = nn.LayerNorm(16)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = nn.functional.gelu(self.conv2(nn.functional.gelu(self.conv1(x))))
+        return self.norm(y.permute(0, 2, 1) + self.pos)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_conv1d_activations_are_channels_last_and_the_token_permute_is_free(
+        device: str) -> None:
+    """1-D convolutions write (N, L, C): their weights are stored (K, S, C), no copy moves
+    the result into token order, and the program matches eager."""
+    torch.manual_seed(0)
+    m = AudioStem().eval()
+    x = torch.randn(2, 8, 24)
+    with torch.no_grad():
+        plain = aotrt.export(m, (x,), layout="contiguous")
+        prog = aotrt.export(m, (x,), layout="channels_last")
+    assert m.conv1.weight.is_contiguous()                     # the caller's module is kept
+    convs = [i for i in prog.instructions if i.get("fn") == "convolution"]
+    assert len(convs) == 2
+    for ins in convs:
+        out = prog.tensors[ins["outs"][0]]
+        assert out["strides"][1] == 1, out                    # (N, C, L) stored N, L, C
+        w = prog.tensors[ins["ins"][1]]
+        assert w["strides"][1] == 1, w                        # (K, S, C) weights
+    assert layout.has_conv(m)
+
+    def copies(p: aotrt.Program) -> int:
+        return sum(1 for i in p.instructions if i["op"] == "copy")
+    assert copies(prog) <= copies(plain)
+    _matches_eager(prog, m, (2, 8, 24), device, seeds=(0, 1))
