@@ -18,7 +18,8 @@ if [ -n "$tests" ]; then
         | tail -30 > "$out/tests.txt") &
 fi
 OMP_NUM_THREADS=1 timeout "$secs" python3 bench/zoo.py --device cuda --dtypes "$dtype" \
-    --families "$families" --workers 15 --timeout 240 --time --out "$out/zoo.json" > "$out/zoo.log" 2>&1
+    --families "$families" --workers 15 --timeout 240 --time --out "$out/zoo.json" \
+    > "$out/zoo.log" 2>&1
 wait
 python3 bench/zoo.py --report "$out/zoo.json" > "$out/zoo.md" 2>&1
 tail -3 "$out/zoo.log"; head -12 "$out/zoo.md"; cat "$out/tests.txt" 2>/dev/null
