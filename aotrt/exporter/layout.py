@@ -39,14 +39,25 @@ def has_conv(model: torch.nn.Module) -> bool:
     return any(isinstance(m, (torch.nn.Conv1d, torch.nn.Conv2d)) for m in model.modules())
 
 
+def model_dtype(model: torch.nn.Module) -> str:
+    """The dtype name of the module's first floating parameter or buffer ("float32" if
+    none): the dtype its convolutions run in."""
+    for t in itertools.chain(model.parameters(), model.buffers()):
+        if t.is_floating_point():
+            return str(t.dtype).removeprefix("torch.")
+    return "float32"
+
+
 def auto_channels_last(model: torch.nn.Module) -> bool:
     """"auto": channels-last for a model with 1-D or 2-D convolutions when the default device
-    (the one `aotrt.load` picks here) prefers it: cuda (cuDNN) and cpu (oneDNN, whose NCHW path
-    copies every activation into its blocked layout and back); either program runs
-    correctly on either device."""
+    (the one `aotrt.load` picks here) prefers it in the model's dtype: cuda in half types
+    (cuDNN's tensor-core engines), cpu in every dtype (oneDNN, whose NCHW path copies every
+    activation into its blocked layout and back); either program runs correctly on either
+    device."""
     from aotrt.runtime.device import default_device, get_device
 
-    return has_conv(model) and get_device(default_device()).prefers_channels_last
+    return (has_conv(model)
+            and get_device(default_device()).prefers_channels_last(model_dtype(model)))
 
 
 def for_layout(model: Any, layout: str) -> tuple[Any, bool]:
@@ -215,4 +226,4 @@ def _relayout(node: torch.fx.Node) -> bool:
 
 
 __all__ = ["LAYOUTS", "auto_channels_last", "channels_last_strides", "for_layout", "has_conv",
-           "propagate_channels_last", "row_major_for_row_reductions"]
+           "model_dtype", "propagate_channels_last", "row_major_for_row_reductions"]

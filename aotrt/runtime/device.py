@@ -565,8 +565,10 @@ class Device(ABC):
     supports_graphs: bool = False
     #: its memory is host memory: a host pointer can be bound as a view without a copy
     host_addressable: bool = False
-    #: its convolutions run fastest on channels-last (NHWC) activations
-    prefers_channels_last: bool = False
+    def prefers_channels_last(self, dtype: str) -> bool:
+        """True when its convolutions of this dtype ("float32", ...) run fastest on
+        channels-last (NHWC) activations."""
+        return False
 
     def __init__(self) -> None:
         from aotrt.runtime.memory import Memory

@@ -81,7 +81,8 @@ def test_auto_follows_the_default_device(monkeypatch: pytest.MonkeyPatch) -> Non
 
     m = _model()
     cpu = get_device("cpu")
-    assert cpu.prefers_channels_last == (cpu.dnnl is not None)   # oneDNN's NHWC convolutions
+    for dtype in ("float32", "bfloat16"):                 # oneDNN's NHWC convolutions
+        assert cpu.prefers_channels_last(dtype) == (cpu.dnnl is not None)
     monkeypatch.setattr(layout, "auto_channels_last", lambda model: False)
     assert layout.for_layout(m, "auto") == (m, False)
     monkeypatch.setattr(layout, "auto_channels_last", lambda model: True)
@@ -136,6 +137,36 @@ def test_propagation_stops_at_views_and_reductions() -> None:
 def test_auto_needs_a_conv2d_and_a_device_that_prefers_it() -> None:
     assert layout.has_conv(_model()) and not layout.has_conv(nn.Linear(2, 2))
     assert not layout.auto_channels_last(nn.Linear(2, 2))
+
+
+def test_auto_asks_the_default_device_in_the_model_dtype(monkeypatch: pytest.MonkeyPatch
+                                                         ) -> None:
+    """cuda prefers channels-last for half types only: its float32 engines are NCHW."""
+    from aotrt.runtime import device as device_mod
+
+    asked: list[str] = []
+
+    class Halves:
+        def prefers_channels_last(self, dtype: str) -> bool:
+            asked.append(dtype)
+            return dtype in ("float16", "bfloat16")
+
+    monkeypatch.setattr(device_mod, "get_device", lambda name: Halves())
+    assert layout.model_dtype(_model()) == "float32"
+    assert not layout.auto_channels_last(_model())
+    assert layout.auto_channels_last(_model().half())
+    assert layout.model_dtype(_model().bfloat16()) == "bfloat16"
+    assert asked == ["float32", "float16"]
+    assert layout.model_dtype(nn.ReLU()) == "float32"          # nothing to go by
+
+
+@pytest.mark.skipif("cuda" not in DEVICES, reason="needs the cuda device")
+def test_cuda_prefers_channels_last_in_half_types_only() -> None:
+    from aotrt.runtime.device import get_device
+
+    cuda = get_device("cuda")
+    assert cuda.prefers_channels_last("float16") and cuda.prefers_channels_last("bfloat16")
+    assert not cuda.prefers_channels_last("float32")
 
 
 def test_unknown_layout_is_refused() -> None:

@@ -512,11 +512,11 @@ class CpuDevice(Device):
         for name, value in OPENMP_ENV.items():
             os.environ.setdefault(name, value)      # a value the process chose stays
 
-    @property
-    def prefers_channels_last(self) -> bool:  # type: ignore[override]
-        """With oneDNN: its convolutions run NHWC on the views themselves, while NCHW goes
-        through blocked copies of every activation (resnet18 86 against 139 ms, mobilenet_v2
-        44 against 66: bench/results/cpu-speed-2026-12-02.md). numpy's path prefers NCHW."""
+    def prefers_channels_last(self, dtype: str) -> bool:
+        """With oneDNN, in every dtype: its convolutions run NHWC on the views themselves,
+        while NCHW goes through blocked copies of every activation (resnet18 86 against 139
+        ms, mobilenet_v2 44 against 66: bench/results/cpu-speed-2026-12-02.md). numpy's path
+        prefers NCHW."""
         return self.dnnl is not None
 
     @property
