@@ -133,10 +133,13 @@ def check_convolution(out: Any, x: Any, w: Any, bias: Any = None, stride: Any = 
                    out_shape, activation, residual is not None)
     cost = conv_cost(out, x, w, bias, p)
     if residual is not None or activation != "none":
-        # the epilogue's pass over the output: a copy of the residual, float32 temporaries
-        extra = out.numel * (out.dtype.itemsize + 16)
-        cost = c.OpCost(cost.work + out.numel, cost.scratch_bytes + extra)
+        cost = c.OpCost(cost.work + out.numel, cost.scratch_bytes + _epilogue_bytes(out))
     return p, cost
+
+
+def _epilogue_bytes(out: Any) -> int:
+    """Scratch an epilogue may take: a copy of the residual, float32 temporaries."""
+    return out.numel * (out.dtype.itemsize + 16)
 
 
 def _lifted(x: Any, w: Any, p: ConvParams) -> tuple[tuple[int, ...], ...]:
@@ -297,8 +300,12 @@ def _dnnl_geometry(h: Handle, batched: bool) -> tuple[tuple[int, ...], tuple[int
 
 
 def _dnnl_conv(out: Handle, x: Handle, w: Handle, bias: Handle | None, p: ConvParams,
-               activation: str = "none") -> Callable[[], None] | None:
-    """The oneDNN work of a forward convolution, or None (logged) where it cannot serve."""
+               activation: str = "none", residual: Handle | None = None
+               ) -> Callable[[], None] | None:
+    """The oneDNN work of a forward convolution (with its epilogue, as post-ops, when
+    `activation` or `residual` is given), or None (logged) where it cannot serve. Only
+    a plain convolution left to numpy counts in `stats["numpy"]`: a refused epilogue
+    still has the plain convolution to try."""
     dnnl = getattr(out.device, "dnnl", None)
     if dnnl is None or p.transposed or w.ndim == 5:
         return None                     # transposed and 3-D: the numpy path
@@ -317,30 +324,34 @@ def _dnnl_conv(out: Handle, x: Handle, w: Handle, bias: Handle | None, p: ConvPa
         og = wsizes[0] // p.groups
         wsizes = (p.groups, og) + wsizes[1:]
         wstrides = (og * wstrides[0],) + wstrides
+    plain = activation == "none" and residual is None
     key = cpu_dnnl.ConvKey(out.dtype.name, _dnnl_geometry(x, p.batched), (wsizes, wstrides),
                            None if bias is None else tuple(bias.strides),
                            _dnnl_geometry(out, p.batched), p.stride, p.padding, p.dilation,
-                           activation)
+                           activation,
+                           None if residual is None else _dnnl_geometry(residual, p.batched))
     prim = dnnl.convolution(key)
     if prim is None:
-        dnnl.stats["numpy"] += 1
+        dnnl.stats["numpy"] += plain
         return None
     if prim.impl.startswith("ref"):
         # oneDNN's reference loops (its answer for odd views and groups) are slower than numpy.
         log.debug("oneDNN has only %s for convolution %s; numpy runs it", prim.impl, key)
-        dnnl.stats["numpy"] += 1
+        dnnl.stats["numpy"] += plain
         return None
-    detach = [h for h in (x, w, bias) if h is not None and c.overlaps(out, h)]
+    # A residual that shares bytes with the output is read from a copy: oneDNN may write
+    # parts of the output (partial sums) before it reads the residual there.
+    detach = [h for h in (x, w, bias, residual) if h is not None and c.overlaps(out, h)]
     extra = prim.extra_bytes() + sum(hi - lo + 128 for lo, hi in (h.byte_range() for h in detach))
-    budget = conv_cost(out, x, w, bias, p).scratch_bytes
+    budget = conv_cost(out, x, w, bias, p).scratch_bytes + (0 if plain else _epilogue_bytes(out))
     if extra > budget:
         # check_convolution charged the numpy path's scratch: stay within it.
         log.debug("oneDNN convolution %s needs %d scratch bytes, over the %d charged; numpy "
                   "runs it", key, extra, budget)
-        dnnl.stats["numpy"] += 1
+        dnnl.stats["numpy"] += plain
         return None
     keep = w.alloc is not None and w.alloc.kind == "constants" and not c.overlaps(out, w)
-    return dnnl.work(prim, x, w, bias, out, detach, keep)
+    return dnnl.work(prim, x, w, bias, out, detach, keep, residual)
 
 
 def apply_epilogue(o: np.ndarray, res: np.ndarray | None, activation: str) -> None:
@@ -365,9 +376,10 @@ def _cpu_conv(out: Handle, x: Handle, w: Handle, bias: Handle | None, p: ConvPar
               residual: Handle | None = None) -> Callable[[], None]:
     from aotrt.runtime.devices.cpu import host_array
 
-    if residual is None and p.activation != "none":
-        # oneDNN applies a lone activation as a post-op of the convolution itself
-        fused = _dnnl_conv(out, x, w, bias, p, p.activation)
+    if residual is not None or p.activation != "none":
+        # oneDNN applies the epilogue as post-ops of the convolution itself: one pass over
+        # the output instead of three (ResNet's residual adds and ReLUs, YOLO's SiLUs)
+        fused = _dnnl_conv(out, x, w, bias, p, p.activation, residual)
         if fused is not None:
             return fused
     base = _cpu_conv_only(out, x, w, bias, p)

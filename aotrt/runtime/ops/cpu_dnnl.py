@@ -47,6 +47,10 @@ _STREAM_IN_ORDER = 1
 # Implementations slower than the blocked ones (oneDNN's im2col + gemm, reference loops).
 _SLOW = ("gemm", "x64:gemm", "ref")
 ARG_SRC, ARG_DST, ARG_WEIGHTS, ARG_BIAS, ARG_SCRATCHPAD = 1, 17, 33, 41, 80
+#: the second operand of post-op 0, a binary one: DNNL_ARG_ATTR_MULTIPLE_POST_OP(0) |
+#: DNNL_ARG_SRC_1 (oneDNN 3.2's dnnl_types.h: post-op arguments start at 32768)
+ARG_POST_OP0_SRC1 = 32768 | 2
+_BINARY_ADD = 0x1FFF0       # dnnl_binary_add
 # Primitives a device keeps for reuse (each holds JIT code; programs of many shapes evict).
 MAX_CACHED = 512
 
@@ -83,6 +87,9 @@ class ConvKey:
     dilation: tuple[int, ...]
     #: an activation oneDNN applies to the result, as a post-op ("none", "relu", "silu")
     activation: str = "none"
+    #: a residual (sizes, strides) oneDNN adds to the result before the activation, as a
+    #: binary post-op reading the view in place
+    residual: tuple[tuple[int, ...], tuple[int, ...]] | None = None
 
 
 #: oneDNN's eltwise algorithm (dnnl_alg_kind_t, oneDNN 3.2's dnnl_types.h) and alpha of the
@@ -234,17 +241,20 @@ class ConvPrimitive(Primitive):
 
     key: ConvKey
 
+    #: the residual's descriptor (its view as it is), with a residual
+    residual_md: Any = None
+
     def _bias_md(self, dt: int) -> Any:
         return self._md((self.key.dst[0][1],), self.key.bias, dt)
 
     def _descriptor(self, ctx: "Dnnl", attr: Any, src: Any, w: Any, dst: Any) -> Any:
         key, pd, lib = self.key, _p(), self.lib
         nd = len(key.stride)
-        # The activation is a post-op of the convolution's own attr only: the reorders share
-        # `attr`, and must not apply it.
+        # The epilogue is post-ops of the convolution's own attr only: the reorders share
+        # `attr`, and must not apply it. oneDNN applies them in order: conv + bias, then
+        # + residual, then the activation.
         conv_attr, post = attr, None
-        if key.activation != "none":
-            alg, alpha = _ELTWISE[key.activation]
+        if key.activation != "none" or key.residual is not None:
             conv_attr, post = _p(), _p()
             _check(lib.dnnl_primitive_attr_create(ctypes.byref(conv_attr)),
                    "primitive_attr_create")
@@ -253,8 +263,14 @@ class ConvPrimitive(Primitive):
                 _check(lib.dnnl_primitive_attr_set_scratchpad_mode(conv_attr, _SCRATCHPAD_USER),
                        "set_scratchpad_mode")
                 _check(lib.dnnl_post_ops_create(ctypes.byref(post)), "post_ops_create")
-                _check(lib.dnnl_post_ops_append_eltwise(post, alg, alpha, 0.0),
-                       "post_ops_append_eltwise")
+                if key.residual is not None:
+                    self.residual_md = self._md(*key.residual, DATA_TYPES[key.dtype])
+                    _check(lib.dnnl_post_ops_append_binary(post, _BINARY_ADD, self.residual_md),
+                           "post_ops_append_binary")
+                if key.activation != "none":
+                    alg, alpha = _ELTWISE[key.activation]
+                    _check(lib.dnnl_post_ops_append_eltwise(post, alg, alpha, 0.0),
+                           "post_ops_append_eltwise")
                 _check(lib.dnnl_primitive_attr_set_post_ops(conv_attr, post),
                        "primitive_attr_set_post_ops")
             _check(lib.dnnl_convolution_forward_primitive_desc_create(
@@ -344,8 +360,9 @@ def _args(pairs: Sequence[tuple[int, Any]]) -> Any:
 class Dnnl:
     """oneDNN state of one cpu device: the engine, per-thread streams, the primitive cache.
 
-    `stats` counts primitives created, cache hits, refusals, runs, and convolutions left to
-    numpy (tests and benchmarks read it to see the path taken).
+    `stats` counts primitives created, cache hits, refusals, runs (and of them, those with
+    the epilogue as post-ops), and convolutions left to numpy (tests and benchmarks read it
+    to see the path taken).
     """
 
     def __init__(self, lib: ctypes.CDLL) -> None:
@@ -357,7 +374,8 @@ class Dnnl:
         # Convolutions and matmuls, by key (their keys are of different classes).
         self._prims: OrderedDict[Any, Primitive | None] = OrderedDict()
         self._local = threading.local()
-        self.stats = {"created": 0, "hits": 0, "refused": 0, "runs": 0, "numpy": 0}
+        self.stats = {"created": 0, "hits": 0, "refused": 0, "runs": 0, "epilogues": 0,
+                      "numpy": 0}
         self._probe_impl: str | None = None   # the implementation of a probe matmul
         self._blas: Any = None      # threadpoolctl's controller of numpy's BLAS, or False
 
@@ -499,9 +517,10 @@ class Dnnl:
             return prim
 
     def work(self, prim: Primitive, x: Handle, w: Handle, bias: Handle | None,
-             out: Handle, detach: Sequence[Handle], keep_weights: bool
-             ) -> Callable[[], None]:
-        """The work closure running `prim` on the views' memory, writing `out` in place.
+             out: Handle, detach: Sequence[Handle], keep_weights: bool,
+             residual: Handle | None = None) -> Callable[[], None]:
+        """The work closure running `prim` on the views' memory, writing `out` in place
+        (plus `residual`, for a primitive made with one).
 
         Inputs in `detach` share bytes with `out`: their bytes are copied to scratch first
         and read from there. With `keep_weights` (weights that never change, a delegate's
@@ -556,6 +575,10 @@ class Dnnl:
             m_bias, _ = run.memory(prim.bias_md)
             sets.append((m_bias, addr(bias)))
             pairs.append((ARG_BIAS, m_bias))
+        if residual is not None:
+            m_res, _ = run.memory(prim.residual_md)
+            sets.append((m_res, addr(residual)))
+            pairs.append((ARG_POST_OP0_SRC1, m_res))
         m_scr, a_scr = run.memory(prim.scratch_md, prim.scratch_bytes)
         if a_scr:
             sets.append((m_scr, lambda: a_scr))
@@ -564,6 +587,9 @@ class Dnnl:
         state = {"weights": False}
         set_handle, execute = lib.dnnl_memory_set_data_handle, lib.dnnl_primitive_execute
         stats = self.stats
+        key = prim.key
+        epilogue = int(getattr(key, "activation", "none") != "none"
+                       or getattr(key, "residual", None) is not None)
 
         def work() -> None:
             st = self.stream()
@@ -580,6 +606,7 @@ class Dnnl:
                 _check(execute(rp, st, 3, rargs), "reorder execute")
             _check(lib.dnnl_stream_wait(st), "stream_wait")
             stats["runs"] += 1
+            stats["epilogues"] += epilogue
 
         work.keep = (run, copies, prim)  # type: ignore[attr-defined]  # live as the work
         return work

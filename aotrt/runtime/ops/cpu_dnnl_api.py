@@ -50,6 +50,7 @@ _SIGNATURES: dict[str, tuple[Any, list[Any]]] = {
     "dnnl_post_ops_create": (ctypes.c_int, [ctypes.POINTER(_p)]),
     "dnnl_post_ops_append_eltwise": (ctypes.c_int, [_p, ctypes.c_int, ctypes.c_float,
                                                     ctypes.c_float]),
+    "dnnl_post_ops_append_binary": (ctypes.c_int, [_p, ctypes.c_int, _p]),
     "dnnl_post_ops_destroy": (ctypes.c_int, [_p]),
     "dnnl_convolution_forward_primitive_desc_create": (
         ctypes.c_int, [ctypes.POINTER(_p), _p, ctypes.c_int, ctypes.c_int, _p, _p, _p, _p,

@@ -530,6 +530,36 @@ def test_conv_epilogue_without_residual(kit, stream, activation, layout):
         assert dnnl.stats["numpy"] == before["numpy"]
 
 
+@pytest.mark.parametrize("activation", ["none", "relu", "silu"])
+@pytest.mark.parametrize("layout", ["packed", "channels_last", "channel_slice"])
+@pytest.mark.parametrize("in_place", [False, True])
+def test_cpu_residual_is_a_onednn_post_op(kit, stream, activation, layout, in_place):
+    """On cpu, act(conv + bias + residual) over dense NHWC views (what the exporter makes)
+    is one oneDNN run with post-ops (binary add, then the activation), the residual read
+    in place, or from a copy when the output is over it. oneDNN 3.2 has only its reference
+    loops for that over NCHW or channel-sliced views: those run the convolution, then the
+    numpy epilogue."""
+    dnnl = _dnnl(kit)
+    x_np, w_np = kit.randn((1, 8, 7, 7), "float32"), kit.randn((8, 8, 3, 3), "float32", 0.5)
+    b_np, r_np = kit.randn((8,), "float32"), kit.randn((1, 8, 7, 7), "float32")
+    ref = _ref(kit, x_np, w_np, b_np, [1, 1], [1, 1], [1, 1], False, [0, 0], 1) \
+        + kit.t64(r_np)
+    ref = {"none": ref, "relu": torch.relu(ref), "silu": torch.nn.functional.silu(ref)}[
+        activation]
+    r = kit.tensor(r_np, layout)
+    out = r if in_place else kit.out((1, 8, 7, 7), "float32", layout)
+    w_layout = "packed" if layout == "packed" else "channels_last"
+    before = dict(dnnl.stats)
+    convolution(stream, out, kit.tensor(x_np, layout), kit.tensor(w_np, w_layout),
+                kit.tensor(b_np), [1, 1], [1, 1], [1, 1], False, [0, 0], 1, residual=r,
+                activation=activation)
+    kit.close(kit.read(out), ref, "float32")
+    assert dnnl.stats["runs"] == before["runs"] + 1, dnnl.stats
+    fused = 1 if layout == "channels_last" else 0
+    assert dnnl.stats["epilogues"] == before["epilogues"] + fused, dnnl.stats
+    assert dnnl.stats["numpy"] == before["numpy"]
+
+
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("layout", ["packed", "offset"])
 def test_conv3d_epilogue_matches_torch(kit, stream, dtype, layout):
