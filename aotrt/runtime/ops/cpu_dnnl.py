@@ -143,6 +143,13 @@ class Primitive:
         # Freed with the last work closure or cache entry that holds it.
         self._free = weakref.finalize(self, _destroy_objects, lib, self._owned_prim,
                                       self._owned_pd, self._owned_md)
+        # Reordered copies of constant weights, by the constants' allocation and the view's
+        # byte offset: a step rebuilt on every run (one that touches the run's inputs or
+        # outputs) reorders its weights once, not on each run. An entry goes with its
+        # allocation (the delegate's constants).
+        self._packed: weakref.WeakKeyDictionary[Any, dict[int, _Packed]] = \
+            weakref.WeakKeyDictionary()
+        self._packed_lock = threading.Lock()
         dt = DATA_TYPES[key.dtype]
         self.src = _Operand(self._md(*key.src, dt))
         self.w = _Operand(self._md(*key.weights, dt))
@@ -225,6 +232,15 @@ class Primitive:
         _check(self.lib.dnnl_primitive_create(ctypes.byref(prim), pd), "primitive_create")
         self._owned_prim.append(prim)
         return prim
+
+    def packed_weights(self, w: Handle) -> "_Packed":
+        """The kept reordered copy of the constant weights `w` (filled on first use)."""
+        with self._packed_lock:
+            by_offset = self._packed.setdefault(w.alloc, {})
+            entry = by_offset.get(w.byte_offset)
+            if entry is None:
+                entry = by_offset[w.byte_offset] = _Packed(self.w.bytes)
+            return entry
 
     def extra_bytes(self) -> int:
         """Bytes one run allocates beside the views: reordered copies and scratchpads."""
@@ -323,6 +339,16 @@ def _aligned(nbytes: int, phase: int = 0) -> tuple[np.ndarray, int]:
     return raw, (base + 63) // 64 * 64 + phase % 64
 
 
+class _Packed:
+    """A reordered copy of constant weights: its buffer, and whether it is filled yet (the
+    lock orders a first fill against another stream's worker using the same copy)."""
+
+    def __init__(self, nbytes: int) -> None:
+        self.buf, self.addr = _aligned(nbytes)
+        self.filled = False
+        self.lock = threading.Lock()
+
+
 class _Run:
     """Memory objects and scratch buffers of one work closure (handles set at each run)."""
 
@@ -361,8 +387,8 @@ class Dnnl:
     """oneDNN state of one cpu device: the engine, per-thread streams, the primitive cache.
 
     `stats` counts primitives created, cache hits, refusals, runs (and of them, those with
-    the epilogue as post-ops), and convolutions left to numpy (tests and benchmarks read it
-    to see the path taken).
+    the epilogue as post-ops), kept weight copies filled, and convolutions left to numpy
+    (tests and benchmarks read it to see the path taken).
     """
 
     def __init__(self, lib: ctypes.CDLL) -> None:
@@ -375,7 +401,7 @@ class Dnnl:
         self._prims: OrderedDict[Any, Primitive | None] = OrderedDict()
         self._local = threading.local()
         self.stats = {"created": 0, "hits": 0, "refused": 0, "runs": 0, "epilogues": 0,
-                      "numpy": 0}
+                      "packs": 0, "numpy": 0}
         self._probe_impl: str | None = None   # the implementation of a probe matmul
         self._blas: Any = None      # threadpoolctl's controller of numpy's BLAS, or False
 
@@ -524,7 +550,8 @@ class Dnnl:
 
         Inputs in `detach` share bytes with `out`: their bytes are copied to scratch first
         and read from there. With `keep_weights` (weights that never change, a delegate's
-        constants) the weights are reordered on the first run only.
+        constants) the weights are reordered once, into the primitive's kept copy for them
+        (`packed_weights`), which later closures over the same weights share.
         """
         lib = self.lib
         run = _Run(lib, self.engine)
@@ -568,7 +595,20 @@ class Dnnl:
             return copied
 
         m_src = operand(prim.src, addr(x), True, pre)
-        m_w = operand(prim.w, addr(w), True, w_pre)
+        packed = None
+        if keep_weights and prim.w.reorder is not None:
+            packed = prim.packed_weights(w)
+            m_user, _ = run.memory(prim.w.user_md)
+            sets.append((m_user, addr(w)))
+            m_w, _ = run.memory(prim.w.impl_md)
+            sets.append((m_w, lambda: packed.addr))
+            m_rs, a_rs = run.memory(prim.w.reorder_scratch_md, prim.w.reorder_scratch_bytes)
+            if a_rs:
+                sets.append((m_rs, lambda: a_rs))
+            w_pre.append((prim.w.reorder, _args([(ARG_SRC, m_user), (ARG_DST, m_w),
+                                                 (ARG_SCRATCHPAD, m_rs)])))
+        else:
+            m_w = operand(prim.w, addr(w), True, w_pre)
         m_dst = operand(prim.dst, lambda: out.address, False, post)
         pairs = [(ARG_SRC, m_src), (ARG_WEIGHTS, m_w), (ARG_DST, m_dst)]
         if bias is not None:
@@ -584,7 +624,6 @@ class Dnnl:
             sets.append((m_scr, lambda: a_scr))
         pairs.append((ARG_SCRATCHPAD, m_scr))
         conv_args = _args(pairs)
-        state = {"weights": False}
         set_handle, execute = lib.dnnl_memory_set_data_handle, lib.dnnl_primitive_execute
         stats = self.stats
         key = prim.key
@@ -596,11 +635,19 @@ class Dnnl:
             for mem, where in sets:
                 _check(set_handle(mem, where()), "memory_set_data_handle")
             steps = pre
-            if not (keep_weights and state["weights"]):
-                steps = w_pre + pre
+            if packed is not None:
+                if not packed.filled:
+                    with packed.lock:
+                        if not packed.filled:
+                            for rp, rargs in w_pre:
+                                _check(execute(rp, st, 3, rargs), "reorder execute")
+                            _check(lib.dnnl_stream_wait(st), "stream_wait")
+                            packed.filled = True
+                            stats["packs"] += 1
+            else:
+                steps = w_pre + pre     # weights that may change: reordered on every run
             for rp, rargs in steps:
                 _check(execute(rp, st, 3, rargs), "reorder execute")
-            state["weights"] = True
             _check(execute(prim.prim, st, len(pairs), conv_args), "primitive execute")
             for rp, rargs in post:
                 _check(execute(rp, st, 3, rargs), "reorder execute")
