@@ -32,6 +32,7 @@ from aotrt.runtime.device import (Command, Device, KernelLibrary, Stream, Stream
 from aotrt.runtime.hazards import Access
 from aotrt.runtime.memory import PROCESS_OWNER, Allocation, Owner, owner_scope
 from aotrt.runtime.public import Tensor
+from aotrt.runtime.replays import GraphReplay, StaticIO
 from aotrt.runtime.tensor import Handle
 
 log = logging.getLogger(__name__)
@@ -104,7 +105,11 @@ class Delegate:
         # Graph replay: captured on the first run, over static buffers. Every program is
         # static today (fixed shapes), so a device with graphs replays one unless told not to.
         self._graph_mode = dev.supports_graphs if cuda_graph is None else cuda_graph
-        self._graph: _Graph | None = None
+        self._graph: GraphReplay | None = None
+        # Without graphs, on host memory: every step planned once over static input/output
+        # buffers, so no step is built again at each run (a stem reading the input, a head
+        # writing the outputs). Measured on cpu only; cuda without graphs builds them.
+        self._static_io: StaticIO | None = None
         # What close() (or the garbage collector, for a delegate never closed) tears down.
         self._res = _Resources(self._owner)
         self._closer = finalize.finalizer(self, _teardown, self._res)
@@ -233,6 +238,8 @@ class Delegate:
             outs = self._args.classify_out(out, args)
             if self._graph_mode:
                 return self._run_graph(args, outs, out)
+            if self.device.host_addressable:
+                return self._run_static_io(args, outs, out)
             return self._run(args, outs, out)
 
     def _run(self, args: list[Arg], outs: list[Arg] | None, out: Any) -> tuple[Any, ...]:
@@ -277,7 +284,7 @@ class Delegate:
 
     # -- CUDA graphs --------------------------------------------------------------------------
 
-    def _capture(self) -> "_Graph":
+    def _capture(self) -> GraphReplay:
         """Static input/output buffers, one eager warm-up over them (plans, workspaces and
         kernels get made), then the whole instruction list captured as one CUDA graph."""
         dev, stream, u8 = self.device, self._stream, dtypes.uint8
@@ -310,12 +317,12 @@ class Delegate:
         where = {tid: (k, *view) for k in range(len(outs))
                  for tid, *view in self._per_run.get(("output", k), ())}
         out_views = [where[t] for t in self.program.outputs_tensors]
-        return _Graph(graph, ins, outs, keep, accesses, [h.address for h in ins], out_views)
+        return GraphReplay(graph, ins, outs, keep, accesses, [h.address for h in ins], out_views)
 
     def _run_graph(self, args: list[Arg], outs: list[Arg] | None,
                    out: Any) -> tuple[Any, ...]:
         """Copy inputs into the static buffers, replay the graph, copy the outputs out."""
-        dev, stream, prog = self.device, self._stream, self.program
+        dev, stream = self.device, self._stream
         if self._graph is None:
             with owner_scope(self._owner), dev.stream_guard(stream):
                 self._graph = self._capture()
@@ -324,6 +331,64 @@ class Delegate:
         if g.direct_ok(stream, args, outs):
             with owner_scope(self._owner), dev.stream_guard(stream):
                 return self._replay_direct(g, args)
+        graph = g.graph
+        return self._run_staged(g.ins, g.outs, args, outs, out, lambda: stream.record(
+            g.accesses, lambda s: graph.launch(s), "cuda graph replay"))
+
+    def _run_static_io(self, args: list[Arg], outs: list[Arg] | None,
+                       out: Any) -> tuple[Any, ...]:
+        """Copy inputs into the static buffers, queue the steps planned over them, copy the
+        outputs out."""
+        if self._static_io is None:
+            with owner_scope(self._owner), self.device.stream_guard(self._stream):
+                self._static_io = self._plan_static_io()
+        p = self._static_io
+        try:
+            return self._run_staged(p.ins, p.outs, args, outs, out, p.queue)
+        except BaseException:
+            # A failed run leaves no plan behind: the next run builds its steps anew.
+            self._static_io = None
+            p.delete()
+            raise
+
+    def _plan_static_io(self) -> StaticIO:
+        """Static input/output buffers and every step's commands, built over them once."""
+        dev, stream, u8 = self.device, self._stream, dtypes.uint8
+        p = StaticIO(stream)
+        try:
+            p.ins = [shims.empty_strided([max(s.nbytes, 1)], [1], u8, dev)
+                     for s in self.inputs]
+            p.keep += p.ins
+            p.outs = [shims.empty_strided([max(s.nbytes, 1)], [1], u8, dev)
+                      for s in self.outputs]
+            p.keep += p.outs
+            handles: list[Handle | None] = list(self._static)
+            for k, b in enumerate(p.ins):
+                self._views(("input", k), b, handles, p.keep)
+            for k, b in enumerate(p.outs):
+                self._views(("output", k), b, handles, p.keep)
+            for step in self._steps:
+                if step.planned is None:
+                    with stream.planning() as cmds:
+                        stream.label = step.label
+                        try:
+                            self._run_step(step, handles)
+                        finally:
+                            stream.label = ""
+                    p.steps.append((step.label, tuple(cmds)))
+                else:
+                    p.steps.append((step.label, step.planned))
+        except BaseException:
+            p.delete()
+            raise
+        return p
+
+    def _run_staged(self, ins: list[Handle], outs_static: list[Handle], args: list[Arg],
+                    outs: list[Arg] | None, out: Any, launch: Callable[[], Any]
+                    ) -> tuple[Any, ...]:
+        """Copy the inputs into `ins`, `launch` the work over them, copy `outs_static` out
+        into fresh outputs or the caller's `out` tensors."""
+        dev, stream, prog = self.device, self._stream, self.program
         temps: list[Handle] = []
         failed = True
         results: tuple[Any, ...] = ()
@@ -331,7 +396,7 @@ class Delegate:
             with owner_scope(self._owner), dev.stream_guard(stream):
                 for k, a in enumerate(args):
                     if a.spec.nbytes:
-                        stream.copy(g.ins[k], self._bind(a, temps, output=False))
+                        stream.copy(ins[k], self._bind(a, temps, output=False))
                 # The caller's input memory is released (a borrowed region's release waits
                 # for the work queued on it) before the replay, so run() waits for these
                 # copies alone, not for the whole graph (0.5 ms of resnet50_b1's 0.7 on
@@ -339,8 +404,7 @@ class Delegate:
                 stream.commit()
                 bound, temps = temps, []
                 self._cleanup(bound, False)
-                graph = g.graph
-                stream.record(g.accesses, lambda s: graph.launch(s), "cuda graph replay")
+                launch()
                 views: list[Handle | None] = [None] * len(prog.tensors)
                 for k, spec in enumerate(self.outputs):
                     o = outs[k] if outs is not None else None
@@ -351,7 +415,7 @@ class Delegate:
                             base = shims.empty_strided([spec.nbytes], [1], dtypes.uint8, dev)
                         temps.append(base)
                     if spec.nbytes:
-                        stream.copy(base, g.outs[k])
+                        stream.copy(base, outs_static[k])
                     if o is not None and o.kind == "stage":
                         typed = shims.reinterpret_tensor(base, spec.shape, spec.strides, 0,
                                                          dtype=spec.dtype)
@@ -371,7 +435,7 @@ class Delegate:
             return tuple(out) if isinstance(out, (tuple, list)) else (out,)
         return results
 
-    def _replay_direct(self, g: "_Graph", args: list[Arg]) -> tuple[Any, ...]:
+    def _replay_direct(self, g: GraphReplay, args: list[Arg]) -> tuple[Any, ...]:
         """The lean replay (run() within a few tens of microseconds of host time): raw copies
         from the callers' device tensors into the static inputs, the graph, fresh outputs."""
         dev, stream, u8 = self.device, self._stream, dtypes.uint8
@@ -554,37 +618,6 @@ class Delegate:
     def stream(self) -> Stream | None:
         """The delegate's own stream."""
         return self._stream
-
-
-@dataclass
-class _Graph:
-    """A captured run: the graph, its static input/output buffers (uint8 bases), the views
-    the capture used, and the accesses a replay makes (every allocation it can touch)."""
-
-    graph: Any
-    ins: list[Handle]
-    outs: list[Handle]
-    keep: list[Handle]
-    accesses: list[Any]
-    in_ptrs: list[int]
-    out_views: list[tuple[int, tuple, tuple, int, DType]]
-
-    def direct_ok(self, stream: Stream, args: list[Arg], outs: list[Arg] | None) -> bool:
-        """Whether a run can take the lean replay: no out= tensors, the hazard checker off
-        (it keeps its full checks), work enqueued at once, and every input a device tensor
-        bound where it lies whose memory the runtime does not know (the general path
-        handles aotrt memory, staging and overlaps)."""
-        if outs is not None or stream.hazards.enabled or stream.options.deferred:
-            return False
-        mem = stream.device.memory
-        for a in args:
-            if a.kind == "empty":
-                continue
-            if a.kind != "blob" or a.span is None:
-                return False
-            if mem.knows(*a.span):
-                return False
-        return True
 
 
 class _Resources:

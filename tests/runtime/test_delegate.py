@@ -702,7 +702,8 @@ def test_unreferenced_delegate_releases_its_library() -> None:
 def test_run_launches_the_plan_built_at_load(monkeypatch: pytest.MonkeyPatch,
                                              device: str) -> None:
     """run() never binds or dispatches a kernel: the launches were prepared at load, and only
-    the per-run slots (views of inputs and outputs) are checked and resolved per run."""
+    the per-run slots (views of inputs and outputs) are checked and resolved per run; on a
+    host device, once, at the first run, over static input/output buffers."""
     from aotrt.runtime.device import KernelFunction
 
     prog = seed_program()
@@ -723,7 +724,7 @@ def test_run_launches_the_plan_built_at_load(monkeypatch: pytest.MonkeyPatch,
                         lambda self, i, h: resolved.append(i) or orig(self, i, h))
     xs = [rand([12, 7], seed=s) for s in (80, 81, 82)]
     results = [m.run(x) for x in xs]          # queued back to back; each run its own outputs
-    assert len(resolved) == 3 * per_run
+    assert len(resolved) == (per_run if m.device.host_addressable else 3 * per_run)
     for x, outs in zip(xs, results):
         check(outs, seed_reference(prog, x), "float32")
     m.close()
@@ -754,8 +755,9 @@ def test_static_steps_are_built_at_load_and_only_replayed(monkeypatch: pytest.Mo
         for seed in range(3):
             x = rand([12, 7], seed=60 + seed)
             check(m.run(x), seed_reference(prog, x), "float32")
-    # mm reads the input x: per run; addmm: built once; nested kernel writes an output.
-    assert calls == {"mm": 3, "addmm": 1}
+    # mm reads the input x: built once, at the first run, over the static input buffer (on
+    # cpu, a host device), then replayed; addmm: built once, at load.
+    assert calls == {"mm": 1, "addmm": 1}
     # mm (reads x), addmm, copy to y, kernel into z, the two cat copies, copy to cat, nested
     assert [p for _, p in kinds] == [False, True, False, False, True, True, False, False]
     assert kinds[1][0] == delegate_mod._LIBRARY and kinds[4][0] == delegate_mod._COPY

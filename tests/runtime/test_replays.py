@@ -1,0 +1,89 @@
+"""Tests for aotrt/runtime/replays.py: what a delegate replays instead of building its steps
+at each run (the static-I/O plan of host devices; the CUDA graph is tested on cuda in
+tests/runtime/devices/test_cuda.py)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import aotrt
+from aotrt import dtypes
+from aotrt.errors import HazardError
+from aotrt.runtime import shims
+from aotrt.runtime.device import StreamOptions, get_device
+from aotrt.runtime.replays import StaticIO
+from tests.runtime.test_delegate import rand, seed_program, seed_reference
+
+
+@pytest.fixture
+def stream():
+    s = get_device("cpu").create_stream(StreamOptions())
+    yield s
+    s.close()
+
+
+def test_queue_replays_every_command_under_its_label_in_order(stream) -> None:
+    ran: list[tuple[str, int]] = []
+    p = StaticIO(stream)
+    for label in ("instruction #0", "instruction #1"):
+        with stream.planning() as cmds:
+            for k in range(2):
+                stream.record([], lambda label=label, k=k: ran.append((label, k)), "cmd")
+        p.steps.append((label, tuple(cmds)))
+    assert ran == []                    # planned, not run
+    for _ in range(2):
+        p.queue()
+    stream.commit_and_wait()
+    once = [("instruction #0", 0), ("instruction #0", 1), ("instruction #1", 0),
+            ("instruction #1", 1)]
+    assert ran == once * 2
+    assert stream.label == ""
+
+
+def test_a_replayed_command_on_freed_memory_names_its_instruction() -> None:
+    """The hazard checker sees each replayed command as a new one, under its label."""
+    from aotrt.runtime.hazards import Access
+
+    dev = get_device("cpu")
+    s = dev.create_stream(StreamOptions(check_hazards=True))
+    try:
+        a = dev.memory.allocate(64, s)
+        a.retain()
+        p = StaticIO(s)
+        with s.planning() as cmds:
+            s.record([Access(a, 0, 64, True)], lambda: None, "mm")
+        p.steps.append(("instruction #7 library mm", tuple(cmds)))
+        p.queue()                       # memory still live: fine
+        s.commit_and_wait()
+        a.release()
+        with pytest.raises(HazardError, match="instruction #7 library mm"):
+            p.queue()
+    finally:
+        s.close()
+
+
+def test_delete_frees_the_plan_handles_once(stream) -> None:
+    dev = stream.device
+    with dev.stream_guard(stream):
+        base = shims.empty_strided([64], [1], dtypes.uint8, dev)
+        view = shims.reinterpret_tensor(base, [4, 4], [4, 1], 0, dtype=dtypes.float32)
+    p = StaticIO(stream)
+    p.keep += [base, view]
+    p.delete()
+    assert base.state != "live" and view.state != "live"
+    p.delete()                          # a second time does nothing
+    assert p.keep == []
+
+
+def test_a_cpu_delegate_builds_its_per_run_steps_once_over_static_buffers() -> None:
+    """Three runs on inputs of different values each match, and the callers' outputs are
+    fresh memory: a later run does not overwrite an earlier result."""
+    prog = seed_program()
+    with aotrt.load(prog, device="cpu") as m:
+        xs = [rand([12, 7], seed=s) for s in (90, 91, 92)]
+        outs = [m.run(x) for x in xs]
+        for x, o in zip(xs, outs):
+            ref = seed_reference(prog, x)
+            for got, want in zip(o, ref):
+                np.testing.assert_allclose(np.asarray(got), want, rtol=1e-5, atol=1e-5)
