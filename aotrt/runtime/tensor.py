@@ -6,6 +6,7 @@ a second allocation object over the same bytes.
 
 from __future__ import annotations
 
+import ctypes
 import os
 
 from typing import TYPE_CHECKING, Any, Sequence
@@ -258,3 +259,14 @@ def check_live(h: Any, name: str) -> None:
     if h.alloc is not None and h.alloc.freed:
         # A view into constants whose owner closed: the memory is gone, like a retired handle.
         raise InvalidArgument(f"{name}: the memory of {h!r} was freed with its owner")
+
+
+def host_array(handle: Handle) -> np.ndarray:
+    """A zero-copy numpy view of a host-memory view's elements."""
+    if handle.numel == 0 or handle.alloc is None:
+        return np.empty(handle.sizes, dtype=handle.dtype.np)
+    lo, hi = handle.byte_range()
+    buf = (ctypes.c_uint8 * (hi - lo)).from_address(handle.alloc.ptr + lo)
+    isz = handle.dtype.itemsize
+    return np.ndarray(handle.sizes, dtype=handle.dtype.np, buffer=buf,
+                      offset=handle.byte_offset - lo, strides=[s * isz for s in handle.strides])

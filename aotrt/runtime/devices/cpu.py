@@ -30,7 +30,8 @@ from aotrt.kernels.render_c import CRenderer
 from aotrt.runtime import finalize, hazards
 from aotrt.runtime.device import (Block, Device, KernelFunction, KernelLibrary, Stream,
                                   StreamOptions)
-from aotrt.runtime.tensor import Handle, physical_memory
+# host_array lives beside Handle; the ops import it from here, as they always have.
+from aotrt.runtime.tensor import Handle, host_array, physical_memory  # noqa: F401
 
 log = logging.getLogger(__name__)
 
@@ -59,17 +60,6 @@ def cache_dir() -> Path:
     root = settings.env().cache_dir or os.path.join(os.path.expanduser("~"), ".cache",
                                                     "aotrt")
     return Path(root)
-
-
-def host_array(handle: Handle) -> np.ndarray:
-    """A zero-copy numpy view of a host-memory view's elements."""
-    if handle.numel == 0 or handle.alloc is None:
-        return np.empty(handle.sizes, dtype=handle.dtype.np)
-    lo, hi = handle.byte_range()
-    buf = (ctypes.c_uint8 * (hi - lo)).from_address(handle.alloc.ptr + lo)
-    isz = handle.dtype.itemsize
-    return np.ndarray(handle.sizes, dtype=handle.dtype.np, buffer=buf,
-                      offset=handle.byte_offset - lo, strides=[s * isz for s in handle.strides])
 
 
 class CpuStream(Stream):

@@ -31,7 +31,7 @@ from aotrt.runtime.ops.cpu_dnnl_primitives import (  # noqa: F401
     ARG_BIAS, ARG_DST, ARG_POST_OP0_SRC1, ARG_SCRATCHPAD, ARG_SRC, ARG_WEIGHTS, CPU,
     DATA_TYPES, SLOW, STREAM_IN_ORDER, ConvKey, ConvPrimitive, MatmulKey, MatmulPrimitive,
     Operand, Primitive, aligned, check)
-from aotrt.runtime.tensor import Handle
+from aotrt.runtime.tensor import Handle, host_array
 
 log = logging.getLogger(__name__)
 
@@ -259,8 +259,6 @@ class Dnnl:
         constants) the weights are reordered once, into the primitive's kept copy for them
         (`packed_weights`), which later closures over the same weights share.
         """
-        from aotrt.runtime.devices.cpu import host_array
-
         lib = self.lib
         run = _Run(lib, self.engine)
         copies: dict[Handle, tuple[np.ndarray, int]] = {}   # by the view itself
