@@ -9,7 +9,7 @@ import pytest
 
 import aotrt
 from aotrt import dtypes
-from aotrt.errors import HazardError
+from aotrt.errors import HazardError, InvalidArgument
 from aotrt.runtime import shims
 from aotrt.runtime.device import StreamOptions, get_device
 from aotrt.runtime.replays import StaticIO
@@ -87,3 +87,32 @@ def test_a_cpu_delegate_builds_its_per_run_steps_once_over_static_buffers() -> N
             ref = seed_reference(prog, x)
             for got, want in zip(o, ref):
                 np.testing.assert_allclose(np.asarray(got), want, rtol=1e-5, atol=1e-5)
+
+
+def test_a_plan_that_fails_to_build_leaves_nothing_and_the_next_run_builds_it(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """An op that refuses its views while the first run plans: run() raises its error, the
+    plan's buffers and views go (the delegate holds what it held before), and the next run
+    plans again and matches."""
+    from aotrt.runtime import delegate as delegate_mod
+
+    ops = dict(delegate_mod.library_ops())
+    state = {"armed": True}
+    real_mm = ops["mm"]
+
+    def flaky_mm(stream, outs, ins, **params):
+        if state["armed"]:
+            raise InvalidArgument("mm: refused for the test")
+        return real_mm(stream, outs, ins, **params)
+    ops["mm"] = flaky_mm
+    monkeypatch.setattr(delegate_mod, "library_ops", lambda: ops)
+    prog = seed_program()
+    with aotrt.load(prog, device="cpu") as m:
+        static = len(m.owner.handles)
+        with pytest.raises(InvalidArgument, match="refused for the test"):
+            m.run(rand([12, 7], seed=93))
+        assert len(m.owner.handles) == static
+        state["armed"] = False
+        x = rand([12, 7], seed=94)
+        for got, want in zip(m.run(x), seed_reference(prog, x)):
+            np.testing.assert_allclose(np.asarray(got), want, rtol=1e-5, atol=1e-5)
