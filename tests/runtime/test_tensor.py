@@ -323,3 +323,25 @@ def test_cat_filled_through_last_dim_views(dev, stream, owner):
     np.testing.assert_allclose(out.numpy(), ref, rtol=1e-6)
     for h in (ha, hb, left, right, cat, out):
         shims.delete_tensor_object(h)
+
+
+def test_host_array_is_a_zero_copy_view_with_the_handle_strides() -> None:
+    from aotrt import dtypes
+    from aotrt.runtime.device import get_device
+    from aotrt.runtime.tensor import host_array
+
+    dev = get_device("cpu")
+    base = shims.empty_strided([64], [1], dtypes.float32, dev)
+    try:
+        view = shims.reinterpret_tensor(base, [3, 4], [1, 5], 2)     # transposed, offset 2
+        a = host_array(view)
+        assert a.shape == (3, 4) and a.strides == (4, 20)
+        a[...] = np.arange(12, dtype=np.float32).reshape(3, 4)
+        flat = host_array(base)
+        assert flat[2 + 1 * 1 + 2 * 5] == a[1, 2] == 6.0          # written in place
+        empty = shims.reinterpret_tensor(base, [0, 4], [4, 1], 0)
+        assert host_array(empty).shape == (0, 4)
+        shims.delete_tensor_object(empty)
+        shims.delete_tensor_object(view)
+    finally:
+        shims.delete_tensor_object(base)
