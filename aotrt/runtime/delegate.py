@@ -107,8 +107,7 @@ class Delegate:
         self._graph_mode = dev.supports_graphs if cuda_graph is None else cuda_graph
         self._graph: GraphReplay | None = None
         # Without graphs, on host memory: every step planned once over static input/output
-        # buffers, so no step is built again at each run (a stem reading the input, a head
-        # writing the outputs). Measured on cpu only; cuda without graphs builds them.
+        # buffers (measured on cpu only; cuda without graphs builds I/O steps at each run).
         self._static_io: StaticIO | None = None
         # What close() (or the garbage collector, for a delegate never closed) tears down.
         self._res = _Resources(self._owner)

@@ -270,3 +270,31 @@ def host_array(handle: Handle) -> np.ndarray:
     isz = handle.dtype.itemsize
     return np.ndarray(handle.sizes, dtype=handle.dtype.np, buffer=buf,
                       offset=handle.byte_offset - lo, strides=[s * isz for s in handle.strides])
+
+
+def merge_dims(sizes: Sequence[int], *stride_lists: Sequence[int]
+               ) -> tuple[list[int], list[list[int]]]:
+    """Drop size-1 dims and merge neighbours that are contiguous in every stride list."""
+    keep = [i for i, n in enumerate(sizes) if n != 1]
+    out_sizes: list[int] = []
+    out_strides: list[list[int]] = [[] for _ in stride_lists]
+    for i in keep:
+        n = sizes[i]
+        if out_sizes and all(st[-1] == sl[i] * n for st, sl in zip(out_strides, stride_lists)):
+            out_sizes[-1] *= n
+            for st, sl in zip(out_strides, stride_lists):
+                st[-1] = sl[i]
+            continue
+        out_sizes.append(n)
+        for st, sl in zip(out_strides, stride_lists):
+            st.append(sl[i])
+    return out_sizes, out_strides
+
+
+def same_dense_layout(a: Handle, b: Handle) -> bool:
+    """True when both views are packed and lay their elements out identically."""
+    if a.sizes != b.sizes or a.dtype.itemsize != b.dtype.itemsize:
+        return False
+    if not (is_packed(a.sizes, a.strides) and is_packed(b.sizes, b.strides)):
+        return False
+    return all(sa == sb for n, sa, sb in zip(a.sizes, a.strides, b.strides) if n > 1)

@@ -345,3 +345,12 @@ def test_host_array_is_a_zero_copy_view_with_the_handle_strides() -> None:
         shims.delete_tensor_object(view)
     finally:
         shims.delete_tensor_object(base)
+
+
+def test_merge_dims() -> None:
+    from aotrt.runtime.tensor import merge_dims
+
+    sizes, (a, b) = merge_dims((2, 1, 3, 4), (12, 99, 4, 1), (1, 99, 9, 2))
+    assert sizes == [2, 3, 4] and a == [12, 4, 1] and b == [1, 9, 2]
+    sizes, (a,) = merge_dims((2, 3, 4), (12, 4, 1))
+    assert sizes == [24] and a == [1]

@@ -38,7 +38,7 @@ from aotrt.runtime import hazards
 from aotrt.runtime.device import (Block, Device, KernelFunction, KernelLibrary, Stream,
                                   StreamOptions)
 from aotrt.runtime.devices.cpu import KernelCache
-from aotrt.runtime.tensor import Handle, is_packed
+from aotrt.runtime.tensor import Handle, merge_dims, same_dense_layout
 
 log = logging.getLogger(__name__)
 
@@ -107,35 +107,7 @@ def compile_source(source: str, arch: str, what: str = "source") -> bytes:
 
 
 # ---------------------------------------------------------------------------------------------
-# layouts
-
-
-def _merge_dims(sizes: Sequence[int], *stride_lists: Sequence[int]
-                ) -> tuple[list[int], list[list[int]]]:
-    """Drop size-1 dims and merge neighbours that are contiguous in every stride list."""
-    keep = [i for i, n in enumerate(sizes) if n != 1]
-    out_sizes: list[int] = []
-    out_strides: list[list[int]] = [[] for _ in stride_lists]
-    for i in keep:
-        n = sizes[i]
-        if out_sizes and all(st[-1] == sl[i] * n for st, sl in zip(out_strides, stride_lists)):
-            out_sizes[-1] *= n
-            for st, sl in zip(out_strides, stride_lists):
-                st[-1] = sl[i]
-            continue
-        out_sizes.append(n)
-        for st, sl in zip(out_strides, stride_lists):
-            st.append(sl[i])
-    return out_sizes, out_strides
-
-
-def same_dense_layout(a: Handle, b: Handle) -> bool:
-    """True when both views are packed and lay their elements out identically."""
-    if a.sizes != b.sizes or a.dtype.itemsize != b.dtype.itemsize:
-        return False
-    if not (is_packed(a.sizes, a.strides) and is_packed(b.sizes, b.strides)):
-        return False
-    return all(sa == sb for n, sa, sb in zip(a.sizes, a.strides, b.strides) if n > 1)
+# copies and fills
 
 
 _COPY_SOURCE = r"""typedef long long int64_t;
@@ -647,10 +619,10 @@ class CudaDevice(Device):
         """Work copying (or filling with the repeated byte `fill`) a strided view between raw
         device addresses (the library ops' packed temporaries have no Handle)."""
         if src_ptr is None:
-            msz, (mst,) = _merge_dims(sizes, dst_strides)
+            msz, (mst,) = merge_dims(sizes, dst_strides)
             mst2 = [0] * len(mst)
         else:
-            msz, (mst, mst2) = _merge_dims(sizes, dst_strides, src_strides)
+            msz, (mst, mst2) = merge_dims(sizes, dst_strides, src_strides)
         if len(msz) > MAX_COPY_DIMS:
             raise Unsupported(f"strided copy of {len(msz)} irreducible dims (max "
                               f"{MAX_COPY_DIMS})")

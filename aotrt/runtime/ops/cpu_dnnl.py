@@ -355,6 +355,8 @@ class Dnnl:
         epilogue = int(getattr(key, "activation", "none") != "none"
                        or getattr(key, "residual", None) is not None)
 
+        ncopies = len(np_pre) + len(np_post)
+
         def work() -> None:
             st = self.stream()
             for mem, where in sets:
@@ -383,7 +385,7 @@ class Dnnl:
                 _copy(host_array(h), arr)
             stats["runs"] += 1
             stats["epilogues"] += epilogue
-            stats["copies"] += len(np_pre) + len(np_post)
+            stats["copies"] += ncopies
 
         work.keep = (run, copies, prim)  # type: ignore[attr-defined]  # live as the work
         return work

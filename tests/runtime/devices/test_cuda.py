@@ -155,13 +155,6 @@ def test_compile_error_carries_the_log() -> None:
     assert "this" in info.value.log
 
 
-def test_merge_dims() -> None:
-    sizes, (a, b) = cuda_mod._merge_dims((2, 1, 3, 4), (12, 99, 4, 1), (1, 99, 9, 2))
-    assert sizes == [2, 3, 4] and a == [12, 4, 1] and b == [1, 9, 2]
-    sizes, (a,) = cuda_mod._merge_dims((2, 3, 4), (12, 4, 1))
-    assert sizes == [24] and a == [1]
-
-
 # -- the device ---------------------------------------------------------------------------------
 
 @pytest.fixture

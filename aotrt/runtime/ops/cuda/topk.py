@@ -97,9 +97,9 @@ def _topk_scalar(values_out: Handle, indices_out: Handle, x: Handle) -> Work:
 
 
 def _merge(sizes: Sequence[int], strides: Sequence[int]) -> tuple[list[int], list[list[int]]]:
-    from aotrt.runtime.devices.cuda import _merge_dims
+    from aotrt.runtime.tensor import merge_dims
 
-    return _merge_dims(sizes, strides)
+    return merge_dims(sizes, strides)
 
 
 # ---------------------------------------------------------------------------------------------
