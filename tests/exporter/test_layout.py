@@ -113,6 +113,52 @@ def test_lowering_lays_out_nhwc_whatever_torch_propagated() -> None:
     _matches_eager(prog, m, (2, 3, 8, 8), "cpu", seeds=(5,))
 
 
+class Split(nn.Module):
+    """YOLOv8's C2f: a convolution's two channel halves, one through a bottleneck, are
+    concatenated with it and read by a 1x1 convolution."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.cv1 = nn.Conv2d(3, 8, 1)
+        self.m = nn.Conv2d(4, 4, 3, padding=1)
+        self.cv2 = nn.Conv2d(12, 6, 1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        a, b = self.cv1(x).chunk(2, 1)
+        return self.cv2(torch.cat([a, b, torch.relu(self.m(b))], 1))
+
+
+def _breaks(prog: aotrt.Program) -> int:
+    """Instructions that read or write 4-D activations in both NCHW and NHWC."""
+    n = 0
+    for ins in prog.instructions:
+        four = [prog.tensors[t] for t in list(ins.get("ins", [])) + list(ins.get("outs", []))
+                if isinstance(t, int) and len(prog.tensors[t]["sizes"]) == 4
+                and prog.tensors[t]["sizes"][1] > 1 and prog.tensors[t]["root"] == "arena"]
+        n += len({t["strides"][1] == 1 for t in four}) > 1
+    return n
+
+
+def test_concatenations_of_channels_last_activations_stay_channels_last() -> None:
+    """With a row-major capture (torch 2.11 on cuda), the concatenation becomes NHWC too, so
+    the convolution that reads it gets no NCHW input (YOLOv8n: 28 such breaks before)."""
+    from aotrt.exporter.capture import capture
+    from aotrt.exporter.lower import lower, runs_whole
+
+    torch.manual_seed(0)
+    m = Split().eval()
+    x = torch.randn(2, 3, 8, 8)
+    with torch.no_grad():
+        ep = capture(m, (x,), runs_whole=runs_whole)
+        prog = lower(ep, "split", channels_last=True)
+    convs = [i for i in prog.instructions if i.get("fn") == "convolution"]
+    assert len(convs) == 3
+    assert all(prog.tensors[i["outs"][0]]["strides"][1] == 1 for i in convs)
+    assert all(prog.tensors[i["ins"][0]]["strides"][1] == 1 for i in convs[1:])
+    assert _breaks(prog) == 0
+    _matches_eager(prog, m, (2, 3, 8, 8), "cpu", seeds=(3, 4))
+
+
 def test_propagation_stops_at_views_and_reductions() -> None:
     """Only convolutions and what elementwise ops or pooling compute from them change."""
     from aotrt.exporter.capture import capture
