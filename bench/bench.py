@@ -32,6 +32,25 @@ RUNNERS = ["eager", "aotrt", "aotrt_graph", "compile", "compile_reduce_overhead"
 
 # -- models ---------------------------------------------------------------------------------------
 
+def _informative_scores(model):
+    """Weights under which YOLOv8n's class scores depend on the input. Ultralytics' own
+    initialisation gives each class logit a bias of about -11.5 and lets the signal fade
+    through the backbone, so every score is sigmoid(-11.5) ~ 1e-5, a subnormal in fp16 that
+    every runner rounds alike: a wrong score could not show. Here convolutions are
+    He-initialised, the class biases are zero and the class convolutions are scaled so the
+    logits spread over about +-2.5."""
+    import torch
+
+    with torch.no_grad():
+        for mod in model.modules():
+            if isinstance(mod, torch.nn.Conv2d):
+                torch.nn.init.kaiming_normal_(mod.weight, nonlinearity="relu")
+        for branch in model.model[-1].cv3:
+            branch[-1].bias.zero_()
+            branch[-1].weight.mul_(10.0)
+    return model
+
+
 def build(name: str):
     """(module, example inputs) on cuda in fp16, from configs (no downloads)."""
     import torch
@@ -42,7 +61,7 @@ def build(name: str):
         os.environ.setdefault("YOLO_OFFLINE", "1")
         from ultralytics.nn.tasks import DetectionModel
 
-        inner = DetectionModel("yolov8n.yaml", verbose=False).eval()
+        inner = _informative_scores(DetectionModel("yolov8n.yaml", verbose=False).eval())
 
         class Yolo(torch.nn.Module):
             def __init__(self) -> None:
