@@ -480,9 +480,12 @@ def _cost(src: str) -> int:
 def test_the_work_estimate_counts_reduce_loops_by_their_trip_count():
     from aotrt.kernels.render_c import PARALLEL_GRAIN
 
-    narrow, wide = (_cost(CRenderer().render([softmax_kernel(4, c, "float32")]))
-                    for c in (8, 800))
-    assert 90 * narrow < wide < 110 * narrow
+    # lines a row runs once (a sum's lane setup) weigh 1; loop lines weigh their trips, so
+    # the estimate grows by the same step for each 400 more columns
+    narrow, mid, wide = (_cost(CRenderer().render([softmax_kernel(4, c, "float32")]))
+                         for c in (8, 408, 808))
+    assert 0.98 < (wide - mid) / (mid - narrow) < 1.02
+    assert 80 * narrow < wide < 110 * narrow
     # a tiny pointwise kernel stays on one thread; a big softmax gets several
     tiny = ir.Kernel("tiny", (64,), (), (ir.Arg("float32", "w"),),
                      (ir.Store(0, ir.Idx(0), ir.const(1.0, "float32")),))
@@ -761,3 +764,37 @@ def test_a_long_float_sum_is_as_accurate_as_torch(run):
     ref = x.astype(np.float64).sum()
     torch_err = abs(float(torch.from_numpy(x).sum()) - ref) / ref
     assert abs(float(got[0]) - ref) / ref <= max(2 * torch_err, 1e-7), (got, ref, torch_err)
+
+
+def _lane_sum(row: np.ndarray) -> np.float32:
+    """A row's float sum in the cpu renderer's defined order: per SUM_BLOCK block, element
+    j into float lane j % SUM_LANES in turn, the lanes added in lane order, the blocks'
+    sums in double, rounded once."""
+    from aotrt.kernels.render_c import SUM_BLOCK, SUM_LANES
+
+    total = 0.0
+    for b in range(0, row.size, SUM_BLOCK):
+        lanes = np.zeros(SUM_LANES, np.float32)
+        for j in range(b, min(b + SUM_BLOCK, row.size)):
+            lanes[j % SUM_LANES] = np.float32(lanes[j % SUM_LANES] + row[j])
+        block = np.float32(0.0)
+        for v in lanes:
+            block = np.float32(block + v)
+        total += float(block)
+    return np.float32(total)
+
+
+@pytest.mark.parametrize("cols", [1, 15, 16, 17, 63, 64, 65, 100, 1500])
+def test_a_float_sum_adds_in_its_defined_lane_order_bit_for_bit(run, cols):
+    """The vectorised sum's order is fixed by the source, not by the CPU's vector width, so
+    its bits are known: rows with a partial lane group, a partial block, several blocks."""
+    rows = 3
+    x = (rand((rows, cols), seed=cols) * 1e3).astype(np.float32)
+    idx = ir.strided_index((cols, 1), (0, 1))
+    k = ir.Kernel(f"lane_sum_{cols}", (rows,), (cols,),
+                  (ir.Arg("float32", "r"), ir.Arg("float32", "w")),
+                  (ir.Store(1, ir.strided_index((1,), (0,)),
+                            ir.Reduce("sum", ir.Load(0, idx, "float32"), "float32")),))
+    (got,) = run(k, [x], [((rows,), "float32")])
+    want = np.array([_lane_sum(r) for r in x], np.float32)
+    assert got.tobytes() == want.tobytes(), (got, want)

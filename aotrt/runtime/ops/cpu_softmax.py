@@ -27,18 +27,27 @@ _LOWEST = -3.0e38
 _TINY = 1e-30
 
 
-def softmax_kernel(rows: int, cols: int) -> ir.Kernel:
-    """out[r, c] = exp(x[r, c] - max(x[r])) / sum(exp(x[r] - max(x[r]))), float32."""
+def softmax_kernels(rows: int, cols: int) -> tuple[ir.Kernel, ir.Kernel]:
+    """The row softmax as two passes, float32: w = exp(x - max(x)), then w = w * (1 /
+    sum(w)). Each element's exp is taken once (one kernel computing exp(x - max) / sum
+    computes it twice: once for the sum, once for the store, half of Whisper-tiny's
+    softmax time), and the division is one per row, as in torch's vectorised softmax."""
     idx = ir.strided_index((cols, 1), (0, 1))            # dim 1 is the reduce dim
     x = ir.Load(0, idx, "float32")
     top = ir.Op("maximum", (ir.Reduce("max", x, "float32"), ir.const(_LOWEST, "float32")),
                 "float32")
     e = ir.Op("exp", (ir.Op("sub", (x, top), "float32"),), "float32")
-    total = ir.Op("maximum", (ir.Reduce("sum", e, "float32"), ir.const(_TINY, "float32")),
+    exp_pass = ir.Kernel(f"row_softmax_exp_{rows}x{cols}", (rows,), (cols,),
+                         (ir.Arg("float32", "r"), ir.Arg("float32", "w")),
+                         (ir.Store(1, idx, e),))
+    y = ir.Load(0, idx, "float32")
+    total = ir.Op("maximum", (ir.Reduce("sum", y, "float32"), ir.const(_TINY, "float32")),
                   "float32")
-    return ir.Kernel(f"row_softmax_{rows}x{cols}", (rows,), (cols,),
-                     (ir.Arg("float32", "r"), ir.Arg("float32", "w")),
-                     (ir.Store(1, idx, ir.Op("div", (e, total), "float32")),))
+    inv = ir.Op("div", (ir.const(1.0, "float32"), total), "float32")
+    scale_pass = ir.Kernel(f"row_softmax_scale_{rows}x{cols}", (rows,), (cols,),
+                           (ir.Arg("float32", "rw"),),
+                           (ir.Store(0, idx, ir.Op("mul", (y, inv), "float32")),))
+    return exp_pass, scale_pass
 
 
 class RowSoftmax:
@@ -46,15 +55,16 @@ class RowSoftmax:
 
     def __init__(self, device: "CpuDevice", rows: int, cols: int) -> None:
         self.rows, self.cols = rows, cols
-        kernel = softmax_kernel(rows, cols)
+        kernels = softmax_kernels(rows, cols)
         self._device = device
-        self._library = device.kernel_library([kernel])
-        self._symbol = self._library.symbol(kernel.name)
+        self._library = device.kernel_library(list(kernels))
+        self._symbols = [self._library.symbol(k.name) for k in kernels]
         self._label = f"softmax {rows}x{cols}"
 
     def __call__(self, src: np.ndarray, dst: np.ndarray) -> None:
         """dst = softmax(src) along the last dim; both C-contiguous float32 (n, cols), n <=
-        rows; runs on the calling thread (a stream's worker) with that stream's threads."""
+        rows, and `dst` may be `src` itself; runs on the calling thread (a stream's worker)
+        with that stream's threads."""
         for name, a in (("src", src), ("dst", dst)):
             if a.dtype != np.float32 or not a.flags.c_contiguous or a.ndim < 1 or \
                     a.shape[-1] != self.cols or a.size // max(self.cols, 1) > self.rows:
@@ -62,10 +72,15 @@ class RowSoftmax:
                                       f"C-contiguous float32 block of rows of {self.cols}")
         if src.shape != dst.shape:
             raise InvalidArgument(f"{self._label}: src {src.shape} and dst {dst.shape} differ")
+        if dst.ctypes.data != src.ctypes.data and np.shares_memory(src, dst):
+            raise InvalidArgument(f"{self._label}: src and dst overlap without being equal")
         n = src.size // max(self.cols, 1)
-        ptrs = (ctypes.c_void_p * 2)(src.ctypes.data, dst.ctypes.data)
         threads = getattr(self._device.worker, "threads", 1)
-        self._library.loaded.call(self._symbol, self._label, ptrs, n, threads)
+        loaded = self._library.loaded
+        loaded.call(self._symbols[0], self._label,
+                    (ctypes.c_void_p * 2)(src.ctypes.data, dst.ctypes.data), n, threads)
+        loaded.call(self._symbols[1], self._label, (ctypes.c_void_p * 1)(dst.ctypes.data), n,
+                    threads)
 
     def close(self) -> None:
         """Let the compiled library go."""
@@ -102,4 +117,4 @@ class SoftmaxCache:
             self._made.clear()
 
 
-__all__ = ["RowSoftmax", "SoftmaxCache", "softmax_kernel"]
+__all__ = ["RowSoftmax", "SoftmaxCache", "softmax_kernels"]

@@ -208,13 +208,16 @@ def _cpu_sdpa(out: Handle, q: Handle, k: Handle, v: Handle, mask: Handle | None,
         batch = o.shape[:-2]
         qx, kx, vx = _expand(qa, batch), _expand(ka, batch), _expand(va, batch)
         mx = None if ma is None else _expand(ma, batch)
+        # One block's scores, in the worker's kept scratch (fresh pages every run cost
+        # Whisper-tiny's attention 5 ms a block).
+        scores = out.device.scratch(4 * hstep * lstep * s).view(np.float32)
         for idx in np.ndindex(batch[:-1]):
             for h0 in range(0, inner, hstep):
                 for l0 in range(0, lq, lstep):
                     l1 = min(l0 + lstep, lq)
                     res = _attend(qx[idx], kx[idx], vx[idx], None if mx is None else mx[idx],
                                   h0, h0 + hstep, l0, l1, min(s, l1) if is_causal else s,
-                                  is_causal, scale, softmax, gemm)
+                                  is_causal, scale, softmax, gemm, scores)
                     c.store(o[idx][h0:h0 + hstep, l0:l1], res)
     return work
 
@@ -226,13 +229,15 @@ def _rows(a: np.ndarray, h0: int, h1: int) -> np.ndarray:
 
 def _attend(q: np.ndarray, k: np.ndarray, v: np.ndarray, m: np.ndarray | None, h0: int,
             h1: int, l0: int, l1: int, kend: int, is_causal: bool, scale: float,
-            softmax: Any = None, gemm: Any = None) -> np.ndarray:
+            softmax: Any = None, gemm: Any = None,
+            scratch: np.ndarray | None = None) -> np.ndarray:
     """Attention of query rows l0:l1 of heads h0:h1 over keys [0, kend), in float32;
     `softmax`: the compiled row softmax (ops/cpu_softmax.py), else numpy's passes; `gemm`:
-    oneDNN's array matmul (Dnnl.gemm_arrays), else numpy's."""
+    oneDNN's array matmul (Dnnl.gemm_arrays), else numpy's; `scratch`: float32 room for the
+    block's scores, else fresh memory."""
     qc = _rows(q, h0, h1)[:, l0:l1].astype(np.float32) * np.float32(scale)
     kc = c.load_f32(_rows(k, h0, h1)[:, :kend])
-    scores = _matmul(gemm, qc, kc.transpose(0, 2, 1))
+    scores = _matmul(gemm, qc, kc.transpose(0, 2, 1), scratch)
     if m is not None:
         mc = _rows(m, h0, h1)
         mc = mc if mc.shape[-2] == 1 else mc[:, l0:l1]
@@ -249,9 +254,8 @@ def _attend(q: np.ndarray, k: np.ndarray, v: np.ndarray, m: np.ndarray | None, h
         np.copyto(scores, np.float32(-np.inf), where=~keep)
     if softmax is not None and scores.shape[-1] == softmax.cols and \
             scores.size // softmax.cols <= softmax.rows and scores.flags.c_contiguous:
-        probs = np.empty_like(scores)
-        softmax(scores, probs)
-        return _matmul(gemm, probs, c.load_f32(_rows(v, h0, h1)[:, :kend]))
+        softmax(scores, scores)
+        return _matmul(gemm, scores, c.load_f32(_rows(v, h0, h1)[:, :kend]))
     top = scores.max(axis=-1, keepdims=True)
     # A fully masked row has max -inf; shifting by 0 keeps exp() at 0 instead of NaN.
     top[np.isneginf(top)] = 0
@@ -263,17 +267,23 @@ def _attend(q: np.ndarray, k: np.ndarray, v: np.ndarray, m: np.ndarray | None, h
     return _matmul(gemm, scores, c.load_f32(_rows(v, h0, h1)[:, :kend]))
 
 
-def _matmul(gemm: Any, a: np.ndarray, b: np.ndarray) -> np.ndarray:
-    """a @ b (3-D, float32), through `gemm` where it takes them, else numpy."""
+def _matmul(gemm: Any, a: np.ndarray, b: np.ndarray,
+            scratch: np.ndarray | None = None) -> np.ndarray:
+    """a @ b (3-D, float32), through `gemm` where it takes them, else numpy; into the
+    front of `scratch` where given."""
+    shape = np.broadcast_shapes(a.shape[:-2], b.shape[:-2]) + (a.shape[-2], b.shape[-1])
+    out = None
+    if scratch is not None:
+        out = scratch[:math.prod(shape)].reshape(shape)
     if gemm is not None:
-        out = np.empty(np.broadcast_shapes(a.shape[:-2], b.shape[:-2])
-                       + (a.shape[-2], b.shape[-1]), np.float32)
+        if out is None:
+            out = np.empty(shape, np.float32)
         # oneDNN refuses heads interleaved in the rows (GPT-2's split of one projection:
         # a batch stride below the row stride); packed copies of those are cheap beside
         # a GEMM on one thread.
         if gemm(a, b, out) or gemm(np.ascontiguousarray(a), np.ascontiguousarray(b), out):
             return out
-    return np.matmul(a, b)
+    return np.matmul(a, b) if out is None else np.matmul(a, b, out=out)
 
 
 _SDPA: dict[str, Callable[..., Any]] = {"cpu": _cpu_sdpa, "cuda": cuda_sdpa.make_sdpa}

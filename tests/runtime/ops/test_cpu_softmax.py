@@ -47,6 +47,30 @@ def test_fewer_rows_than_compiled_and_special_rows(cpu):
     assert np.isnan(out[2]).all()
 
 
+def test_in_place_and_refuses_partial_overlap(cpu):
+    """dst may be src itself (attention's score block is normalised where it lies); a dst
+    that overlaps src elsewhere is refused."""
+    x = (np.random.default_rng(4).standard_normal((5, 40)) * 6).astype(np.float32)
+    want = _ref(x)
+    sm = cpu.softmaxes.get(5, 40)
+    sm(x, x)
+    np.testing.assert_allclose(x, want, rtol=1e-5, atol=1e-7)
+    buf = np.zeros(5 * 40 + 40, np.float32)
+    with pytest.raises(InvalidArgument, match="overlap"):
+        sm(buf[:200].reshape(5, 40), buf[40:].reshape(5, 40))
+
+
+def test_each_exp_is_taken_once(cpu):
+    """Two passes: exp(x - max) written out, then scaled by 1 / sum; so the rendered C has
+    one exp call site and no division per element."""
+    from aotrt.kernels.render_c import CRenderer
+    from aotrt.runtime.ops.cpu_softmax import softmax_kernels
+
+    src = CRenderer().render(list(softmax_kernels(4, 64)))
+    body = src[src.index("/* kernel row_softmax_exp"):]
+    assert body.count("aot_expf(") == 1
+
+
 def test_is_cached_per_shape(cpu):
     assert cpu.softmaxes.get(4, 9) is cpu.softmaxes.get(4, 9)
     assert cpu.softmaxes.get(4, 9) is not cpu.softmaxes.get(4, 10)
