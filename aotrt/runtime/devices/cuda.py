@@ -30,15 +30,15 @@ import numpy as np
 
 from aotrt import progress
 from aotrt.dtypes import DType, as_dtype
-from aotrt.errors import (AotrtError, CompileError, DeviceError, InvalidArgument, OutOfMemory,
-                          Unsupported)
+from aotrt.errors import AotrtError, CompileError, DeviceError, InvalidArgument, OutOfMemory
 from aotrt.kernels import ir
 from aotrt.kernels.render_cuda import BLOCK, CudaRenderer
 from aotrt.runtime import hazards
 from aotrt.runtime.device import (Block, Device, KernelFunction, KernelLibrary, Stream,
                                   StreamOptions)
+from aotrt.runtime.devices import cuda_copies
 from aotrt.runtime.devices.cpu import KernelCache
-from aotrt.runtime.tensor import Handle, merge_dims, same_dense_layout
+from aotrt.runtime.tensor import Handle, same_dense_layout
 
 log = logging.getLogger(__name__)
 
@@ -50,9 +50,6 @@ try:  # the device is simply unavailable where NVIDIA's bindings are missing
     _IMPORT_ERROR: BaseException | None = None
 except Exception as _e:  # noqa: BLE001 - any import failure means "no cuda here"
     _IMPORT_ERROR = _e
-
-#: the most dims a generic strided copy or fill handles after merging dims
-MAX_COPY_DIMS = 8
 
 Work = Callable[["CudaStream"], None]
 
@@ -104,50 +101,6 @@ def compile_source(source: str, arch: str, what: str = "source") -> bytes:
     except Exception as e:  # noqa: BLE001 - NVRTC's error carries the log
         raise CompileError(f"nvrtc failed on {what} for {arch}",
                            f"{logs.getvalue()}\n{e}") from None
-
-
-# ---------------------------------------------------------------------------------------------
-# copies and fills
-
-
-_COPY_SOURCE = r"""typedef long long int64_t;
-typedef unsigned long long uint64_t;
-typedef unsigned int uint32_t;
-typedef unsigned short uint16_t;
-typedef unsigned char uint8_t;
-#define AOT_DIMS(T) int64_t ndim, \
-  int64_t s0, int64_t s1, int64_t s2, int64_t s3, int64_t s4, int64_t s5, int64_t s6, \
-  int64_t s7, int64_t a0, int64_t a1, int64_t a2, int64_t a3, int64_t a4, int64_t a5, \
-  int64_t a6, int64_t a7, int64_t b0, int64_t b1, int64_t b2, int64_t b3, int64_t b4, \
-  int64_t b5, int64_t b6, int64_t b7
-#define AOT_OFFSETS \
-  const int64_t S[8] = {s0, s1, s2, s3, s4, s5, s6, s7}; \
-  const int64_t A[8] = {a0, a1, a2, a3, a4, a5, a6, a7}; \
-  const int64_t B[8] = {b0, b1, b2, b3, b4, b5, b6, b7}; \
-  int64_t oa = 0, ob = 0; int64_t r = i; \
-  _Pragma("unroll") for (int d = 7; d >= 0; d--) { if (d < ndim) { \
-    int64_t c; if (n < 2147483647LL) { c = (int64_t)((uint32_t)r % (uint32_t)S[d]); \
-      r = (int64_t)((uint32_t)r / (uint32_t)S[d]); } else { c = r % S[d]; r = r / S[d]; } \
-    oa += c * A[d]; ob += c * B[d]; } }
-#define AOT_COPY(NAME, T) \
-extern "C" __global__ void NAME(char* dst, const char* src, int64_t n, AOT_DIMS(T)) { \
-  for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; \
-       i += (int64_t)gridDim.x * blockDim.x) { AOT_OFFSETS \
-    ((T*)dst)[oa] = ((const T*)src)[ob]; } }
-#define AOT_FILL(NAME, T) \
-extern "C" __global__ void NAME(char* dst, uint64_t value, int64_t n, AOT_DIMS(T)) { \
-  for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; \
-       i += (int64_t)gridDim.x * blockDim.x) { AOT_OFFSETS \
-    ((T*)dst)[oa] = (T)value; } }
-AOT_COPY(aot_copy1, uint8_t)
-AOT_COPY(aot_copy2, uint16_t)
-AOT_COPY(aot_copy4, uint32_t)
-AOT_COPY(aot_copy8, uint64_t)
-AOT_FILL(aot_fill1, uint8_t)
-AOT_FILL(aot_fill2, uint16_t)
-AOT_FILL(aot_fill4, uint32_t)
-AOT_FILL(aot_fill8, uint64_t)
-"""
 
 
 # ---------------------------------------------------------------------------------------------
@@ -610,36 +563,18 @@ class CudaDevice(Device):
     def _helper_kernels(self) -> Any:
         with self._helper_lock:
             if self._helpers is None:
-                self._helpers = self.compile_cubin(_COPY_SOURCE, "copy/fill helpers")
+                self._helpers = self.compile_cubin(cuda_copies.COPY_SOURCE,
+                                                   "copy/fill helpers")
             return self._helpers
 
     def strided_work(self, dst_ptr: int, src_ptr: int | None, sizes: Sequence[int],
-                 dst_strides: Sequence[int], src_strides: Sequence[int], itemsize: int,
-                 fill: int | None) -> Work:
+                     dst_strides: Sequence[int], src_strides: Sequence[int], itemsize: int,
+                     fill: int | None) -> Work:
         """Work copying (or filling with the repeated byte `fill`) a strided view between raw
         device addresses (the library ops' packed temporaries have no Handle)."""
-        if src_ptr is None:
-            msz, (mst,) = merge_dims(sizes, dst_strides)
-            mst2 = [0] * len(mst)
-        else:
-            msz, (mst, mst2) = merge_dims(sizes, dst_strides, src_strides)
-        if len(msz) > MAX_COPY_DIMS:
-            raise Unsupported(f"strided copy of {len(msz)} irreducible dims (max "
-                              f"{MAX_COPY_DIMS})")
-        n = 1
-        for s in msz:
-            n *= s
-        pad = MAX_COPY_DIMS - len(msz)
-        dims = [len(msz), *msz, *([1] * pad), *mst, *([0] * pad), *mst2, *([0] * pad)]
-        module = self._helper_kernels()
-        tail = [np.int64(n), *(np.int64(v) for v in dims)]
-        if fill is None:
-            kern = module.get_kernel(f"aot_copy{itemsize}")
-            args = [np.uint64(dst_ptr), np.uint64(src_ptr), *tail]
-        else:
-            kern = module.get_kernel(f"aot_fill{itemsize}")
-            value = int.from_bytes(bytes([fill]) * itemsize, "little")
-            args = [np.uint64(dst_ptr), np.uint64(value), *tail]
+        name, n, args = cuda_copies.plan(dst_ptr, src_ptr, sizes, dst_strides, src_strides,
+                                         itemsize, fill)
+        kern = self._helper_kernels().get_kernel(name)
         cfg = self.launch_config(n)
 
         def work(s: Any) -> None:

@@ -305,6 +305,31 @@ def test_copy_packed_and_strided(dev, stream, dt) -> None:
 
 
 @needs_gpu
+@pytest.mark.parametrize("dt", ["float16", "float32", "uint8"])
+@pytest.mark.parametrize("lo", [0, 2, 3, 8])
+def test_channel_slices_of_nhwc_copy_both_ways(dev, stream, dt, lo) -> None:
+    """Channels lo:lo+c of an NHWC tensor (a view of a concatenation) to a packed NHWC
+    tensor and back: the rows kernel in 16-, 8- or 4-byte units where the bytes line up,
+    element by element where they do not (odd offsets), the other channels untouched."""
+    rng = np.random.default_rng(lo)
+    n, c_all, h, w, c = 2, 40, 5, 7, 16
+    full = (rng.standard_normal((n, h, w, c_all)) * 50).astype(_np(dt))
+    hf = _tensor(dev, stream, full, dt)
+    st = (h * w * c_all, 1, w * c_all, c_all)
+    sl = shims.reinterpret_tensor(hf, (n, c, h, w), st, lo)
+    packed = _empty(dev, stream, (n, h, w, c), dt)
+    pv = shims.reinterpret_tensor(packed, (n, c, h, w), (h * w * c, 1, w * c, c), 0)
+    stream.copy(pv, sl)
+    np.testing.assert_array_equal(packed.numpy(), full[..., lo:lo + c])
+    back = (rng.standard_normal((n, h, w, c)) * 50).astype(_np(dt))
+    hb = _tensor(dev, stream, back, dt)
+    stream.copy(sl, shims.reinterpret_tensor(hb, (n, c, h, w), (h * w * c, 1, w * c, c), 0))
+    want = full.copy()
+    want[..., lo:lo + c] = back
+    np.testing.assert_array_equal(hf.numpy(), want)
+
+
+@needs_gpu
 def test_a_write_has_landed_when_it_returns(dev, stream) -> None:
     """A stream's first read of freshly written memory sees the new bytes. cuMemcpyHtoD from
     pageable memory may return before its last DMA lands, and aotrt's streams are not
