@@ -22,7 +22,7 @@ import numpy as np
 
 from aotrt import dtypes
 from aotrt.kernels import ir
-from aotrt.kernels.render_c import SUM_BLOCK
+from aotrt.kernels.render_c import SUM_BLOCK, SUM_LANES
 
 #: the largest iteration grid (outer x reduce elements) and memory the reference evaluates
 GRID_LIMIT = 1 << 22
@@ -319,10 +319,12 @@ class _Kernel:
         if e.op not in init:
             raise RefRefusal(f"unknown reduction {e.op}")
         dt = {"f": np.float32, "i": np.int64, "b": bool}[k]
-        # a float sum adds blocks of SUM_BLOCK in float, the blocks in double, and rounds
-        # once (render_c._sum_in_double)
+        # a float sum adds each block of SUM_BLOCK in float, element j into lane
+        # j % SUM_LANES, the lanes in lane order; the blocks in double, rounded once
+        # (render_c._sum_in_double)
         fsum = k == "f" and e.op == "sum"
         acc = np.full((self.N, 1), init[e.op], dtype=dt)
+        lanes = np.zeros((self.N, SUM_LANES), np.float32)
         total = np.zeros((self.N, 1), np.float64)
         val = to_kind(body, "i") if k == "i" else body
         vv = np.broadcast_to(val.v, (self.N, self.R))
@@ -331,6 +333,15 @@ class _Kernel:
         with np.errstate(all="ignore"):
             for j in range(self.R):
                 x = vv[:, j:j + 1]
+                if fsum:
+                    lanes[:, j % SUM_LANES] += x[:, 0].astype(np.float32)
+                    if j % SUM_BLOCK == SUM_BLOCK - 1 or j == self.R - 1:
+                        block = np.zeros((self.N,), np.float32)
+                        for lane in range(SUM_LANES):
+                            block += lanes[:, lane]
+                        total += block[:, None].astype(np.float64)
+                        lanes[:] = 0
+                    continue
                 if e.op in ("any", "all"):
                     r = (acc != 0) | (x != 0) if e.op == "any" else (acc != 0) & (x != 0)
                 elif e.op in ("sum", "prod"):
@@ -350,9 +361,6 @@ class _Kernel:
                 else:
                     r = np.where((x > acc) if e.op == "max" else (x < acc), x, acc)
                 acc = (r != 0) if k == "b" else r.astype(dt)
-                if fsum and (j % SUM_BLOCK == SUM_BLOCK - 1 or j == self.R - 1):
-                    total += acc.astype(np.float64)
-                    acc = np.zeros_like(acc)
         if fsum:
             acc = total.astype(np.float32)
         return V(acc, k, u, n, a if k == "f" else np.zeros_like(a))
