@@ -291,6 +291,71 @@ def merge_dims(sizes: Sequence[int], *stride_lists: Sequence[int]
     return out_sizes, out_strides
 
 
+#: search nodes `strided_meet` may visit before it answers "they may meet"
+_MEET_BUDGET = 4096
+
+
+def strided_meet(offset: int, sizes_a: Sequence[int], sizes_b: Sequence[int],
+                 strides: Sequence[int]) -> bool:
+    """Whether two views with the same element strides, b starting `offset` elements after
+    a, share an element: some index differences d (-sizes_b < d < sizes_a per dim) with
+    sum(d * stride) == offset. Exact, by a search over the dims from the largest stride,
+    each step keeping only the differences the remaining dims can still make up; True
+    (conservatively) for negative strides or a search past _MEET_BUDGET nodes.
+
+    Channel slices of one NHWC concatenation interleave in memory, so their byte ranges
+    intersect while their elements never do: YOLOv8n's C2f convolutions read one slice and
+    write another, and a byte-range test had the cpu device copy the input every run."""
+    dims = []
+    for na, nb, st in zip(sizes_a, sizes_b, strides):
+        if na == 0 or nb == 0:
+            return False
+        if st < 0:
+            return True
+        if st > 0 and (na > 1 or nb > 1):
+            dims.append((st, -(nb - 1), na - 1))
+    dims.sort(reverse=True)
+    # the least and most the dims from i on can contribute
+    low = [0] * (len(dims) + 1)
+    high = [0] * (len(dims) + 1)
+    for i in range(len(dims) - 1, -1, -1):
+        st, lo, hi = dims[i]
+        low[i], high[i] = low[i + 1] + lo * st, high[i + 1] + hi * st
+    budget = [_MEET_BUDGET]
+
+    def meet(i: int, rest: int) -> bool:
+        if i == len(dims):
+            return rest == 0
+        budget[0] -= 1
+        if budget[0] < 0:
+            return True
+        st, lo, hi = dims[i]
+        # d * st must leave a rest the later dims can make: low[i+1] <= rest - d*st <= high
+        first = max(lo, -((high[i + 1] - rest) // st))
+        last = min(hi, (rest - low[i + 1]) // st)
+        return any(meet(i + 1, rest - d * st) for d in range(first, last + 1))
+
+    return low[0] <= offset <= high[0] and meet(0, offset)
+
+
+def views_meet(a: Handle, b: Handle) -> bool:
+    """Whether two views of one allocation share a byte: exact where both have the same
+    element size and strides and their offsets differ by whole elements (`strided_meet`),
+    else whether their byte ranges intersect."""
+    if a.alloc is None or b.alloc is None or a.alloc is not b.alloc:
+        return False
+    a0, a1 = a.byte_range()
+    b0, b1 = b.byte_range()
+    if not (a0 < b1 and b0 < a1):
+        return False
+    isz = a.dtype.itemsize
+    delta = b.byte_offset - a.byte_offset
+    if (b.dtype.itemsize != isz or a.ndim != b.ndim or tuple(a.strides) != tuple(b.strides)
+            or delta % isz):
+        return True
+    return strided_meet(delta // isz, a.sizes, b.sizes, a.strides)
+
+
 def same_dense_layout(a: Handle, b: Handle) -> bool:
     """True when both views are packed and lay their elements out identically."""
     if a.sizes != b.sizes or a.dtype.itemsize != b.dtype.itemsize:

@@ -354,3 +354,45 @@ def test_merge_dims() -> None:
     assert sizes == [2, 3, 4] and a == [12, 4, 1] and b == [1, 9, 2]
     sizes, (a,) = merge_dims((2, 3, 4), (12, 4, 1))
     assert sizes == [24] and a == [1]
+
+
+# -- strided_meet / views_meet ----------------------------------------------------------------
+
+from hypothesis import given, settings  # noqa: E402
+from hypothesis import strategies as hst  # noqa: E402
+
+from aotrt.runtime.tensor import strided_meet, views_meet  # noqa: E402
+
+
+def _elements(offset: int, sizes: tuple[int, ...], strides: tuple[int, ...]) -> set[int]:
+    return {offset + sum(i * s for i, s in zip(idx, strides)) for idx in np.ndindex(*sizes)}
+
+
+@settings(max_examples=400, deadline=None)
+@given(hst.lists(hst.tuples(hst.integers(1, 4), hst.integers(1, 4), hst.integers(0, 40)),
+                 min_size=1, max_size=4), hst.integers(-200, 200))
+def test_strided_meet_agrees_with_enumerating_the_elements(dims, offset) -> None:
+    sizes_a = tuple(d[0] for d in dims)
+    sizes_b = tuple(d[1] for d in dims)
+    strides = tuple(d[2] for d in dims)
+    want = bool(_elements(0, sizes_a, strides) & _elements(offset, sizes_b, strides))
+    assert strided_meet(offset, sizes_a, sizes_b, strides) == want
+
+
+def test_channel_slices_of_one_nhwc_buffer_do_not_meet(dev, stream, owner) -> None:
+    """YOLOv8n's C2f: channels 0:32 and 32:64 of one (1, 64, 8, 8) NHWC buffer interleave
+    in memory (their byte ranges intersect) but share no element; 16:48 meets both."""
+    whole = shims.empty_strided([1, 8, 8, 64], None, "float32", dev)
+    other = shims.empty_strided([1, 8, 8, 64], None, "float32", dev)
+    st = [4096, 1, 512, 64]
+    a, b, mid = (shims.reinterpret_tensor(whole, [1, 32, 8, 8], st, lo) for lo in (0, 32, 16))
+    assert a.byte_range()[1] > b.byte_range()[0]              # the ranges do intersect
+    assert not views_meet(a, b) and not views_meet(b, a)
+    assert views_meet(a, mid) and views_meet(mid, b)
+    # other strides: the byte ranges decide (conservative)
+    wide = shims.reinterpret_tensor(whole, [1, 32, 8, 8], [4096, 2, 512, 64], 1)
+    assert views_meet(a, wide)
+    elsewhere = shims.reinterpret_tensor(other, [1, 32, 8, 8], st, 0)
+    assert not views_meet(a, elsewhere)
+    for h in (a, b, mid, wide, elsewhere, whole, other):
+        shims.delete_tensor_object(h)

@@ -23,7 +23,7 @@ from aotrt.dtypes import DType
 from aotrt.errors import InvalidArgument, Unsupported
 from aotrt.runtime.device import Stream
 from aotrt.runtime.hazards import Access
-from aotrt.runtime.tensor import Handle, check_live
+from aotrt.runtime.tensor import Handle, check_live, views_meet
 
 FLOATS: tuple[DType, ...] = (dtypes.float32, dtypes.float16, dtypes.bfloat16)
 INTS: tuple[DType, ...] = (dtypes.int64, dtypes.int32, dtypes.int16, dtypes.int8, dtypes.uint8)
@@ -249,12 +249,9 @@ def broadcast_shape(op: str, shapes: Sequence[tuple[int, ...]], what: str) -> tu
 
 
 def overlaps(a: Handle, b: Handle) -> bool:
-    """True when the byte ranges of two views intersect in one allocation (conservative)."""
-    if a.alloc is None or b.alloc is None or a.alloc is not b.alloc:
-        return False
-    a0, a1 = a.byte_range()
-    b0, b1 = b.byte_range()
-    return a0 < b1 and b0 < a1
+    """True when two views of one allocation may share a byte (exact for views laid out
+    alike, such as channel slices of one concatenation: `tensor.views_meet`)."""
+    return views_meet(a, b)
 
 
 def launch(op: str, stream: Stream, outs: Sequence[Handle | None],
