@@ -70,7 +70,7 @@ def _dense4d(h: Handle) -> tuple[list[int], list[int], bool]:
     own channel order (`_packed_like`)."""
     sz, st = _as_dnn(h)
     if h.packed and h.address % 16 == 0 and all(x > 0 for n, x in zip(sz, st) if n > 1):
-        canon = _canonical_strides(sz, st) if len(sz) == 5 else None
+        canon = _canonical_strides(sz, st)
         if canon is not None:
             return sz, canon, True
         # size-1 dims get the stride a packed tensor would have (cuDNN checks them)
@@ -95,9 +95,10 @@ def _packed_like(sz: list[int], st: list[int]) -> list[int]:
 
 def _canonical_strides(sz: list[int], st: list[int]) -> list[int] | None:
     """The strides of the packed NC... or N...C tensor these dims are, size-1 dims included,
-    where the view is one; else None. R(2+1)D's (64, 45, 3, 1, 1) NDHWC weights had their
-    size-1 H and W given the largest stride, which made them the outermost dims: cuDNN's
-    result was garbage (error 1.2 on the H200, 2026-12-02)."""
+    where the view is one; else None. Size-1 dims given the largest stride become the
+    outermost dims to cuDNN, which then computed garbage: R(2+1)D's (64, 45, 3, 1, 1) NDHWC
+    weights (error 1.2 on the H200, 2026-12-02), and Inception's (160, 128, 7, 1) KCRS
+    weights at float32 (error 1.4, 2026-12-03)."""
     canon = _dense_strides(sz, sz[1] > 1 and st[1] == 1 and any(n > 1 for n in sz[2:]))
     if all(canon[d] == st[d] for d in range(len(sz)) if sz[d] > 1):
         return canon
