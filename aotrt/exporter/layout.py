@@ -112,8 +112,9 @@ def propagate_channels_last(graph: torch.fx.Graph,
                             is_pointwise: Callable[[torch.fx.Node], bool]) -> int:
     """Give 1-D and 2-D convolution results channels-last meta strides, and the same to the
     results of elementwise ops, pooling, upsampling and concatenations that read one of
-    them; returns how many nodes changed. Views, reductions and everything else keep torch's layout (the
-    lowering derives views from their base's real layout and copies where none fits)."""
+    them; returns how many nodes changed. Views, reductions and everything else keep
+    torch's layout (the lowering derives views from their base's real layout and copies
+    where none fits)."""
     marked: set[torch.fx.Node] = set()
     for node in graph.nodes:
         if node.op != "call_function":

@@ -1,9 +1,9 @@
 """Every CUDA source aotrt ships compiles with NVRTC, on a machine without a GPU (CI).
 
 NVRTC needs no device, so a broken kernel fails here instead of waiting for the next GPU
-run (issue #9, tests): each library op's own kernels (KERNELS in aotrt/runtime/ops/cuda/<op>.py, compiled after
-common.PRELUDE),
-the device's copy/fill helpers (aotrt/runtime/devices/cuda.py) and the CUDA renderer's
+run (issue #9, tests): each library op's own kernels (KERNELS in
+aotrt/runtime/ops/cuda/<op>.py, compiled after common.PRELUDE), the device's copy/fill
+helpers (aotrt/runtime/devices/cuda_copies.py) and the CUDA renderer's
 output for the fuzzer's seed programs (integer, division, cast, reduction and softmax
 kernels; aotrt/kernels/render_cuda.py).
 """
