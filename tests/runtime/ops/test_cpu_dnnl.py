@@ -98,3 +98,32 @@ def test_a_step_rebuilt_on_every_run_reorders_its_constant_weights_once(dnnl):
     if fills[0] == 0:
         pytest.skip("oneDNN reads these weights without a reorder on this CPU")
     assert fills == [1, 1, 1], fills
+
+
+def test_gemm_arrays_keeps_its_memory_objects_per_thread_and_layout(dnnl):
+    """A second call of one layout reuses the first call's memory objects (it sets data
+    handles only), with other arrays of that layout; another thread makes its own."""
+    import threading
+
+    a, b = _rng(3, 6, 5), _rng(3, 5, 7)
+    out = np.empty((3, 6, 7), np.float32)
+    made = dnnl.stats["array_runs"]
+    assert dnnl.gemm_arrays(a, b, out)
+    assert dnnl.stats["array_runs"] <= made + 1        # none if this layout ran before
+    made = dnnl.stats["array_runs"]
+    a2, b2 = _rng(3, 6, 5) * 2, _rng(3, 5, 7) - 1
+    out2 = np.empty_like(out)
+    assert dnnl.gemm_arrays(a2, b2, out2)
+    assert dnnl.stats["array_runs"] == made
+    np.testing.assert_allclose(out2, np.matmul(a2, b2), rtol=1e-4, atol=1e-4)
+    np.testing.assert_allclose(out, np.matmul(a, b), rtol=1e-4, atol=1e-4)
+    seen = []
+
+    def other() -> None:
+        o = np.empty_like(out)
+        seen.append((dnnl.gemm_arrays(a, b, o), o))
+    t = threading.Thread(target=other)
+    t.start()
+    t.join()
+    assert seen[0][0] and dnnl.stats["array_runs"] == made + 1
+    np.testing.assert_allclose(seen[0][1], out, rtol=1e-6)
