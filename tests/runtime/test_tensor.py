@@ -5,12 +5,14 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as hst
 
 from aotrt.dtypes import as_dtype
 from aotrt.errors import InvalidArgument
 from aotrt.runtime import shims
 from aotrt.runtime.tensor import (Handle, check_live, contiguous_strides, is_packed, is_row_major,
-                                  numel_of, span)
+                                  numel_of, span, strided_meet, views_meet)
 from tests.support import affine_kernel, copy_kernel, iota, iota_kernel, kernel_fn, rand, upload
 
 # -- layout helpers ---------------------------------------------------------------------------
@@ -357,11 +359,6 @@ def test_merge_dims() -> None:
 
 
 # -- strided_meet / views_meet ----------------------------------------------------------------
-
-from hypothesis import given, settings  # noqa: E402
-from hypothesis import strategies as hst  # noqa: E402
-
-from aotrt.runtime.tensor import strided_meet, views_meet  # noqa: E402
 
 
 def _elements(offset: int, sizes: tuple[int, ...], strides: tuple[int, ...]) -> set[int]:
