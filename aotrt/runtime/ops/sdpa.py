@@ -175,10 +175,12 @@ def _cpu_sdpa(out: Handle, q: Handle, k: Handle, v: Handle, mask: Handle | None,
     lq, s = q.sizes[-2], k.sizes[-2]
     inner = groups if groups > 1 else (out.sizes[-3] if out.ndim >= 3 else 1)
     lstep, hstep = _blocks(lq, s, inner, is_causal) if s > 0 else (1, 1)
-    # Without a causal mask every block's scores are rows of all s keys: their softmax is
-    # one compiled kernel, made now, for the largest block.
+    # Blocks whose scores are rows of all s keys (every block without a causal mask; with
+    # one, the blocks whose last row sees every key: GPT-2's whole 128-token attention)
+    # take one compiled softmax, made now, for the largest block; the masked-out scores
+    # are -inf there, whose exp is 0. Other causal blocks use numpy's passes.
     softmax = None
-    if not is_causal and s > 0 and out.numel > 0:
+    if s > 0 and out.numel > 0 and (not is_causal or lq >= s):
         softmax = out.device.softmaxes.get(hstep * lstep, s)
     blas = c.blas_scope(out.device)
     dnnl = getattr(out.device, "dnnl", None)

@@ -107,3 +107,38 @@ def test_sdpa_without_causal_mask_uses_it(kit, stream):
     sdpa(stream, out, kit.tensor(q), kit.tensor(k), kit.tensor(v), kit.tensor(mask))
     kit.close(kit.read(out), ref, "float32")
     assert any(cols == 37 for _, cols in kit.dev.softmaxes.shapes())
+
+
+@pytest.mark.parametrize("lq,s", [(37, 37), (150, 150), (20, 37)])
+def test_causal_sdpa_uses_it_where_a_block_sees_every_key(kit, stream, monkeypatch, lq, s):
+    """Causal blocks whose last row sees all s keys (GPT-2's 128 tokens; the last block of
+    150, past the 128-row causal block) take the compiled softmax, the masked scores -inf;
+    the others keep numpy's passes (20 queries over 37 keys never see every key)."""
+    if kit.dev.name != "cpu":
+        pytest.skip("the cpu device's softmax")
+    cache = kit.dev.softmaxes
+    asked, calls = cache.get, []
+
+    def get(rows: int, cols: int):
+        calls.append((rows, cols))
+        sm = asked(rows, cols)
+        inner = sm.__call__
+
+        class Counted:
+            rows, cols = sm.rows, sm.cols
+
+            def __call__(self, src, dst):
+                calls.append("ran")
+                inner(src, dst)
+        return Counted()
+    monkeypatch.setattr(cache, "get", get)
+    rng = np.random.default_rng(lq + s)
+    q = rng.standard_normal((1, 2, lq, 16)).astype(np.float32)
+    k, v = (rng.standard_normal((1, 2, s, 16)).astype(np.float32) for _ in range(2))
+    ref = F.scaled_dot_product_attention(*(torch.from_numpy(a).double() for a in (q, k, v)),
+                                         is_causal=True)
+    out = kit.out(tuple(ref.shape), "float32")
+    sdpa(stream, out, kit.tensor(q), kit.tensor(k), kit.tensor(v), None, 0.0, True)
+    kit.close(kit.read(out), ref, "float32")
+    assert ("ran" in calls) == (lq >= s)
+    assert all(c == "ran" or c[1] == s for c in calls)
