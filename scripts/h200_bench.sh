@@ -6,6 +6,10 @@
 #
 #   bash scripts/h200_bench.sh $OUT/b "tests/runtime/devices/test_cuda.py" \
 #       "resnet50_b1:graph whisper_tiny_encoder" 420 "stem_b32 resnet50_b32"
+#
+# bench.py splits $4 evenly over the models left after the exports (about 36 s): give the
+# six models 360 s or more. With 330 s, BERT's reduce-overhead runner did not finish inside
+# its 54 s share (session 20); with 360 s it did (session 19).
 out="${1:?usage: h200_bench.sh OUTDIR TEST_FILES PROFILES SECONDS}"
 source scripts/device_env.sh || exit 1
 mkdir -p "$out"
