@@ -199,6 +199,16 @@ def load_io(workdir: str, name: str) -> tuple[list[np.ndarray], list[np.ndarray]
     return xs, refs
 
 
+def aotrt_layout(model: Any, layout: str = "convnets-nhwc") -> str:
+    """aotrt.export's layout for `model`: "convnets-nhwc" is channels_last for a model with
+    1-D or 2-D convolutions (oneDNN's faster path), else auto; any other value as given."""
+    if layout != "convnets-nhwc":
+        return layout
+    from aotrt.exporter.layout import has_conv
+
+    return "channels_last" if has_conv(model) else "auto"
+
+
 # -- subprocess: prepare --------------------------------------------------------------------------
 
 def prepare(name: str, what: str, workdir: str, threads: int, layout: str) -> dict:
@@ -225,10 +235,7 @@ def prepare(name: str, what: str, workdir: str, threads: int, layout: str) -> di
         np.savez(stem + ".npz", **{f"x{i}": a.numpy() for i, a in enumerate(x)},
                  **{f"ref{i}": r for i, r in enumerate(ref32)},
                  **{f"fp64_{i}": r for i, r in enumerate(ref64)})
-        if layout == "convnets-nhwc":
-            from aotrt.exporter.layout import has_conv
-
-            layout = "channels_last" if has_conv(m) else "auto"
+        layout = aotrt_layout(m, layout)
         res["layout"] = layout
         t = time.perf_counter()
         prog = aotrt.export(m, x, layout=layout)

@@ -25,14 +25,11 @@ def main() -> None:
     ap.add_argument("model")
     ap.add_argument("--seconds", type=float, default=12.0)
     a = ap.parse_args()
-    import torch
-
     import aotrt
     import bench_cpu
 
     m, x = bench_cpu.build(a.model)
-    conv = any(isinstance(t, torch.nn.Conv2d) for t in m.modules())
-    prog = aotrt.export(m, x, layout="channels_last" if conv else "auto")
+    prog = aotrt.export(m, x, layout=bench_cpu.aotrt_layout(m))
     xs = [t.numpy() for t in x]
     with aotrt.load(prog, device="cpu") as d:
         def finished() -> None:

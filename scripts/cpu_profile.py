@@ -37,12 +37,8 @@ def main() -> None:
     from aotrt.runtime import device as device_mod
 
     m, inputs = bench_cpu.build(a.model)
-    layout = a.layout
-    if layout == "convnets-nhwc":
-        layout = "channels_last" if any(isinstance(x, torch.nn.Conv2d) for x in m.modules()) \
-            else "auto"
     with torch.no_grad():
-        prog = aotrt.export(m, inputs, layout=layout)
+        prog = aotrt.export(m, inputs, layout=bench_cpu.aotrt_layout(m, a.layout))
     xs = [np.ascontiguousarray(t.numpy()) for t in inputs]
     times: dict[str, float] = collections.defaultdict(float)
     counts: dict[str, int] = collections.Counter()
