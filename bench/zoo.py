@@ -4,7 +4,8 @@ torch eager.
 
     .venv/bin/python bench/zoo.py [--families torchvision,timm,hf,ultralytics]
         [--device cpu] [--dtypes float32[,float16]] [--only NAME,...] [--limit N]
-        [--timeout 600] [--workers 1] [--threads 0] [--time] [--out bench/results/zoo-cpu.json]
+        [--timeout 600] [--workers 1] [--threads 0] [--time] [--fp32-math ieee|eager]
+        [--out bench/results/zoo-cpu.json]
 
 Each model runs in a subprocess of its own (a crash or a hang in one cannot stop the run),
 with a progress line as it ends. Per model and dtype it records one status:
@@ -31,6 +32,10 @@ the cores. `--time` (cuda) also times each model that matched, in its own proces
 eager against aotrt's default runner (a CUDA graph replay), median of 20 runs after 5,
 CUDA events on each runner's stream. Only one process times at a time (a file lock), so
 the GPU is not shared while it is timed; the other workers go on exporting meanwhile.
+`--fp32-math eager` (cuda, float32) loads each delegate with the aotrt.Fp32Math of torch's
+own flags, so both run the same math: eager's convolutions run TF32 by default
+(`torch.backends.cudnn.allow_tf32`), aotrt's only when asked. The default, `ieee`, keeps
+aotrt in float32 while eager runs its default.
 """
 
 from __future__ import annotations
@@ -487,8 +492,11 @@ def build(name: str, seed: int = 0) -> tuple[Any, tuple]:
 
 
 def run_case(case: Case, device: str, dtype_name: str, seed: int = 0, threads: int = 0,
-             timed: bool = False) -> dict:
-    """Build, export, run and judge one model in one dtype; a row of the zoo table."""
+             timed: bool = False, fp32_math: str = "ieee") -> dict:
+    """Build, export, run and judge one model in one dtype; a row of the zoo table.
+
+    `fp32_math` "eager": a cuda float32 delegate may use TF32 where torch's flags let eager
+    use it (`_eager_fp32_math`); "ieee": aotrt's default, float32 everywhere."""
     import copy
 
     import numpy as np
@@ -524,7 +532,10 @@ def run_case(case: Case, device: str, dtype_name: str, seed: int = 0, threads: i
     fresh = [torch.randn(x.shape, generator=g).to(x.dtype) if x.is_floating_point() else x
              for x in cast]
     try:
-        load_kw = {"threads": threads} if threads and device == "cpu" else {}
+        load_kw: dict[str, Any] = {"threads": threads} if threads and device == "cpu" else {}
+        if fp32_math == "eager" and device == "cuda" and dtype_name == "float32":
+            load_kw["fp32_math"] = _eager_fp32_math()
+            row["fp32_math"] = repr(load_kw["fp32_math"])
         d = aotrt.load(prog, device=device, **load_kw)
         inputs_np = [x.numpy() if x.dtype != torch.bfloat16 else x for x in fresh]
         outs = d.run(*inputs_np)
@@ -538,6 +549,16 @@ def run_case(case: Case, device: str, dtype_name: str, seed: int = 0, threads: i
                       timed and device == "cuda")
     finally:
         d.close()
+
+
+def _eager_fp32_math() -> Any:
+    """The aotrt.Fp32Math of torch's own flags (cudnn.allow_tf32 is True by default)."""
+    import torch
+
+    import aotrt
+
+    return aotrt.Fp32Math(conv_tf32=bool(torch.backends.cudnn.allow_tf32),
+                          matmul_tf32=bool(torch.backends.cuda.matmul.allow_tf32))
 
 
 def _judge(row: dict, m: Any, m_dt: Any, fresh: list, got_f: list, dtype_name: str,
@@ -588,12 +609,13 @@ def _judge(row: dict, m: Any, m_dt: Any, fresh: list, got_f: list, dtype_name: s
 # driver
 
 
-def _child(name: str, family: str, device: str, dtype: str, threads: int, timed: bool) -> None:
+def _child(name: str, family: str, device: str, dtype: str, threads: int, timed: bool,
+           fp32_math: str) -> None:
     # "torchvision-seg" and "torchvision-video" come from the torchvision family's list
     case = next(c for c in FAMILIES[family.split("-")[0]]() if c.name == name
                 and c.family == family)
     try:
-        row = run_case(case, device, dtype, threads=threads, timed=timed)
+        row = run_case(case, device, dtype, threads=threads, timed=timed, fp32_math=fp32_math)
     except BaseException as e:  # noqa: BLE001 - reported as a row
         row = {"family": family, "model": name, "dtype": dtype, "device": device,
                "status": "crash", "error": traceback.format_exc()[-600:] or repr(e)}
@@ -613,6 +635,9 @@ def main() -> int:
     ap.add_argument("--workers", type=int, default=1, help="models run at once")
     ap.add_argument("--threads", type=int, default=0,
                     help="threads of each cpu delegate (0: the runtime's default)")
+    ap.add_argument("--fp32-math", choices=("ieee", "eager"), default="ieee",
+                    help="cuda float32: 'eager' lets aotrt use TF32 where torch's flags let "
+                    "eager (convolutions, by torch's default); 'ieee' keeps float32")
     ap.add_argument("--time", action="store_true",
                     help="cuda: time eager and aotrt for each model that matched")
     ap.add_argument("--report", metavar="JSON",
@@ -623,7 +648,7 @@ def main() -> int:
         print(report(json.loads(Path(a.report).read_text())))
         return 0
     if a.child:
-        _child(*a.child, a.threads, a.time)
+        _child(*a.child, a.threads, a.time, a.fp32_math)
         return 0
     chosen = cases(a.families.split(","))
     if a.only:
@@ -649,7 +674,8 @@ def main() -> int:
         dtype, c = job
         t = time.perf_counter()
         cmd = [sys.executable, __file__, "--child", c.name, c.family, a.device, dtype,
-               "--threads", str(a.threads)] + (["--time"] if a.time else [])
+               "--threads", str(a.threads), "--fp32-math", a.fp32_math] + (
+                   ["--time"] if a.time else [])
         try:
             p = subprocess.run(cmd, capture_output=True, text=True, timeout=a.timeout,
                                env=env, cwd=ROOT)

@@ -27,10 +27,11 @@ from aotrt.limits import Limits
 from aotrt.program import Program
 from aotrt.runtime import finalize, shims
 from aotrt.runtime.arguments import Arg, Arguments, spec_of
-from aotrt.runtime.device import (Command, Device, KernelLibrary, Stream, StreamOptions,
-                                  check_threads, default_device, get_device)
+from aotrt.runtime.device import (Command, Device, KernelLibrary, Stream, default_device,
+                                  get_device)
 from aotrt.runtime.hazards import Access
 from aotrt.runtime.memory import PROCESS_OWNER, Allocation, Owner, owner_scope
+from aotrt.runtime.options import Fp32Math, StreamOptions, check_threads
 from aotrt.runtime.public import Tensor
 from aotrt.runtime.replays import GraphReplay, StaticIO
 from aotrt.runtime.tensor import Handle
@@ -74,9 +75,10 @@ class Delegate:
 
     def __init__(self, program: Program, device: Any = None, check_hazards: bool = False,
                  cuda_graph: bool | None = None, limits: Limits | None = None,
-                 threads: int | None = None, *, _validated: bool = False) -> None:
+                 threads: int | None = None, fp32_math: Fp32Math | None = None, *,
+                 _validated: bool = False) -> None:
         """Validate `program` within `limits` (aotrt.Limits; None: the defaults) and load it
-        onto `device` (None: cuda if present, else cpu); `threads`: see `load`."""
+        onto `device` (None: cuda if present, else cpu); `threads`, `fp32_math`: see `load`."""
         if not isinstance(program, Program):
             raise InvalidArgument(f"program: expected an aotrt.Program, got "
                                   f"{type(program).__name__}")
@@ -89,6 +91,10 @@ class Delegate:
         if cuda_graph is not None and not isinstance(cuda_graph, bool):
             raise InvalidArgument(f"cuda_graph: expected a bool or None, got {cuda_graph!r}")
         check_threads(threads)
+        fp32_math = Fp32Math() if fp32_math is None else fp32_math
+        if not isinstance(fp32_math, Fp32Math):
+            raise InvalidArgument(f"fp32_math: expected an aotrt.Fp32Math or None, got "
+                                  f"{fp32_math!r}")
         dev = get_device(default_device() if device is None else device)
         if cuda_graph and not dev.supports_graphs:
             raise InvalidArgument(f"cuda_graph: the {dev.name} device cannot replay graphs; "
@@ -113,7 +119,8 @@ class Delegate:
         self._res = _Resources(self._owner)
         self._closer = finalize.finalizer(self, _teardown, self._res)
         try:
-            self._init(check_hazards, threads)
+            self._init(StreamOptions.from_env(check_hazards=check_hazards, threads=threads,
+                                              fp32_math=fp32_math))
         except BaseException:
             self._closer()
             raise
@@ -122,15 +129,14 @@ class Delegate:
 
     # -- init ---------------------------------------------------------------------------------
 
-    def _init(self, check_hazards: bool, threads: int | None) -> None:
+    def _init(self, options: StreamOptions) -> None:
         prog, dev = self.program, self.device
         self.inputs = [spec_of(s) for s in prog.inputs]
         self.outputs = [spec_of(s) for s in prog.outputs]
         with owner_scope(self._owner):
-            # The thread count belongs to this delegate's own stream: other delegates and
-            # streams keep theirs.
-            self._stream = dev.create_stream(StreamOptions.from_env(
-                check_hazards=check_hazards, threads=threads))
+            # The thread count and the float32 math belong to this delegate's own stream:
+            # other delegates and streams keep theirs.
+            self._stream = dev.create_stream(options)
             self._res.stream = self._stream
             self._args = Arguments(dev, self._stream, self.inputs, self.outputs, self.name)
             with dev.stream_guard(self._stream):
@@ -674,7 +680,7 @@ def _settle_other_streams(alloc: Allocation, stream: Stream, writes_only: bool) 
 
 def load(prog_or_path: Any, device: Any = None, check_hazards: bool = False,
          cuda_graph: bool | None = None, limits: Limits | None = None,
-         threads: int | None = None) -> Delegate:
+         threads: int | None = None, fp32_math: Fp32Math | None = None) -> Delegate:
     """Load a Program (or a .aotp path) as a Delegate on `device` (None: cuda if present).
 
     On a device that supports graphs (cuda) the whole run is captured as one CUDA graph on
@@ -685,6 +691,8 @@ def load(prog_or_path: Any, device: Any = None, check_hazards: bool = False,
     `threads` (a positive int) is how many threads one generated kernel call may use on the
     cpu device (large kernels only; None: every core this process may run on, its CPU
     affinity); it belongs to this delegate's stream. On cuda it is accepted and ignored.
+    `fp32_math` (aotrt.Fp32Math; None: float32 everywhere) lets float32 convolutions or
+    matmuls run as TF32 on a device that has it, as torch's `allow_tf32` flags do.
     """
     if isinstance(prog_or_path, Program):
         prog = prog_or_path         # the Delegate validates it
@@ -694,7 +702,8 @@ def load(prog_or_path: Any, device: Any = None, check_hazards: bool = False,
         raise InvalidArgument(f"prog_or_path: expected an aotrt.Program or a path, got "
                               f"{type(prog_or_path).__name__}")
     return Delegate(prog, device=device, check_hazards=check_hazards, cuda_graph=cuda_graph,
-                    limits=limits, threads=threads, _validated=prog is not prog_or_path)
+                    limits=limits, threads=threads, fp32_math=fp32_math,
+                    _validated=prog is not prog_or_path)
 
 
 __all__ = ["Delegate", "load", "library_ops"]

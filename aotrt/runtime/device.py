@@ -10,18 +10,17 @@ import contextlib
 import enum
 import importlib
 import itertools
-import os
 import threading
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Iterator, Sequence
 
-from aotrt import settings
 from aotrt.errors import AotrtError, DeviceError, HazardError, InvalidArgument, Unsupported
 from aotrt.kernels import ir
 from aotrt.kernels.bounds import kernel_accesses
 from aotrt.runtime import hazards
 from aotrt.runtime.hazards import Access, HazardChecker
+from aotrt.runtime.options import StreamOptions
 
 if TYPE_CHECKING:
     from aotrt.runtime.memory import Memory
@@ -36,57 +35,6 @@ class SyncKind(enum.Enum):
     COMMIT_AND_WAIT = "commit_and_wait"
     COMMIT_AND_CONTINUE = "commit_and_continue"
     FLUSH = "flush"
-
-
-def default_threads() -> int:
-    """The cores this process may run on (its CPU affinity), at least 1."""
-    try:
-        return max(1, len(os.sched_getaffinity(0)))
-    except (AttributeError, OSError):
-        # No affinity API (not Linux): every core the OS reports.
-        return max(1, os.cpu_count() or 1)
-
-
-def check_threads(threads: Any) -> None:
-    """Raise InvalidArgument unless `threads` is None or a positive int."""
-    if threads is not None and (isinstance(threads, bool) or not isinstance(threads, int)
-                                or threads < 1):
-        raise InvalidArgument(f"threads: expected a positive int or None, got {threads!r}")
-
-
-@dataclass(frozen=True)
-class StreamOptions:
-    """Options of a stream: `deferred` runs nothing until a wait (cpu), hazard checking."""
-
-    deferred: bool = False
-    check_hazards: bool = False
-    # Commit-and-continue every N commands so the device starts before the host is done
-    # recording (0 disables). AOTRT_FLUSH_INTERVAL overrides the default.
-    flush_interval: int = 16
-    # Threads one kernel call of this stream may use (cpu; other devices ignore it).
-    # None: every core this process may run on (default_threads()).
-    threads: int | None = None
-
-    def __post_init__(self) -> None:
-        if not isinstance(self.flush_interval, int) or self.flush_interval < 0:
-            raise InvalidArgument(f"flush_interval: must be an int >= 0, got "
-                                  f"{self.flush_interval!r}")
-        check_threads(self.threads)
-
-    @property
-    def kernel_threads(self) -> int:
-        """`threads`, with None resolved to default_threads()."""
-        return default_threads() if self.threads is None else self.threads
-
-    @staticmethod
-    def from_env(**kwargs: Any) -> "StreamOptions":
-        """Options with AOTRT_FLUSH_INTERVAL (an int >= 0) applied, if set."""
-        raw = settings.env().flush_interval
-        if raw is not None and "flush_interval" not in kwargs:
-            if not raw.isdigit():
-                raise InvalidArgument(f"AOTRT_FLUSH_INTERVAL: expected an int >= 0, got {raw!r}")
-            kwargs["flush_interval"] = int(raw)
-        return StreamOptions(**kwargs)
 
 
 @dataclass(frozen=True)

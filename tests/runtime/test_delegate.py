@@ -851,3 +851,19 @@ def test_threads_are_accepted_on_every_device(device) -> None:
         (y,) = m.run(x)
         e = np.exp(x.astype(np.float64) - x.max(axis=1, keepdims=True))
         assert rel_err(np.asarray(y), e / e.sum(axis=1, keepdims=True)) < TOL["float32"]
+
+
+@pytest.mark.parametrize("bad", ["tf32", True, {"conv_tf32": True}])
+def test_fp32_math_must_be_an_fp32_math(bad) -> None:
+    with pytest.raises(InvalidArgument, match="fp32_math: expected an aotrt.Fp32Math"):
+        aotrt.load(softmax_program(8, 4), device="cpu", fp32_math=bad)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_fp32_math_belongs_to_the_delegates_stream(device) -> None:
+    """The delegate's own stream carries its Fp32Math; another delegate keeps float32."""
+    tf32 = aotrt.Fp32Math(conv_tf32=True, matmul_tf32=True)
+    with aotrt.load(softmax_program(8, 4), device=device, fp32_math=tf32) as m, \
+            aotrt.load(softmax_program(8, 4), device=device) as plain:
+        assert m.stream.options.fp32_math == tf32
+        assert plain.stream.options.fp32_math == aotrt.Fp32Math()

@@ -222,7 +222,7 @@ def convolution(stream: Stream, out: Handle, x: Handle, w: Handle, bias: Handle 
     p, _ = check_convolution(out, x, w, bias, stride, padding, dilation, transposed,
                              output_padding, groups, residual, activation)
     return c.launch(op, stream, [out], [x, w, bias, residual], _CONV, out, x, w, bias, p,
-                    residual)
+                    residual, stream.options.fp32_math.conv_tf32)
 
 
 # -- cpu ----------------------------------------------------------------------------------------
@@ -373,8 +373,10 @@ def apply_epilogue(o: np.ndarray, res: np.ndarray | None, activation: str) -> No
 
 
 def _cpu_conv(out: Handle, x: Handle, w: Handle, bias: Handle | None, p: ConvParams,
-              residual: Handle | None = None) -> Callable[[], None]:
+              residual: Handle | None = None, tf32: bool = False) -> Callable[[], None]:
     from aotrt.runtime.devices.cpu import host_array
+
+    del tf32    # the cpu has no TF32: float32 stays float32
 
     if residual is not None or p.activation != "none":
         # oneDNN applies the epilogue as post-ops of the convolution itself: one pass over

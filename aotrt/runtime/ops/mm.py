@@ -64,7 +64,8 @@ def mm(stream: Stream, out: Handle, a: Handle, b: Handle) -> int:
     """out[M,N] = a[M,K] @ b[K,N]."""
     c.check_handles("mm", stream, [(out, "out"), (a, "a"), (b, "b")])
     check_mm(out, a, b)
-    return c.launch("mm", stream, [out], [a, b], _MATMUL, out, a, b, None, 1.0, 1.0)
+    return c.launch("mm", stream, [out], [a, b], _MATMUL, out, a, b, None, 1.0, 1.0,
+                    _tf32(stream))
 
 
 def check_bmm(out: Any, a: Any, b: Any) -> tuple[None, c.OpCost]:
@@ -86,7 +87,8 @@ def bmm(stream: Stream, out: Handle, a: Handle, b: Handle) -> int:
     """out[B,M,N] = a[B,M,K] @ b[B,K,N] (any strides)."""
     c.check_handles("bmm", stream, [(out, "out"), (a, "a"), (b, "b")])
     check_bmm(out, a, b)
-    return c.launch("bmm", stream, [out], [a, b], _MATMUL, out, a, b, None, 1.0, 1.0)
+    return c.launch("bmm", stream, [out], [a, b], _MATMUL, out, a, b, None, 1.0, 1.0,
+                    _tf32(stream))
 
 
 def check_addmm(out: Any, bias: Any, a: Any, b: Any, beta: Any = 1,
@@ -122,7 +124,7 @@ def addmm(stream: Stream, out: Handle, bias: Handle, a: Handle, b: Handle,
     c.check_handles("addmm", stream, [(out, "out"), (bias, "bias"), (a, "a"), (b, "b")])
     (beta, alpha), _ = check_addmm(out, bias, a, b, beta, alpha)
     return c.launch("addmm", stream, [out], [bias, a, b], _MATMUL, out, a, b, bias, beta,
-                    alpha)
+                    alpha, _tf32(stream))
 
 
 def check_linear(out: Any, x: Any, w: Any, bias: Any = None) -> tuple[None, c.OpCost]:
@@ -151,14 +153,22 @@ def linear(stream: Stream, out: Handle, x: Handle, w: Handle, bias: Handle | Non
     """out[..., N] = x[..., K] @ w[N, K].T (+ bias[N]), x of any rank >= 1."""
     c.check_handles("linear", stream, [(out, "out"), (x, "x"), (w, "w"), (bias, "bias")])
     check_linear(out, x, w, bias)
-    return c.launch("linear", stream, [out], [x, w, bias], _LINEAR, out, x, w, bias)
+    return c.launch("linear", stream, [out], [x, w, bias], _LINEAR, out, x, w, bias,
+                    _tf32(stream))
+
+
+def _tf32(stream: Stream) -> bool:
+    """Whether the stream lets a float32 matmul run as TF32 (cuda; the cpu has no TF32)."""
+    return stream.options.fp32_math.matmul_tf32
 
 
 # -- cpu ----------------------------------------------------------------------------------------
 
 def _cpu_matmul(out: Handle, a: Handle, b: Handle, bias: Handle | None, beta: float,
-                alpha: float) -> Callable[[], None]:
+                alpha: float, tf32: bool = False) -> Callable[[], None]:
     from aotrt.runtime.devices.cpu import host_array
+
+    del tf32    # the cpu has no TF32: float32 stays float32
 
     if a.ndim == 2 and b.ndim == 2 and alpha == 1.0 and beta in (0.0, 1.0):
         # mm and addmm (bmm stays on numpy); beta == 0 ignores the bias, as torch does.
@@ -245,8 +255,11 @@ def _dnnl_gemm(out: Handle, x: Handle, w: Handle, w_kn: tuple[tuple[int, ...], t
     return dnnl.work(prim, x, w, bias, out, detach, keep)
 
 
-def _cpu_linear(out: Handle, x: Handle, w: Handle, bias: Handle | None) -> Callable[[], None]:
+def _cpu_linear(out: Handle, x: Handle, w: Handle, bias: Handle | None,
+                tf32: bool = False) -> Callable[[], None]:
     from aotrt.runtime.devices.cpu import host_array
+
+    del tf32    # the cpu has no TF32: float32 stays float32
 
     n, k = w.sizes
     # w[N, K] read as its transpose [K, N]: the same bytes, the strides swapped.

@@ -647,3 +647,36 @@ def test_conv_epilogue_refusals(kit, stream, bad):
         convolution(stream, out, x, w, None, [1, 1], [1, 1], [1, 1], residual=r,
                     activation=bad.get("activation", "relu"))
     assert "activation" in str(info.value) or "residual" in str(info.value)
+
+
+def _rel_err(got: np.ndarray, ref) -> float:
+    ref = np.asarray(ref, dtype=np.float64)
+    return float(np.abs(np.asarray(got, np.float64) - ref).max() / np.abs(ref).max())
+
+
+@pytest.mark.parametrize("layout", ["packed", "channels_last"])
+def test_conv_tf32_only_where_the_stream_allows_it(kit, stream, layout):
+    """Fp32Math(conv_tf32=True) lets a float32 convolution take TF32 tensor-core engines on
+    cuda (an error near 1e-4 here, as torch's default cudnn.allow_tf32 gives), and the
+    default stream keeps float32 (1e-6). The cpu has no TF32: the same bits either way."""
+    from aotrt.runtime.options import Fp32Math, StreamOptions
+
+    x_np, w_np = kit.randn((2, 256, 14, 14), "float32"), kit.randn((256, 256, 3, 3), "float32")
+    ref = _ref(kit, x_np, w_np, None, [1, 1], [1, 1], [1, 1], False, [0, 0], 1)
+    x, w = kit.tensor(x_np, layout), kit.tensor(w_np, layout)
+    tf32 = kit.dev.create_stream(StreamOptions(fp32_math=Fp32Math(conv_tf32=True)))
+    try:
+        got = {}
+        for name, s in (("ieee", stream), ("tf32", tf32)):
+            out = kit.out(tuple(ref.shape), "float32", layout)
+            convolution(s, out, x, w, None, [1, 1], [1, 1], [1, 1], False, [0, 0], 1)
+            got[name] = kit.read(out)
+    finally:
+        tf32.close()
+    ieee, t = _rel_err(got["ieee"], ref), _rel_err(got["tf32"], ref)
+    assert ieee < 1e-5, ieee
+    assert t < 3e-3, t
+    if kit.dev.name == "cuda":
+        assert t > 10 * ieee, (t, ieee)
+    else:
+        assert np.array_equal(got["ieee"], got["tf32"])

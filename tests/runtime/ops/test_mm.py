@@ -428,3 +428,33 @@ def test_registry_refuses_bad_instructions(kit, stream):
                       gamma=1)
     with pytest.raises(InvalidArgument, match=r"ins\[1\]: this input is required"):
         OPS["linear"](stream, [kit.out((2, 2), "float32")], [x, None, None])
+
+
+@pytest.mark.parametrize("op", ["mm", "linear"])
+def test_matmul_tf32_only_where_the_stream_allows_it(kit, stream, op):
+    """Fp32Math(matmul_tf32=True) lets a float32 product run as TF32 on cuda (cuBLASLt's
+    FAST_TF32 compute type: an error near 1e-4 at K=1024), and the default keeps float32.
+    The cpu has no TF32: the same bits either way."""
+    from aotrt.runtime.options import Fp32Math, StreamOptions
+
+    a_np, b_np = kit.randn((128, 1024), "float32"), kit.randn((1024, 96), "float32")
+    ref = kit.t64(a_np) @ kit.t64(b_np)
+    a = kit.tensor(a_np)
+    b = kit.tensor(b_np if op == "mm" else np.ascontiguousarray(b_np.T))
+    tf32 = kit.dev.create_stream(StreamOptions(fp32_math=Fp32Math(matmul_tf32=True)))
+    try:
+        got = {}
+        for name, s in (("ieee", stream), ("tf32", tf32)):
+            out = kit.out((128, 96), "float32")
+            (mm if op == "mm" else linear)(s, out, a, b)
+            got[name] = kit.read(out).astype(np.float64)
+    finally:
+        tf32.close()
+    scale = float(np.abs(ref.numpy()).max())
+    ieee, t = (float(np.abs(got[n] - ref.numpy()).max()) / scale for n in ("ieee", "tf32"))
+    assert ieee < 1e-5, ieee
+    assert t < 3e-3, t
+    if kit.dev.name == "cuda":
+        assert t > 10 * ieee, (t, ieee)
+    else:
+        assert np.array_equal(got["ieee"], got["tf32"])

@@ -118,9 +118,10 @@ def _dense_strides(sz: list[int], channels_last: bool) -> list[int]:
 
 def _cudnn_conv(dnn: Dnn, out: Handle, x: Handle, w: Handle, bias: Handle | None,
                 p: Any, xb: Handle, ob: Handle, residual: Handle | None = None,
-                activation: str = "none") -> Work:
+                activation: str = "none", tf32: bool = False) -> Work:
     """One cuDNN graph: conv_fprop (or dgrad), then bias, the residual add and the
-    activation as pointwise nodes, computed in float and written once."""
+    activation as pointwise nodes, computed in float and written once; `tf32`: float32 may
+    take TF32 tensor-core engines."""
     cudnn = dnn.cudnn
     dev = out.device
     dt = getattr(cudnn.data_type, DNN_TYPES[out.dtype.name])
@@ -134,7 +135,7 @@ def _cudnn_conv(dnn: Dnn, out: Handle, x: Handle, w: Handle, bias: Handle | None
     pad, stride, dil = _geometry(p, xb.ndim)
     key = (out.dtype.name, p.transposed, tuple(xs), tuple(xst), tuple(ws), tuple(wst),
            tuple(os_), tuple(ost), tuple(pad), tuple(stride), tuple(dil), bias is not None,
-           tuple(rst), activation)
+           tuple(rst), activation, tf32)
     with dnn.lock:
         entry = dnn.graphs.get(key)
         if entry is None:
@@ -173,10 +174,11 @@ def _cudnn_conv(dnn: Dnn, out: Handle, x: Handle, w: Handle, bias: Handle | None
             # reductions in the io type and inputs converted down lose about 1e-2 per
             # convolution in half types, which a deep network (ResNet-101, RegNet-16GF and
             # ConvNeXt-B at fp16 in the zoo) compounds into a wrong answer. Tensor-core
-            # engines run float32 as TF32 (10-bit mantissa): float32 keeps float32 engines.
+            # engines run float32 as TF32 (10-bit mantissa): float32 keeps float32 engines
+            # unless the stream's Fp32Math allows TF32, as torch's cudnn.allow_tf32 does.
             notes = [getattr(cudnn.numerical_note, n) for n in _INEXACT_NOTES
                      if hasattr(cudnn.numerical_note, n)]
-            if out.dtype.name == "float32":
+            if out.dtype.name == "float32" and not tf32:
                 notes.append(cudnn.numerical_note.TENSOR_CORE)
             g.deselect_numeric_notes(notes)
             g.check_support()
@@ -229,12 +231,12 @@ def _dnn_view(h: Handle) -> Handle:
 
 
 def make_conv(out: Handle, x: Handle, w: Handle, bias: Handle | None, p: Any,
-              residual: Handle | None = None) -> Work:
+              residual: Handle | None = None, tf32: bool = False) -> Work:
     """aten.convolution (1-D/2-D/3-D, strided, padded, dilated, grouped, transposed) on cuda,
     with its fused epilogue (out = activation(conv + bias + residual)).
 
     Every float dtype goes through cuDNN (float32 on engines without tensor cores, whose TF32
-    would miss float32 accuracy), the epilogue inside the same graph; im2col + a cuBLASLt
+    would miss float32 accuracy, unless `tf32`), the epilogue inside the same graph; im2col + a cuBLASLt
     GEMM serves what cuDNN refuses, and col2im transposed convolutions, with the epilogue as
     one kernel after them. 3-D convolutions have cuDNN only (the im2col kernels are 2-D).
     """
@@ -243,7 +245,7 @@ def make_conv(out: Handle, x: Handle, w: Handle, bias: Handle | None, p: Any,
         raise Unsupported(f"cuda convolution: dtype {out.dtype.name}")
     xb, ob = _batched(x, p), _batched(out, p)
     if w.ndim == 5:
-        return _conv3d(out, x, w, bias, p, xb, ob, residual)
+        return _conv3d(out, x, w, bias, p, xb, ob, residual, tf32)
     act = getattr(p, "activation", "none")
     fused = residual is not None or act != "none"
     if not p.transposed:
@@ -256,14 +258,14 @@ def make_conv(out: Handle, x: Handle, w: Handle, bias: Handle | None, p: Any,
         if dnn is not None:
             if one_graph:
                 try:
-                    return _cudnn_conv(dnn, out, x, w, bias, p, xb, ob, residual, act)
+                    return _cudnn_conv(dnn, out, x, w, bias, p, xb, ob, residual, act, tf32)
                 except Exception as e:  # noqa: BLE001 - any refusal: a path below works
                     log.info("cuDNN refused a convolution%s (%s)",
                              " with its epilogue" if fused else "", e)
             if fused:
                 try:
-                    return _then_epilogue(_cudnn_conv(dnn, out, x, w, bias, p, xb, ob),
-                                          out, residual, act, p)
+                    return _then_epilogue(_cudnn_conv(dnn, out, x, w, bias, p, xb, ob,
+                                                      tf32=tf32), out, residual, act, p)
                 except Exception as e:  # noqa: BLE001
                     log.info("cuDNN refused a convolution (%s); using im2col + GEMM", e)
         base = _im2col_conv(out, w, bias, p, xb, ob)
@@ -273,7 +275,7 @@ def make_conv(out: Handle, x: Handle, w: Handle, bias: Handle | None, p: Any,
 
 
 def _conv3d(out: Handle, x: Handle, w: Handle, bias: Handle | None, p: Any, xb: Handle,
-            ob: Handle, residual: Handle | None) -> Work:
+            ob: Handle, residual: Handle | None, tf32: bool) -> Work:
     """A 3-D convolution: one cuDNN graph (the epilogue in it when the layouts agree), else
     the cuDNN convolution and the epilogue kernel; Unsupported without cuDNN, and transposed."""
     act = getattr(p, "activation", "none")
@@ -287,13 +289,14 @@ def _conv3d(out: Handle, x: Handle, w: Handle, bias: Handle | None, p: Any, xb: 
         raise Unsupported(f"convolution: {what} (w {list(w.sizes)}); load the program on cpu")
     if not fused or _uniform_layout(xb, w, ob, residual):
         try:
-            return _cudnn_conv(dnn, out, x, w, bias, p, xb, ob, residual, act)
+            return _cudnn_conv(dnn, out, x, w, bias, p, xb, ob, residual, act, tf32)
         except Exception as e:  # noqa: BLE001 - the plain graph below may still build
             if not fused:
                 raise Unsupported(f"convolution: cuDNN refused the 3-D convolution "
                                   f"(w {list(w.sizes)}): {e}") from e
             log.info("cuDNN refused a 3-D convolution with its epilogue (%s)", e)
-    return _then_epilogue(_cudnn_conv(dnn, out, x, w, bias, p, xb, ob), out, residual, act, p)
+    return _then_epilogue(_cudnn_conv(dnn, out, x, w, bias, p, xb, ob, tf32=tf32), out,
+                          residual, act, p)
 
 
 def _batched(h: Handle, p: Any) -> Handle:

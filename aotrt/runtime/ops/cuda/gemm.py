@@ -21,6 +21,9 @@ if TYPE_CHECKING:
 
 # cublasComputeType_t CUBLAS_COMPUTE_32F: every GEMM accumulates in float32
 _COMPUTE_32F = 68
+# CUBLAS_COMPUTE_32F_FAST_TF32: float32 operands rounded to TF32 on the tensor cores, only
+# where the stream's Fp32Math allows it (torch's matmul.allow_tf32)
+_COMPUTE_32F_FAST_TF32 = 77
 # bias descriptors a GEMM plan keeps (one per linear layer of its shape that has a bias)
 _BIAS_DESCS = 64
 
@@ -94,11 +97,12 @@ class _GemmPlan:
 
     def __init__(self, blas: Blas, dtype: str, a: _Operand, b: _Operand, d: _Operand,
                  m: int, n: int, k: int, bias_epilogue: bool, has_c: bool,
-                 aligns: tuple[int, int, int]) -> None:
+                 aligns: tuple[int, int, int], tf32: bool = False) -> None:
         L = blas.L
         self.L = L
         self.blas = blas
         dt = CUDA_TYPE[dtype]
+        self._compute = _COMPUTE_32F_FAST_TF32 if tf32 and dtype == "float32" else _COMPUTE_32F
         self._dt, self._trans, self._bias_epilogue = dt, (a.trans, b.trans), bias_epilogue
         self.desc = self._new_desc(0)
         # One descriptor per bias pointer (least recently used dropped past _BIAS_DESCS):
@@ -139,7 +143,7 @@ class _GemmPlan:
     def _new_desc(self, bias: int) -> int:
         """A matmul descriptor of this shape, reading the bias at `bias` (0: none yet)."""
         L = self.L
-        desc = L.matmul_desc_create(_COMPUTE_32F, 0)
+        desc = L.matmul_desc_create(self._compute, 0)
         attrs = [(L.MatmulDescAttribute.TRANSA, 1 if self._trans[0] else 0),
                  (L.MatmulDescAttribute.TRANSB, 1 if self._trans[1] else 0)]
         if self._bias_epilogue:
@@ -229,12 +233,13 @@ def _source(h: Handle, want_t: bool, full: Handle | None = None) -> tuple[_Sourc
 
 
 def make_matmul(out: Handle, a: Handle, b: Handle, bias: Handle | None, beta: float,
-                alpha: float, a_full: Handle | None = None,
+                alpha: float, tf32: bool = False, a_full: Handle | None = None,
                 out_full: Handle | None = None) -> Work:
     """out = alpha * a @ b (+ beta * bias broadcast), a/b 2-D or batched 3-D, any strides.
 
-    `a_full`/`out_full` (linear): the caller's N-D views that `a`/`out` describe as 2-D when
-    their leading dims do not fold; they go through packed scratch.
+    `tf32`: a float32 product may run as TF32 (Fp32Math.matmul_tf32). `a_full`/`out_full`
+    (linear): the caller's N-D views that `a`/`out` describe as 2-D when their leading dims
+    do not fold; they go through packed scratch.
     """
     dev = out.device
     blas = dev.libraries.state(Blas)
@@ -281,13 +286,14 @@ def make_matmul(out: Handle, a: Handle, b: Handle, bias: Handle | None, beta: fl
         src_a.desc.address or 256, src_b.desc.address or 256,
         (D.ptr if scatter is None else 0) or 256))
     key = (dtype, A.trans, B.trans, A.rows, A.cols, A.ld, A.bstride, B.rows, B.cols, B.ld,
-           B.bstride, D.rows, D.cols, D.ld, D.bstride, batch, bias_vec is not None, aligns)
+           B.bstride, D.rows, D.cols, D.ld, D.bstride, batch, bias_vec is not None, aligns,
+           tf32)
     with blas.lock:
         plan = blas.plans.get(key)
         if plan is None:
             plan = blas.plans[key] = _GemmPlan(blas, dtype, A, B, D, m, n, k,
                                                bias_vec is not None, pre_bias is not None,
-                                               aligns)
+                                               aligns, tf32)
     bias_ptr = bias_vec.address if bias_vec is not None else 0
     c_beta = beta if pre_bias is not None else 0.0
     isz = out.dtype.itemsize
@@ -340,7 +346,8 @@ def _empty_product(out: Handle, bias: Handle | None, beta: float) -> Work:
     return work
 
 
-def make_linear(out: Handle, x: Handle, w: Handle, bias: Handle | None) -> Work:
+def make_linear(out: Handle, x: Handle, w: Handle, bias: Handle | None,
+                tf32: bool = False) -> Work:
     """out[..., N] = x[..., K] @ w[N, K]^T + bias: one GEMM over all leading rows."""
     n, k = w.sizes
     rows = 1
@@ -362,7 +369,7 @@ def make_linear(out: Handle, x: Handle, w: Handle, bias: Handle | None) -> Work:
     if o2 is None:
         o2 = Handle(None, 0, (rows, n), (n, 1), out.dtype, out.device, out.owner)
         out_full = out
-    return make_matmul(o2, x2, wt, b1, 1.0, 1.0, a_full=a_full, out_full=out_full)
+    return make_matmul(o2, x2, wt, b1, 1.0, 1.0, tf32, a_full=a_full, out_full=out_full)
 
 
 def _flatten_rows(h: Handle, rows: int, cols: int) -> Handle | None:
