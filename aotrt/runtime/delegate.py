@@ -33,7 +33,7 @@ from aotrt.runtime.hazards import Access
 from aotrt.runtime.memory import PROCESS_OWNER, Allocation, Owner, owner_scope
 from aotrt.runtime.options import Fp32Math, StreamOptions, check_threads
 from aotrt.runtime.public import Tensor
-from aotrt.runtime.replays import GraphReplay, StaticIO
+from aotrt.runtime.replays import GraphReplay, StaticIO, arena_homes
 from aotrt.runtime.tensor import Handle
 
 log = logging.getLogger(__name__)
@@ -294,7 +294,7 @@ class Delegate:
         kernels get made), then the whole instruction list captured as one CUDA graph."""
         dev, stream, u8 = self.device, self._stream, dtypes.uint8
         keep: list[Handle] = []
-        ins = [shims.empty_strided([max(s.nbytes, 1)], [1], u8, dev) for s in self.inputs]
+        ins = self._static_inputs()
         outs = [shims.empty_strided([max(s.nbytes, 1)], [1], u8, dev) for s in self.outputs]
         handles: list[Handle | None] = list(self._static)
         for k, b in enumerate(ins):
@@ -323,6 +323,19 @@ class Delegate:
                  for tid, *view in self._per_run.get(("output", k), ())}
         out_views = [where[t] for t in self.program.outputs_tensors]
         return GraphReplay(graph, ins, outs, keep, accesses, [h.address for h in ins], out_views)
+
+    def _static_inputs(self) -> list[Handle]:
+        """The replays' static input buffers (uint8 bases): in the arena where it has room
+        (replays.arena_homes), else memory of their own."""
+        prog, dev, u8 = self.program, self.device, dtypes.uint8
+        sizes = [max(s.nbytes, 1) for s in self.inputs]
+        anchor = next((h for h, t in zip(self._static, prog.tensors)
+                       if h is not None and t["root"] == "arena"), None)
+        homes = [None] * len(sizes) if anchor is None else arena_homes(
+            prog.tensors, prog.instructions, prog.arena_nbytes, sizes)
+        return [shims.empty_strided([n], [1], u8, dev) if home is None else
+                shims.reinterpret_tensor(anchor, [n], [1], home - anchor.byte_offset, dtype=u8)
+                for n, home in zip(sizes, homes)]
 
     def _run_graph(self, args: list[Arg], outs: list[Arg] | None,
                    out: Any) -> tuple[Any, ...]:
@@ -361,8 +374,7 @@ class Delegate:
         dev, stream, u8 = self.device, self._stream, dtypes.uint8
         p = StaticIO(stream)
         try:
-            p.ins = [shims.empty_strided([max(s.nbytes, 1)], [1], u8, dev)
-                     for s in self.inputs]
+            p.ins = self._static_inputs()
             p.keep += p.ins
             p.outs = [shims.empty_strided([max(s.nbytes, 1)], [1], u8, dev)
                       for s in self.outputs]

@@ -116,3 +116,68 @@ def test_a_plan_that_fails_to_build_leaves_nothing_and_the_next_run_builds_it(
         x = rand([12, 7], seed=94)
         for got, want in zip(m.run(x), seed_reference(prog, x)):
             np.testing.assert_allclose(np.asarray(got), want, rtol=1e-5, atol=1e-5)
+
+
+def _t(root: str, offset: int, sizes: list[int], index: int = 0) -> dict:
+    strides = [1] * len(sizes)
+    for d in range(len(sizes) - 2, -1, -1):
+        strides[d] = strides[d + 1] * sizes[d + 1]
+    return {"root": root, "index": index, "byte_offset": offset, "sizes": sizes,
+            "strides": strides, "dtype": "float32"}
+
+
+def _k(*args: int) -> dict:
+    return {"op": "kernel", "args": list(args)}
+
+
+def test_an_input_takes_arena_bytes_untouched_until_its_last_reader() -> None:
+    from aotrt.runtime.replays import arena_homes
+
+    # 0: input 0 (1 KiB); 1: arena [0, 1 KiB); 2: arena [1 KiB, 2 KiB)
+    tensors = [_t("input", 0, [256]), _t("arena", 0, [256]), _t("arena", 1024, [256])]
+    # instruction 0 reads the input into tensor 1; tensor 2 is first used after
+    prog = [_k(0, 1), _k(1, 2)]
+    assert arena_homes(tensors, prog, 2048, [1024]) == [1024]
+    # read again by the last instruction: tensor 2's bytes are busy before then
+    assert arena_homes(tensors, [_k(0, 1), _k(0, 1, 2)], 2048, [1024]) == [None]
+    assert arena_homes(tensors, [_k(0, 1), _k(0, 1, 2)], 3072, [1024]) == [2048]
+
+
+def test_inputs_get_homes_apart_and_a_never_read_input_any_room() -> None:
+    from aotrt.runtime.replays import arena_homes
+
+    tensors = [_t("input", 0, [64], 0), _t("input", 0, [64], 1), _t("arena", 0, [64]),
+               _t("arena", 4096, [0])]          # empty: no bytes
+    prog = [_k(0, 2), _k(1, 3)]
+    homes = arena_homes(tensors, prog, 4096, [256, 256])
+    assert homes == [256, 512]                  # past tensor 2, aligned, not overlapping
+    # input 1 is never read: nothing busy for it but input 0's home
+    assert arena_homes(tensors, [_k(1, 2)], 1024, [256, 256]) == [0, 256]
+
+
+def test_homes_are_aligned_and_inside_the_arena() -> None:
+    from aotrt.runtime.replays import HOME_ALIGN, arena_homes
+
+    tensors = [_t("input", 0, [10]), _t("arena", 0, [3]), _t("arena", 300, [5])]
+    prog = [_k(0, 1, 2)]
+    assert HOME_ALIGN == 256
+    assert arena_homes(tensors, prog, 1000, [40]) == [256]      # between the two
+    assert arena_homes(tensors, prog, 1000, [60]) == [512]      # too big for that gap
+    assert arena_homes(tensors, prog, 560, [60]) == [None]      # past the arena's end
+
+
+def test_a_replays_static_input_costs_no_memory_of_its_own() -> None:
+    """seed_program's input is read by its first instruction only: the static-I/O plan puts
+    it in the arena, so the first run adds its four outputs' buffers and nothing else, and
+    runs on different inputs still match."""
+    prog = seed_program()
+    dev = get_device("cpu")
+    with aotrt.load(prog, device="cpu") as m:
+        def mine() -> int:
+            return sum(1 for a in dev.memory.live() if a.owner is m.owner)
+        before = mine()
+        for s in (95, 96):
+            x = rand([12, 7], seed=s)
+            for got, want in zip(m.run(x), seed_reference(prog, x)):
+                np.testing.assert_allclose(np.asarray(got), want, rtol=1e-5, atol=1e-5)
+        assert mine() - before == len(m.outputs)
