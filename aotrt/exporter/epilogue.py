@@ -1,9 +1,9 @@
 """Convolution epilogues: a convolution followed by a residual add and/or an activation
-(ReLU, SiLU) becomes one library call, `convolution` with a residual input and an
+(ReLU, ReLU6, SiLU) becomes one library call, `convolution` with a residual input and an
 `activation` param (aotrt/runtime/ops/conv.py: out = activation(conv + bias + residual)).
 cuDNN then runs the tail inside the convolution's own graph and the result is written
 once, instead of a separate kernel reading it back (ResNet's relu and residual adds, YOLO's
-SiLU). Batch norm is folded into the convolution before this pass runs.
+SiLU, MobileNet's ReLU6). Batch norm is folded into the convolution before this pass runs.
 """
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ def conv_epilogue(x: Any, w: Any, bias: Any, stride: Any, padding: Any, dilation
                                  output_padding, groups)
     if residual is not None:
         y = y + residual
-    return {"none": lambda t: t, "relu": torch.relu,
+    return {"none": lambda t: t, "relu": torch.relu, "relu6": torch.nn.functional.relu6,
             "silu": torch.nn.functional.silu}[activation](y)
 
 
@@ -45,6 +45,21 @@ def _only_user(node: torch.fx.Node) -> torch.fx.Node | None:
 def _same_meta(a: Any, b: Any) -> bool:
     return (isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor)
             and a.shape == b.shape and a.dtype == b.dtype)
+
+
+def _activation(act: torch.fx.Node, last: torch.fx.Node) -> str | None:
+    """The epilogue activation `act` applies to `last`, or None: relu, silu, and ReLU6 as
+    torch.export gives it (hardtanh(x, 0, 6); other bounds stay a kernel)."""
+    if act.op != "call_function" or not act.args or act.args[0] is not last:
+        return None
+    if act.target in _ACTIVATIONS:
+        return _ACTIVATIONS[act.target]
+    if act.target is aten.hardtanh.default:
+        lo = act.args[1] if len(act.args) > 1 else act.kwargs.get("min_val", -1.0)
+        hi = act.args[2] if len(act.args) > 2 else act.kwargs.get("max_val", 1.0)
+        if (lo, hi) == (0.0, 6.0):
+            return "relu6"
+    return None
 
 
 def _decomposed_silu(y: torch.fx.Node, val: torch.Tensor
@@ -65,7 +80,7 @@ def _decomposed_silu(y: torch.fx.Node, val: torch.Tensor
 
 def fuse_conv_epilogues(graph: torch.fx.Graph) -> int:
     """Fold each convolution's single-user `+ residual` (same shape and dtype, alpha 1) and
-    then its single-user ReLU or SiLU into one `conv_epilogue` node; returns how many."""
+    then its single-user ReLU, ReLU6 or SiLU into one `conv_epilogue` node; returns how many."""
     fused = 0
     for conv in list(graph.nodes):
         if conv.op != "call_function" or conv.target is not aten.convolution.default:
@@ -84,9 +99,9 @@ def fuse_conv_epilogues(graph: torch.fx.Graph) -> int:
                 last, residual = add, other
         act = _only_user(last)
         extra: list[torch.fx.Node] = []
-        if (act is not None and act.target in _ACTIVATIONS and act.args[0] is last
-                and _same_meta(act.meta.get("val"), val)):
-            last, activation = act, _ACTIVATIONS[act.target]
+        kind = None if act is None else _activation(act, last)
+        if kind is not None and _same_meta(act.meta.get("val"), val):
+            last, activation = act, kind
         else:
             silu = _decomposed_silu(last, val)
             if silu is not None:

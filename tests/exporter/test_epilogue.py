@@ -40,6 +40,24 @@ class SiluConv(nn.Module):
         return torch.relu(y) + y            # y has two users: no epilogue for it
 
 
+class InvertedResidual(nn.Module):
+    """MobileNet-v2's block: 1x1 expand-bn-ReLU6, depthwise-bn-ReLU6, 1x1 project-bn,
+    + identity; then a hardtanh with other bounds, which stays a kernel."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.expand = nn.Sequential(nn.Conv2d(8, 24, 1, bias=False), nn.BatchNorm2d(24),
+                                    nn.ReLU6())
+        self.dw = nn.Sequential(nn.Conv2d(24, 24, 3, padding=1, groups=24, bias=False),
+                                nn.BatchNorm2d(24), nn.ReLU6())
+        self.project = nn.Sequential(nn.Conv2d(24, 8, 1, bias=False), nn.BatchNorm2d(8))
+        self.last = nn.Conv2d(8, 8, 1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = x + self.project(self.dw(self.expand(x)))
+        return nn.functional.hardtanh(self.last(y) * 4.0, -1.0, 2.0)
+
+
 def _model(cls: type) -> nn.Module:
     torch.manual_seed(0)
     m = cls().eval()
@@ -74,12 +92,22 @@ def test_a_conv_used_twice_keeps_its_output() -> None:
     assert acts == ["silu", "silu", "none"]
 
 
+def test_relu6_is_an_epilogue_and_other_hardtanh_bounds_are_not() -> None:
+    """ReLU6 reaches the exporter as hardtanh(x, 0, 6): it becomes the "relu6" epilogue;
+    hardtanh(x, -1, 2) after a scaled convolution stays out of it."""
+    with torch.no_grad():
+        prog = aotrt.export(_model(InvertedResidual), (torch.randn(2, 8, 6, 6),))
+    acts = [c["params"].get("activation", "none") for c in _convs(prog)]
+    assert acts == ["relu6", "relu6", "none", "none"]
+    assert _convs(prog)[2]["ins"][3] is not None        # the identity is the residual
+
+
 @pytest.mark.parametrize("device", DEVICES)
-@pytest.mark.parametrize("cls", [Basic, SiluConv])
+@pytest.mark.parametrize("cls", [Basic, SiluConv, InvertedResidual])
 @pytest.mark.parametrize("layout", ["contiguous", "channels_last"])
 def test_fused_programs_match_eager(cls: type, layout: str, device: str) -> None:
     m = _model(cls)
-    shape = (2, 8, 6, 6) if cls is Basic else (1, 3, 8, 8)
+    shape = (1, 3, 8, 8) if cls is SiluConv else (2, 8, 6, 6)
     with torch.no_grad():
         prog = aotrt.export(m, (torch.randn(shape),), layout=layout)
     with aotrt.load(prog, device=device, check_hazards=True) as d:

@@ -21,7 +21,7 @@ with, per name (None marks an absent optional input):
     convolution         outs [out]             ins [x, w, bias|None(, residual|None)]
                                                    params stride, padding, dilation,
                                                    transposed, output_padding, groups,
-                                                   activation ("none", "relu", "silu"):
+                                                   activation ("none", "relu", "relu6", "silu"):
                                                    out = act(conv + bias + residual)
     sdpa                outs [out]             ins [q, k, v, mask|None] params dropout_p,
                                                    is_causal, scale, enable_gqa

@@ -48,7 +48,7 @@ class ConvParams:
 
 
 #: activations a convolution's epilogue applies (after the bias and the residual add)
-ACTIVATIONS = ("none", "relu", "silu")
+ACTIVATIONS = ("none", "relu", "relu6", "silu")
 
 
 def check_convolution(out: Any, x: Any, w: Any, bias: Any = None, stride: Any = (1,),
@@ -363,6 +363,8 @@ def apply_epilogue(o: np.ndarray, res: np.ndarray | None, activation: str) -> No
         np.add(v, c.load_f32(res), out=v)
     if activation == "relu":
         np.maximum(v, 0.0, out=v)
+    elif activation == "relu6":
+        np.clip(v, 0.0, 6.0, out=v)         # NaN stays NaN, as in torch's hardtanh
     elif activation == "silu":
         # x / (1 + exp(-x)): exp overflows to inf for x < -88, and x / inf is the -0.0
         # torch gives

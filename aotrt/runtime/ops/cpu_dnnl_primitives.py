@@ -68,16 +68,17 @@ class ConvKey:
     stride: tuple[int, ...]
     padding: tuple[int, ...]
     dilation: tuple[int, ...]
-    #: an activation oneDNN applies to the result, as a post-op ("none", "relu", "silu")
+    #: an activation oneDNN applies to the result, as a post-op (conv.ACTIVATIONS)
     activation: str = "none"
     #: a residual (sizes, strides) oneDNN adds to the result before the activation, as a
     #: binary post-op reading the view in place
     residual: tuple[tuple[int, ...], tuple[int, ...]] | None = None
 
 
-#: oneDNN's eltwise algorithm (dnnl_alg_kind_t, oneDNN 3.2's dnnl_types.h) and alpha of the
-#: activations a convolution applies: relu(x) with slope 0, swish(x) = x * sigmoid(1 * x)
-_ELTWISE = {"relu": (0x20, 0.0), "silu": (0x2C, 1.0)}
+#: oneDNN's eltwise algorithm (dnnl_alg_kind_t, oneDNN 3.2's dnnl_types.h), alpha and beta
+#: of the activations a convolution applies: relu(x) with slope 0, clip(x) to [0, 6],
+#: swish(x) = x * sigmoid(1 * x)
+_ELTWISE = {"relu": (0x20, 0.0, 0.0), "relu6": (0x2E, 0.0, 6.0), "silu": (0x2C, 1.0, 0.0)}
 
 
 @dataclass(frozen=True)
@@ -290,8 +291,8 @@ class ConvPrimitive(Primitive):
                     check(lib.dnnl_post_ops_append_binary(post, _BINARY_ADD, self.residual_md),
                            "post_ops_append_binary")
                 if key.activation != "none":
-                    alg, alpha = _ELTWISE[key.activation]
-                    check(lib.dnnl_post_ops_append_eltwise(post, alg, alpha, 0.0),
+                    alg, alpha, beta = _ELTWISE[key.activation]
+                    check(lib.dnnl_post_ops_append_eltwise(post, alg, alpha, beta),
                            "post_ops_append_eltwise")
                 check(lib.dnnl_primitive_attr_set_post_ops(conv_attr, post),
                        "primitive_attr_set_post_ops")

@@ -499,8 +499,14 @@ EPILOGUE_CASES = [
 ]
 
 
+def _act(ref, activation: str):
+    """torch's activation of a float64 reference (conv.ACTIVATIONS)."""
+    return {"none": lambda t: t, "relu": torch.relu, "relu6": torch.nn.functional.relu6,
+            "silu": torch.nn.functional.silu}[activation](ref)
+
+
 @pytest.mark.parametrize("dtype", DTYPES)
-@pytest.mark.parametrize("activation", ["none", "relu", "silu"])
+@pytest.mark.parametrize("activation", ["none", "relu", "relu6", "silu"])
 @pytest.mark.parametrize("case", range(len(EPILOGUE_CASES)))
 @pytest.mark.parametrize("layout,w_layout", [("packed", "packed"), ("offset", "packed"),
                                              ("channels_last", "packed"),
@@ -518,9 +524,7 @@ def test_conv_epilogue_matches_torch(kit, stream, dtype, activation, case, layou
     b_np = kit.randn((cout,), dtype)
     ref = _ref(kit, x_np, w_np, b_np, stride, padding, [1, 1], transposed, [0, 0], groups)
     r_np = kit.randn(tuple(ref.shape), dtype)
-    ref = ref + kit.t64(r_np)
-    ref = {"none": ref, "relu": torch.relu(ref), "silu": torch.nn.functional.silu(ref)}[
-        activation]
+    ref = _act(ref + kit.t64(r_np), activation)
     x, w, b = kit.tensor(x_np, layout), kit.tensor(w_np, w_layout), kit.tensor(b_np, "packed")
     r = kit.tensor(r_np, layout)
     out = kit.out(tuple(ref.shape), dtype, layout)
@@ -529,14 +533,15 @@ def test_conv_epilogue_matches_torch(kit, stream, dtype, activation, case, layou
     kit.close(kit.read(out), ref, dtype)
 
 
-@pytest.mark.parametrize("activation", ["relu", "silu"])
+@pytest.mark.parametrize("activation", ["relu", "relu6", "silu"])
 @pytest.mark.parametrize("layout", ["packed", "channels_last"])
 def test_conv_epilogue_without_residual(kit, stream, activation, layout):
     """A lone activation: on cpu a oneDNN post-op of the convolution itself."""
     x_np, w_np = kit.randn((2, 4, 7, 7), "float32", 3.0), kit.randn((6, 4, 3, 3), "float32")
     b_np = kit.randn((6,), "float32")
     ref = _ref(kit, x_np, w_np, b_np, [1, 1], [1, 1], [1, 1], False, [0, 0], 1)
-    ref = torch.relu(ref) if activation == "relu" else torch.nn.functional.silu(ref)
+    ref = _act(ref, activation)
+    assert activation != "relu6" or float(ref.max()) == 6.0     # some values are clipped
     out = kit.out(tuple(ref.shape), "float32", layout)
     dnnl = getattr(kit.dev, "dnnl", None) if kit.dev.name == "cpu" else None
     before = dict(dnnl.stats) if dnnl is not None else None
@@ -548,7 +553,7 @@ def test_conv_epilogue_without_residual(kit, stream, activation, layout):
         assert dnnl.stats["numpy"] == before["numpy"]
 
 
-@pytest.mark.parametrize("activation", ["none", "relu", "silu"])
+@pytest.mark.parametrize("activation", ["none", "relu", "relu6", "silu"])
 @pytest.mark.parametrize("layout", ["packed", "channels_last", "channel_slice"])
 @pytest.mark.parametrize("in_place", [False, True])
 def test_cpu_residual_is_a_onednn_post_op(kit, stream, activation, layout, in_place):
@@ -560,10 +565,8 @@ def test_cpu_residual_is_a_onednn_post_op(kit, stream, activation, layout, in_pl
     dnnl = _dnnl(kit)
     x_np, w_np = kit.randn((1, 8, 7, 7), "float32"), kit.randn((8, 8, 3, 3), "float32", 0.5)
     b_np, r_np = kit.randn((8,), "float32"), kit.randn((1, 8, 7, 7), "float32")
-    ref = _ref(kit, x_np, w_np, b_np, [1, 1], [1, 1], [1, 1], False, [0, 0], 1) \
-        + kit.t64(r_np)
-    ref = {"none": ref, "relu": torch.relu(ref), "silu": torch.nn.functional.silu(ref)}[
-        activation]
+    ref = _act(_ref(kit, x_np, w_np, b_np, [1, 1], [1, 1], [1, 1], False, [0, 0], 1)
+               + kit.t64(r_np), activation)
     r = kit.tensor(r_np, layout)
     out = r if in_place else kit.out((1, 8, 7, 7), "float32", layout)
     w_layout = "packed" if layout == "packed" else "channels_last"

@@ -164,6 +164,8 @@ def _cudnn_conv(dnn: Dnn, out: Handle, x: Handle, w: Handle, bias: Handle | None
                 Y = g.add(a=Y, b=R, name="residual")
             if activation == "relu":
                 Y = g.relu(input=Y, name="relu")
+            elif activation == "relu6":
+                Y = g.relu(input=Y, lower_clip=0.0, upper_clip=6.0, name="relu6")
             elif activation == "silu":
                 Y = g.swish(input=Y, name="silu")
             Y.set_output(True).set_data_type(dt).set_dim(os_).set_stride(ost)
@@ -236,8 +238,8 @@ def make_conv(out: Handle, x: Handle, w: Handle, bias: Handle | None, p: Any,
     with its fused epilogue (out = activation(conv + bias + residual)).
 
     Every float dtype goes through cuDNN (float32 on engines without tensor cores, whose TF32
-    would miss float32 accuracy, unless `tf32`), the epilogue inside the same graph; im2col + a cuBLASLt
-    GEMM serves what cuDNN refuses, and col2im transposed convolutions, with the epilogue as
+    would miss float32 accuracy, unless `tf32`), the epilogue inside the same graph; im2col
+    + a cuBLASLt GEMM serves what cuDNN refuses, and col2im transposed convolutions, with the epilogue as
     one kernel after them. 3-D convolutions have cuDNN only (the im2col kernels are 2-D).
     """
     dev = out.device
@@ -323,7 +325,7 @@ def _uniform_layout(*views: Handle | None) -> bool:
     return len(orders) <= 1
 
 
-_ACT_CODES = {"none": 0, "relu": 1, "silu": 2}
+_ACT_CODES = {"none": 0, "relu": 1, "silu": 2, "relu6": 3}
 
 
 def _then_epilogue(base: Work, out: Handle, residual: Handle | None, activation: str,
@@ -555,7 +557,7 @@ def _im2col_conv(out: Handle, w: Handle, bias: Handle | None, p: Any, xb: Handle
 
 KERNELS = r"""
 // A convolution's epilogue where no library fused it: out = act(out + res) in float, over
-// (N, C, H, W) by strides; act 0 none, 1 relu, 2 silu.
+// (N, C, H, W) by strides; act 0 none, 1 relu, 2 silu, 3 relu6 (NaN stays NaN, as in torch).
 template <typename T>
 __device__ void conv_epilogue(T* out, const T* res, int64_t N, int64_t C, int64_t H,
     int64_t W, int64_t os0, int64_t os1, int64_t os2, int64_t os3, int64_t rs0, int64_t rs1,
@@ -568,8 +570,9 @@ __device__ void conv_epilogue(T* out, const T* res, int64_t N, int64_t C, int64_
     T* o = out + n * os0 + c * os1 + h * os2 + w * os3;
     float v = ld(o);
     if (has_res) v += ld(res + n * rs0 + c * rs1 + h * rs2 + w * rs3);
-    if (act == 1) v = v > 0.f ? v : 0.f;
+    if (act == 1) v = v < 0.f ? 0.f : v;
     else if (act == 2) v = v / (1.f + expf(-v));
+    else if (act == 3) v = v < 0.f ? 0.f : (v > 6.f ? 6.f : v);
     st(o, v);
   }
 }
@@ -586,8 +589,9 @@ __device__ void conv_epilogue_flat(T* out, const T* res, int64_t total, int has_
        i += (int64_t)gridDim.x * blockDim.x) {
     float v = ld(out + i);
     if (has_res) v += ld(res + i);
-    if (act == 1) v = v > 0.f ? v : 0.f;
+    if (act == 1) v = v < 0.f ? 0.f : v;
     else if (act == 2) v = v / (1.f + expf(-v));
+    else if (act == 3) v = v < 0.f ? 0.f : (v > 6.f ? 6.f : v);
     st(out + i, v);
   }
 }
