@@ -38,7 +38,8 @@ def export(model: Any, example_inputs: Any = None, *args: Any, **kwargs: Any) ->
 
 __all__ = [
     "export", "load", "Program", "ProgramBuilder", "Delegate", "Tensor", "DType", "Limits",
-    "Fp32Math", "float32", "float16", "bfloat16", "int64", "int32", "int16", "int8", "uint8", "bool_",
+    "Fp32Math", "float32", "float16", "bfloat16", "int64", "int32", "int16", "int8", "uint8",
+    "bool_",
     "errors", "AotrtError", "InvalidArgument", "OutOfMemory", "CompileError", "DeviceError",
     "ProgramError", "HazardError", "Unsupported",
 ]

@@ -752,8 +752,8 @@ def report(doc: dict) -> str:
 
 def table(rows: list[dict]) -> str:
     """Counts by family and status, as a markdown table."""
-    statuses = ["ok", "mismatch", "eager_unstable", "torch_export", "aotrt_export", "aotrt_run", "build",
-                "timeout", "crash"]
+    statuses = ["ok", "mismatch", "eager_unstable", "torch_export", "aotrt_export", "aotrt_run",
+                "build", "timeout", "crash"]
     by: dict[tuple, collections.Counter] = collections.defaultdict(collections.Counter)
     for r in rows:
         by[(r["family"], r["dtype"])][r["status"]] += 1

@@ -239,8 +239,9 @@ def make_conv(out: Handle, x: Handle, w: Handle, bias: Handle | None, p: Any,
 
     Every float dtype goes through cuDNN (float32 on engines without tensor cores, whose TF32
     would miss float32 accuracy, unless `tf32`), the epilogue inside the same graph; im2col
-    + a cuBLASLt GEMM serves what cuDNN refuses, and col2im transposed convolutions, with the epilogue as
-    one kernel after them. 3-D convolutions have cuDNN only (the im2col kernels are 2-D).
+    + a cuBLASLt GEMM serves what cuDNN refuses, and col2im transposed convolutions, with
+    the epilogue as one kernel after them. 3-D convolutions have cuDNN only (the im2col
+    kernels are 2-D).
     """
     dev = out.device
     if out.dtype.name not in CUDA_TYPE:
