@@ -163,6 +163,22 @@ class Kit:
         assert err <= limit, f"relative error {err:.3g} > {limit:g} ({dtype})"
 
 
+def check_tf32(dev_name: str, got: dict[str, np.ndarray], ref: Any) -> None:
+    """The verdict of a TF32 test: the default ("ieee") result keeps float32 accuracy; the
+    TF32 one stays within TF32's; on cuda the TF32 one is measurably less exact (the flag
+    took effect), and on cpu, which has no TF32, both are the same bits."""
+    ref = np.asarray(ref, dtype=np.float64)
+    scale = float(np.abs(ref).max())
+    ieee, t = (float(np.abs(np.asarray(got[n], np.float64) - ref).max()) / scale
+               for n in ("ieee", "tf32"))
+    assert ieee < 1e-5, ieee
+    assert t < 3e-3, t
+    if dev_name == "cuda":
+        assert t > 10 * ieee, (t, ieee)
+    else:
+        assert np.array_equal(got["ieee"], got["tf32"])
+
+
 @pytest.fixture
 def kit(stream: Stream, owner: Owner, request: pytest.FixtureRequest) -> Iterator[Kit]:
     """A Kit on the test's stream; its handles are deleted before the owner's leak check."""

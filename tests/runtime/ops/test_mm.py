@@ -9,6 +9,7 @@ import torch
 from aotrt.errors import InvalidArgument, Unsupported
 from aotrt.runtime import shims
 from aotrt.runtime.ops import OPS, addmm, bmm, linear, mm
+from tests.runtime.ops.conftest import check_tf32
 
 DTYPES = ("float32", "bfloat16", "float16")
 LAYOUTS = ("packed", "offset", "strided", "transposed")
@@ -447,14 +448,7 @@ def test_matmul_tf32_only_where_the_stream_allows_it(kit, stream, op):
         for name, s in (("ieee", stream), ("tf32", tf32)):
             out = kit.out((128, 96), "float32")
             (mm if op == "mm" else linear)(s, out, a, b)
-            got[name] = kit.read(out).astype(np.float64)
+            got[name] = kit.read(out)
     finally:
         tf32.close()
-    scale = float(np.abs(ref.numpy()).max())
-    ieee, t = (float(np.abs(got[n] - ref.numpy()).max()) / scale for n in ("ieee", "tf32"))
-    assert ieee < 1e-5, ieee
-    assert t < 3e-3, t
-    if kit.dev.name == "cuda":
-        assert t > 10 * ieee, (t, ieee)
-    else:
-        assert np.array_equal(got["ieee"], got["tf32"])
+    check_tf32(kit.dev.name, got, ref.numpy())
