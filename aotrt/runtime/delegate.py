@@ -27,13 +27,13 @@ from aotrt.limits import Limits
 from aotrt.program import Program
 from aotrt.runtime import finalize, shims
 from aotrt.runtime.arguments import Arg, Arguments, spec_of
-from aotrt.runtime.device import (Command, Device, KernelLibrary, Stream, default_device,
-                                  get_device)
+from aotrt.runtime.device import Command, Device, Stream, default_device, get_device
 from aotrt.runtime.hazards import Access
 from aotrt.runtime.memory import PROCESS_OWNER, Allocation, Owner, owner_scope
 from aotrt.runtime.options import Fp32Math, StreamOptions, check_threads
 from aotrt.runtime.public import Tensor
-from aotrt.runtime.replays import GraphReplay, StaticIO, arena_homes
+from aotrt.runtime.replays import GraphReplay, StaticIO, static_inputs
+from aotrt.runtime.teardown import Resources, teardown
 from aotrt.runtime.tensor import Handle
 
 log = logging.getLogger(__name__)
@@ -116,8 +116,8 @@ class Delegate:
         # buffers (measured on cpu only; cuda without graphs builds I/O steps at each run).
         self._static_io: StaticIO | None = None
         # What close() (or the garbage collector, for a delegate never closed) tears down.
-        self._res = _Resources(self._owner)
-        self._closer = finalize.finalizer(self, _teardown, self._res)
+        self._res = Resources(self._owner)
+        self._closer = finalize.finalizer(self, teardown, self._res)
         try:
             self._init(StreamOptions.from_env(check_hazards=check_hazards, threads=threads,
                                               fp32_math=fp32_math))
@@ -292,16 +292,11 @@ class Delegate:
     def _capture(self) -> GraphReplay:
         """Static input/output buffers, one eager warm-up over them (plans, workspaces and
         kernels get made), then the whole instruction list captured as one CUDA graph."""
-        dev, stream, u8 = self.device, self._stream, dtypes.uint8
+        stream = self._stream
         keep: list[Handle] = []
-        ins = self._static_inputs()
-        outs = [shims.empty_strided([max(s.nbytes, 1)], [1], u8, dev) for s in self.outputs]
-        handles: list[Handle | None] = list(self._static)
-        for k, b in enumerate(ins):
-            self._views(("input", k), b, handles, keep)
+        ins, outs, handles = self._static_buffers(keep)
+        for b in ins:
             stream.fill(b, 0)
-        for k, b in enumerate(outs):
-            self._views(("output", k), b, handles, keep)
         self._execute(handles)
         stream.label = ""
         stream.commit_and_wait()
@@ -324,18 +319,20 @@ class Delegate:
         out_views = [where[t] for t in self.program.outputs_tensors]
         return GraphReplay(graph, ins, outs, keep, accesses, [h.address for h in ins], out_views)
 
-    def _static_inputs(self) -> list[Handle]:
-        """The replays' static input buffers (uint8 bases): in the arena where it has room
-        (replays.arena_homes), else memory of their own."""
-        prog, dev, u8 = self.program, self.device, dtypes.uint8
-        sizes = [max(s.nbytes, 1) for s in self.inputs]
-        anchor = next((h for h, t in zip(self._static, prog.tensors)
-                       if h is not None and t["root"] == "arena"), None)
-        homes = [None] * len(sizes) if anchor is None else arena_homes(
-            prog.tensors, prog.instructions, prog.arena_nbytes, sizes)
-        return [shims.empty_strided([n], [1], u8, dev) if home is None else
-                shims.reinterpret_tensor(anchor, [n], [1], home - anchor.byte_offset, dtype=u8)
-                for n, home in zip(sizes, homes)]
+    def _static_buffers(self, keep: list[Handle]
+                        ) -> tuple[list[Handle], list[Handle], list[Handle | None]]:
+        """Static input and output buffers (uint8 bases; the inputs in the arena where it
+        has room) and the program's views with the per-run ones rooted in them. Every handle
+        made goes to `keep`, bases first."""
+        dev, u8 = self.device, dtypes.uint8
+        ins = static_inputs(self.program, self._static, [s.nbytes for s in self.inputs], dev)
+        outs = [shims.empty_strided([max(s.nbytes, 1)], [1], u8, dev) for s in self.outputs]
+        keep += ins + outs
+        handles: list[Handle | None] = list(self._static)
+        for root, bases in (("input", ins), ("output", outs)):
+            for k, b in enumerate(bases):
+                self._views((root, k), b, handles, keep)
+        return ins, outs, handles
 
     def _run_graph(self, args: list[Arg], outs: list[Arg] | None,
                    out: Any) -> tuple[Any, ...]:
@@ -371,19 +368,10 @@ class Delegate:
 
     def _plan_static_io(self) -> StaticIO:
         """Static input/output buffers and every step's commands, built over them once."""
-        dev, stream, u8 = self.device, self._stream, dtypes.uint8
+        stream = self._stream
         p = StaticIO(stream)
         try:
-            p.ins = self._static_inputs()
-            p.keep += p.ins
-            p.outs = [shims.empty_strided([max(s.nbytes, 1)], [1], u8, dev)
-                      for s in self.outputs]
-            p.keep += p.outs
-            handles: list[Handle | None] = list(self._static)
-            for k, b in enumerate(p.ins):
-                self._views(("input", k), b, handles, p.keep)
-            for k, b in enumerate(p.outs):
-                self._views(("output", k), b, handles, p.keep)
+            p.ins, p.outs, handles = self._static_buffers(p.keep)
             for step in self._steps:
                 if step.planned is None:
                     with stream.planning() as cmds:
@@ -635,52 +623,6 @@ class Delegate:
     def stream(self) -> Stream | None:
         """The delegate's own stream."""
         return self._stream
-
-
-class _Resources:
-    """A delegate's owner, stream, kernel library and CUDA graph, apart from the delegate so
-    a finalizer can hold them."""
-
-    __slots__ = ("owner", "stream", "library", "graph")
-
-    def __init__(self, owner: Owner) -> None:
-        self.owner = owner
-        self.stream: Stream | None = None
-        self.library: KernelLibrary | None = None
-        self.graph: Any = None
-
-
-def _teardown(res: _Resources) -> None:
-    """Wait, free everything the owner holds, close the stream, then release the graph and
-    the kernel library, whose code no queued work can run any more (runs once)."""
-    owner, stream = res.owner, res.stream
-    err: BaseException | None = None
-    if isinstance(stream, Stream) and not stream.closed:
-        try:
-            stream.commit_and_wait()
-        except AotrtError as e:
-            log.debug("delegate teardown: queued work failed: %s", e)
-    try:
-        owner.close()
-    except BaseException as e:  # noqa: BLE001 - the stream must still close
-        err = e
-    if isinstance(stream, Stream):
-        try:
-            stream.close()
-        except BaseException as e:  # noqa: BLE001
-            err = err or e
-    # A graph's kernel nodes point into the library's module: the graph goes first.
-    graph, res.graph = res.graph, None
-    library, res.library = res.library, None
-    for release in (getattr(graph, "close", None), getattr(library, "close", None)):
-        if release is None:
-            continue
-        try:
-            release()
-        except BaseException as e:  # noqa: BLE001
-            err = err or e
-    if err is not None:
-        raise err
 
 
 def _settle_other_streams(alloc: Allocation, stream: Stream, writes_only: bool) -> None:

@@ -144,6 +144,22 @@ def arena_homes(tensors: Sequence[dict], instructions: Sequence[dict], arena_nby
     return homes
 
 
+def static_inputs(program: Any, static: Sequence[Handle | None], nbytes: Sequence[int],
+                  device: Any) -> list[Handle]:
+    """The static input buffers (uint8 bases of `nbytes[k]` bytes) of a replay of
+    `program`, whose arena and constant views are `static`: in the arena where
+    `arena_homes` finds room, else memory of their own."""
+    u8 = as_dtype("uint8")
+    sizes = [max(n, 1) for n in nbytes]
+    anchor = next((h for h, t in zip(static, program.tensors)
+                   if h is not None and t["root"] == "arena"), None)
+    homes = [None] * len(sizes) if anchor is None else arena_homes(
+        program.tensors, program.instructions, program.arena_nbytes, sizes)
+    return [shims.empty_strided([n], [1], u8, device) if home is None else
+            shims.reinterpret_tensor(anchor, [n], [1], home - anchor.byte_offset, dtype=u8)
+            for n, home in zip(sizes, homes)]
+
+
 def _read_first(tensors: Sequence[dict], instructions: Sequence[dict],
                 after: int) -> list[tuple[int, int]]:
     """Arena byte ranges that an instruction past index `after` may read before any
@@ -217,4 +233,4 @@ def _first_gap(busy: list[tuple[int, int]], limit: int, size: int) -> int | None
     return at if limit - at >= size else None
 
 
-__all__ = ["GraphReplay", "StaticIO", "arena_homes"]
+__all__ = ["GraphReplay", "StaticIO", "arena_homes", "static_inputs"]

@@ -1,0 +1,62 @@
+"""What a delegate tears down, and in which order: its resources (owner, stream, kernel
+library, CUDA graph) live apart from the delegate so that its finalizer can hold them."""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from aotrt.errors import AotrtError
+from aotrt.runtime.device import KernelLibrary, Stream
+from aotrt.runtime.memory import Owner
+
+log = logging.getLogger(__name__)
+
+
+class Resources:
+    """A delegate's owner, stream, kernel library and CUDA graph, apart from the delegate so
+    a finalizer can hold them."""
+
+    __slots__ = ("owner", "stream", "library", "graph")
+
+    def __init__(self, owner: Owner) -> None:
+        self.owner = owner
+        self.stream: Stream | None = None
+        self.library: KernelLibrary | None = None
+        self.graph: Any = None
+
+
+def teardown(res: Resources) -> None:
+    """Wait, free everything the owner holds, close the stream, then release the graph and
+    the kernel library, whose code no queued work can run any more (runs once)."""
+    owner, stream = res.owner, res.stream
+    err: BaseException | None = None
+    if isinstance(stream, Stream) and not stream.closed:
+        try:
+            stream.commit_and_wait()
+        except AotrtError as e:
+            log.debug("delegate teardown: queued work failed: %s", e)
+    try:
+        owner.close()
+    except BaseException as e:  # noqa: BLE001 - the stream must still close
+        err = e
+    if isinstance(stream, Stream):
+        try:
+            stream.close()
+        except BaseException as e:  # noqa: BLE001
+            err = err or e
+    # A graph's kernel nodes point into the library's module: the graph goes first.
+    graph, res.graph = res.graph, None
+    library, res.library = res.library, None
+    for release in (getattr(graph, "close", None), getattr(library, "close", None)):
+        if release is None:
+            continue
+        try:
+            release()
+        except BaseException as e:  # noqa: BLE001
+            err = err or e
+    if err is not None:
+        raise err
+
+
+__all__ = ["Resources", "teardown"]
