@@ -9,7 +9,8 @@
 #
 # bench.py splits $4 evenly over the models left after the exports (about 36 s): give the
 # six models 360 s or more. With 330 s, BERT's reduce-overhead runner did not finish inside
-# its 54 s share (session 20); with 360 s it did (session 19).
+# its 54 s share (session 20); with 360 s it did (session 19). $6: timed runs per runner
+# (default 30; the median of 30 sub-millisecond replays moved by 0.1 ms between runs).
 out="${1:?usage: h200_bench.sh OUTDIR TEST_FILES PROFILES SECONDS}"
 source scripts/device_env.sh || exit 1
 mkdir -p "$out"
@@ -35,6 +36,6 @@ for m in ${5:-}; do
 done
 secs="${4:-420}"
 timeout $((secs + 20)) python3 bench/bench.py --out "$out/bench.json" --budget "$secs" \
-    --iters 30 2>&1 | flt > "$out/bench.log"
+    --iters "${6:-30}" 2>&1 | flt > "$out/bench.log"
 tail -12 "$out/bench.log" >> "$s"
 cat "$s"
