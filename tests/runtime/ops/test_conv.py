@@ -656,10 +656,12 @@ def test_conv_epilogue_refusals(kit, stream, bad):
 def test_conv_tf32_only_where_the_stream_allows_it(kit, stream, layout):
     """Fp32Math(conv_tf32=True) lets a float32 convolution take TF32 tensor-core engines on
     cuda (an error near 1e-4 here, as torch's default cudnn.allow_tf32 gives), and the
-    default stream keeps float32 (1e-6). The cpu has no TF32: the same bits either way."""
+    default stream keeps float32 (1e-6). The convolution is large enough that TF32 pays
+    (ops/cuda/tf32.py keeps float32 where it does not). The cpu has no TF32: the same bits
+    either way."""
     from aotrt.runtime.options import Fp32Math, StreamOptions
 
-    x_np, w_np = kit.randn((2, 256, 14, 14), "float32"), kit.randn((256, 256, 3, 3), "float32")
+    x_np, w_np = kit.randn((4, 256, 28, 28), "float32"), kit.randn((256, 256, 3, 3), "float32")
     ref = _ref(kit, x_np, w_np, None, [1, 1], [1, 1], [1, 1], False, [0, 0], 1)
     x, w = kit.tensor(x_np, layout), kit.tensor(w_np, layout)
     tf32 = kit.dev.create_stream(StreamOptions(fp32_math=Fp32Math(conv_tf32=True)))

@@ -4,6 +4,7 @@ GEMMs."""
 from __future__ import annotations
 
 import logging
+import math
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -15,6 +16,7 @@ from aotrt.runtime.ops.cuda.common import (CUDA_TYPE, Scratch, Work, alignment,
                                            stream_workspace, typed)
 from aotrt.runtime.ops.cuda.gemm import operand, plain_plan
 from aotrt.runtime.ops.cuda.libraries import DNN_TYPES, Dnn
+from aotrt.runtime.ops.cuda.tf32 import faster_of
 from aotrt.runtime.tensor import Handle, contiguous_strides
 
 if TYPE_CHECKING:
@@ -136,56 +138,69 @@ def _cudnn_conv(dnn: Dnn, out: Handle, x: Handle, w: Handle, bias: Handle | None
     key = (out.dtype.name, p.transposed, tuple(xs), tuple(xst), tuple(ws), tuple(wst),
            tuple(os_), tuple(ost), tuple(pad), tuple(stride), tuple(dil), bias is not None,
            tuple(rst), activation, tf32)
+
+    def build(exact: bool) -> tuple:
+        """The graph, its tensors and workspace size; `exact`: no tensor-core engines."""
+        g = cudnn.pygraph(io_data_type=dt, intermediate_data_type=cudnn.data_type.FLOAT,
+                          compute_data_type=cudnn.data_type.FLOAT, handle=dnn.handle)
+        X = g.tensor(name="x", dim=xs, stride=xst, data_type=dt)
+        W = g.tensor(name="w", dim=ws, stride=wst, data_type=dt)
+        if p.transposed:
+            # a transposed convolution is the data gradient of the forward one
+            Y = g.conv_dgrad(loss=X, filter=W, padding=pad, stride=stride, dilation=dil,
+                             compute_data_type=cudnn.data_type.FLOAT, name="convt")
+            Y.set_dim(os_).set_stride(ost)
+        else:
+            Y = g.conv_fprop(image=X, weight=W, padding=pad, stride=stride, dilation=dil,
+                             compute_data_type=cudnn.data_type.FLOAT, name="conv")
+        B = None
+        if bias is not None:
+            co = bias.sizes[0]
+            spatial = [1] * (len(os_) - 2)
+            B = g.tensor(name="b", dim=[1, co, *spatial], stride=[co, 1, *spatial],
+                         data_type=dt)
+            Y = g.bias(input=Y, bias=B, name="bias")
+        R = None
+        if rb is not None:
+            R = g.tensor(name="r", dim=rs, stride=rst, data_type=dt)
+            Y = g.add(a=Y, b=R, name="residual")
+        if activation == "relu":
+            Y = g.relu(input=Y, name="relu")
+        elif activation == "relu6":
+            Y = g.relu(input=Y, lower_clip=0.0, upper_clip=6.0, name="relu6")
+        elif activation == "silu":
+            Y = g.swish(input=Y, name="silu")
+        Y.set_output(True).set_data_type(dt).set_dim(os_).set_stride(ost)
+        g.validate()
+        g.build_operation_graph()
+        g.create_execution_plans([cudnn.heur_mode.A, cudnn.heur_mode.FALLBACK])
+        # Engines that trade accuracy for speed are not used: Winograd and FFT transforms,
+        # reductions in the io type and inputs converted down lose about 1e-2 per
+        # convolution in half types, which a deep network (ResNet-101, RegNet-16GF and
+        # ConvNeXt-B at fp16 in the zoo) compounds into a wrong answer. Tensor-core
+        # engines run float32 as TF32 (10-bit mantissa): float32 keeps float32 engines
+        # (`exact`) unless the stream's Fp32Math allows TF32, as torch's cudnn.allow_tf32
+        # does, and then only where TF32 pays (`faster_of`).
+        notes = [getattr(cudnn.numerical_note, n) for n in _INEXACT_NOTES
+                 if hasattr(cudnn.numerical_note, n)]
+        if exact:
+            notes.append(cudnn.numerical_note.TENSOR_CORE)
+        g.deselect_numeric_notes(notes)
+        g.check_support()
+        g.build_plans()
+        return g, X, W, B, R, Y, int(g.get_workspace_size())
+
     with dnn.lock:
         entry = dnn.graphs.get(key)
         if entry is None:
-            g = cudnn.pygraph(io_data_type=dt, intermediate_data_type=cudnn.data_type.FLOAT,
-                              compute_data_type=cudnn.data_type.FLOAT, handle=dnn.handle)
-            X = g.tensor(name="x", dim=xs, stride=xst, data_type=dt)
-            W = g.tensor(name="w", dim=ws, stride=wst, data_type=dt)
-            if p.transposed:
-                # a transposed convolution is the data gradient of the forward one
-                Y = g.conv_dgrad(loss=X, filter=W, padding=pad, stride=stride, dilation=dil,
-                                 compute_data_type=cudnn.data_type.FLOAT, name="convt")
-                Y.set_dim(os_).set_stride(ost)
+            if out.dtype.name == "float32" and tf32:
+                sizes = [math.prod(xs) * 4, math.prod(ws) * 4,
+                         0 if bias is None else bias.sizes[0] * 4,
+                         math.prod(rs) * 4 if rb is not None else 0, math.prod(os_) * 4]
+                entry = faster_of(dnn, lambda: build(True), lambda: build(False), sizes)
             else:
-                Y = g.conv_fprop(image=X, weight=W, padding=pad, stride=stride, dilation=dil,
-                                 compute_data_type=cudnn.data_type.FLOAT, name="conv")
-            B = None
-            if bias is not None:
-                co = bias.sizes[0]
-                spatial = [1] * (len(os_) - 2)
-                B = g.tensor(name="b", dim=[1, co, *spatial], stride=[co, 1, *spatial],
-                             data_type=dt)
-                Y = g.bias(input=Y, bias=B, name="bias")
-            R = None
-            if rb is not None:
-                R = g.tensor(name="r", dim=rs, stride=rst, data_type=dt)
-                Y = g.add(a=Y, b=R, name="residual")
-            if activation == "relu":
-                Y = g.relu(input=Y, name="relu")
-            elif activation == "relu6":
-                Y = g.relu(input=Y, lower_clip=0.0, upper_clip=6.0, name="relu6")
-            elif activation == "silu":
-                Y = g.swish(input=Y, name="silu")
-            Y.set_output(True).set_data_type(dt).set_dim(os_).set_stride(ost)
-            g.validate()
-            g.build_operation_graph()
-            g.create_execution_plans([cudnn.heur_mode.A, cudnn.heur_mode.FALLBACK])
-            # Engines that trade accuracy for speed are not used: Winograd and FFT transforms,
-            # reductions in the io type and inputs converted down lose about 1e-2 per
-            # convolution in half types, which a deep network (ResNet-101, RegNet-16GF and
-            # ConvNeXt-B at fp16 in the zoo) compounds into a wrong answer. Tensor-core
-            # engines run float32 as TF32 (10-bit mantissa): float32 keeps float32 engines
-            # unless the stream's Fp32Math allows TF32, as torch's cudnn.allow_tf32 does.
-            notes = [getattr(cudnn.numerical_note, n) for n in _INEXACT_NOTES
-                     if hasattr(cudnn.numerical_note, n)]
-            if out.dtype.name == "float32" and not tf32:
-                notes.append(cudnn.numerical_note.TENSOR_CORE)
-            g.deselect_numeric_notes(notes)
-            g.check_support()
-            g.build_plans()
-            entry = dnn.graphs[key] = (g, X, W, B, R, Y, int(g.get_workspace_size()))
+                entry = build(out.dtype.name == "float32")
+            dnn.graphs[key] = entry
     g, X, W, B, R, Y, wsize = entry
     handle = dnn.handle
     isz = out.dtype.itemsize

@@ -76,9 +76,11 @@ class Dnn:
     `available` is False where the frontend or the library is missing."""
 
     def __init__(self, device: "CudaDevice") -> None:
+        self.device = device
         self.graphs: dict[tuple, Any] = {}
         self.lock = threading.Lock()
         self.available = False
+        self._tuning: Any = None
         try:
             import cudnn
 
@@ -88,6 +90,15 @@ class Dnn:
         except Exception as e:  # noqa: BLE001 - no cuDNN: the im2col path serves
             log.info("cuDNN is not available (%r): convolutions use im2col + GEMM, attention "
                      "two GEMMs", e)
+
+    def tuning_stream(self) -> Any:
+        """A stream of the device's own, on which graphs are timed at load (ops/cuda/tf32.py)
+        apart from every delegate's work; made on first use."""
+        if self._tuning is None or self._tuning.closed:
+            from aotrt.runtime.options import StreamOptions
+
+            self._tuning = self.device.create_stream(StreamOptions())
+        return self._tuning
 
 
 __all__ = ["DNN_TYPES", "CudaLibraries", "Dnn"]
