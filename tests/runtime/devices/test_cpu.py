@@ -201,6 +201,17 @@ def test_cache_key_covers_the_cpu_features(cpu, monkeypatch):
     assert real is None or "-march=" in real
 
 
+def test_gcc_gets_room_for_more_alias_checks_and_other_compilers_do_not(monkeypatch):
+    """gcc vectorises a loop of many loads (a 5x5 max pool's 25) only with more run-time
+    overlap checks than its default 10; the --param is gcc's, so no other compiler gets it."""
+    cc, src, names = lib_cc(), "int32_t aotrt_error = 0;\n", ["aotrt_k0", "aotrt_error"]
+    for version, expect in (("cc (Debian 12.2.0-14) 12.2.0\nCopyright (C) 2022 Free Software "
+                             "Foundation, Inc.", True), ("Debian clang version 14.0.6", False)):
+        monkeypatch.setattr(cpu_mod, "_versions", {cc: version})
+        _, flags = cpu_mod.KernelCache().key(cc, src, names)
+        assert all(f in flags for f in cpu_mod.GCC_FLAGS) is expect, (version, flags)
+
+
 def test_a_library_builds_and_runs_without_native_flags(cpu, ctx, monkeypatch, tmp_path):
     monkeypatch.setenv("AOTRT_CACHE_DIR", str(tmp_path))
     monkeypatch.setattr(cpu, "cache", cpu_mod.KernelCache())
