@@ -240,6 +240,9 @@ class CudaStream(Stream):
             raise DeviceError(f"cuda stream {self.id}: not capturing")
         self.capturing = False
         graph = _check(_drv.cuStreamEndCapture(self.cs.handle), "end capture")
+        # The graph writes the workspace it was captured with: a larger one must not free it
+        # (ops/cuda/common.stream_workspace keeps a baked one in `retired`).
+        self.workspace_baked = self.workspace_baked or self.workspace is not None
         try:
             exec_ = _check(_drv.cuGraphInstantiate(graph, 0), "graph instantiate")
         except BaseException:

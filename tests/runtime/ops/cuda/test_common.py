@@ -112,6 +112,30 @@ def test_an_outgrown_workspace_a_graph_baked_in_is_kept(dev, stream) -> None:
 
 
 @needs_gpu
+def test_a_workspace_a_whole_run_capture_baked_in_is_kept(dev, stream) -> None:
+    """begin_capture/end_capture (a delegate's whole-run graph) bakes the workspace in as
+    `replayed` does: outgrowing it afterwards retires the old buffer instead of freeing it."""
+    from aotrt.runtime.ops.cuda.common import stream_workspace
+
+    from cuda.bindings import driver
+
+    stream_workspace(stream, 1 << 20)
+    stream.begin_capture()
+    try:
+        driver.cuMemsetD8Async(stream_workspace(stream, 1 << 20), 0, 1 << 20,
+                               stream.cs.handle)
+    finally:
+        graph = stream.end_capture()
+    assert stream.workspace_baked
+    old = stream.workspace[2]
+    stream_workspace(stream, 8 << 20)
+    assert stream.retired == [old]
+    graph.launch(stream)            # still writes the retired buffer, which is alive
+    stream.commit_and_wait()
+    graph.close()
+
+
+@needs_gpu
 def test_replayed_convolutions_and_attention_keep_matching_torch_across_runs() -> None:
     """Without a whole-run graph, the cuDNN convolution and attention commands are captured
     on the second run and launched after; every run still matches torch on fresh inputs."""
