@@ -361,7 +361,7 @@ class KernelCache:
         one CPU's vector units is never loaded on another.
         """
         flags = compile_flags()
-        if "Free Software Foundation" in _compiler_version(cc) and "clang" not in cc:
+        if "Free Software Foundation" in _compiler_version(cc):     # gcc, not clang
             flags = (*flags, *GCC_FLAGS)
         features = self.features(cc)
         if features is not None:
