@@ -313,16 +313,30 @@ def copy_is_alias(node: Node) -> bool:
             and is_injective(tuple(val.shape), tuple(val.stride())))
 
 
+_SDPA = "aten.scaled_dot_product_attention.default"
+
+
+def feeds_attention_only(node: Node) -> bool:
+    """A clone used only as attention's q, k or v: the sdpa op reads its operands by
+    strides, so the copy is not needed. Hugging Face's head split `.view(...).transpose(1,
+    2).contiguous()` made three of these per Whisper layer, each a kernel of its own."""
+    users = list(node.users)
+    return node.target == torch.ops.aten.clone.default and bool(users) and all(
+        target_name(u.target) == _SDPA and any(a is node for a in u.args[:3])
+        and not any(a is node for a in (*u.args[3:], *u.kwargs.values())) for u in users)
+
+
 def _copy_fusible(lw: Lowering, node: Node) -> bool:
-    return not copy_is_alias(node) and fuse.fusible(node)
+    return not copy_is_alias(node) and not feeds_attention_only(node) and fuse.fusible(node)
 
 
 @rule("aten.clone.default", "aten.copy.default", fusible=_copy_fusible)
 def _lower_copy(lw: Lowering, node: Node) -> None:
-    """A clone/copy that `copy_is_alias` let through: share the source's memory."""
+    """A clone/copy that `copy_is_alias` or `feeds_attention_only` let through: share the
+    source's memory."""
     src = lw.tv(node.args[0] if node.target == torch.ops.aten.clone.default else node.args[1])
     val = tensor_meta(node)
-    if src.strides == tuple(val.stride()):
+    if src.strides == tuple(val.stride()) or feeds_attention_only(node):
         lw.bind(node, src)
         return
     dst = lw.out_view(node)          # the source is not laid out as its meta said

@@ -67,3 +67,41 @@ def test_elementwise_keeps_layout_and_view_follows() -> None:
     assert "copy" not in count_ops(prog)
     strides = {tuple(t["strides"]) for t in prog.tensors}
     assert (1024, 16, 64, 1) in strides
+
+
+class HeadSplitAttention(nn.Module):
+    """Hugging Face's head split before attention (Whisper, BART): q, k and v each
+    `.view(b, s, h, d).transpose(1, 2).contiguous()`; `keep_k` also returns k's copy."""
+
+    def __init__(self, keep_k: bool = False) -> None:
+        super().__init__()
+        self.q, self.k, self.v = nn.Linear(32, 32), nn.Linear(32, 32), nn.Linear(32, 32)
+        self.keep_k = keep_k
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+        def heads(t: torch.Tensor) -> torch.Tensor:
+            return t.view(1, 6, 4, 8).transpose(1, 2).contiguous()
+        q, k, v = heads(self.q(x) * 0.5), heads(self.k(x)), heads(self.v(x))
+        out = torch.nn.functional.scaled_dot_product_attention(q, k, v)
+        return (out, k + 1.0) if self.keep_k else out
+
+
+def test_a_copy_only_attention_reads_is_its_source_read_by_strides() -> None:
+    """The head-split copies feeding sdpa's q, k and v go: sdpa reads the projections'
+    outputs by strides (sizes [1, 4, 6, 8], strides [192, 8, 32, 1]), and matches eager."""
+    prog = check_shapes(HeadSplitAttention(), (1, 6, 32))
+    assert "copy" not in count_ops(prog)
+    (att,) = library_instrs(prog, "sdpa")
+    lin = library_instrs(prog, "linear")
+    for t, src in zip(att["ins"][1:3], lin[1:]):
+        view, out = prog.tensors[t], prog.tensors[src["outs"][0]]
+        assert (view["root"], view["index"]) == (out["root"], out["index"])
+        assert (view["sizes"], view["strides"]) == ([1, 4, 6, 8], [192, 8, 32, 1])
+
+
+def test_a_copy_with_another_reader_stays_a_copy() -> None:
+    """k's copy is also an output's operand: only sdpa reads by strides, so it stays."""
+    prog = check_shapes(HeadSplitAttention(keep_k=True), (1, 6, 32))
+    (att,) = library_instrs(prog, "sdpa")
+    k = prog.tensors[att["ins"][1]]
+    assert k["strides"] == [192, 48, 8, 1]
