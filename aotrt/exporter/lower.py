@@ -45,7 +45,8 @@ from aotrt.exporter.rules.cat_scatter import dest
 from aotrt.exporter.rules.fold import (const_view, fold_batch_norms, propagate_constants,
                                        remove_noops)
 from aotrt.exporter.rules.fused import lower_group
-from aotrt.exporter.rules.library import cast_gemm_operands, transpose_gemm_weights
+from aotrt.exporter.rules.library import (cast_gemm_operands, fold_query_scales,
+                                          transpose_gemm_weights)
 from aotrt.exporter.tview import Buf, Instr, TView, is_injective
 from aotrt.kernels import ir
 from aotrt.program import Program
@@ -93,6 +94,8 @@ class Lowering:
         n = cast_gemm_operands(self.graph)
         log.debug("%d GEMM operands cast to their result's dtype", n)
         fold_batch_norms(self)
+        n = fold_query_scales(self.graph)
+        log.debug("%d query scales folded into attention's scale", n)
         self.graph.eliminate_dead_code()
         n = epilogue.fuse_conv_epilogues(self.graph)
         log.debug("%d convolutions took their epilogue", n)

@@ -125,6 +125,72 @@ def _is_causal_mask(m: Any) -> bool:
     return bool((m == tril).all())
 
 
+#: ops that only re-view their one tensor operand: a query scale may pass through them
+_QUERY_VIEWS = (aten.view.default, aten._unsafe_view.default, aten.reshape.default,
+                aten.transpose.int, aten.permute.default, aten.clone.default,
+                aten.unsqueeze.default, aten.squeeze.dim)
+_SCALES = (aten.mul.Tensor, aten.mul.Scalar, aten.div.Tensor, aten.div.Scalar)
+
+
+def _query_only(node: Node, sdpas: list[Node]) -> bool:
+    """True when every path from `node` goes through views to attention's query (argument
+    0) and nowhere else; the attention nodes reached go to `sdpas`."""
+    if not node.users:
+        return False
+    for u in node.users:
+        if u.target == aten.scaled_dot_product_attention.default:
+            if u.args[0] is not node or any(a is node for a in (*u.args[1:],
+                                                                *u.kwargs.values())):
+                return False
+            sdpas.append(u)
+        elif u.target not in _QUERY_VIEWS or u.args[0] is not node or not _query_only(u, sdpas):
+            return False
+    return True
+
+
+def fold_query_scales(graph: torch.fx.Graph) -> int:
+    """A query multiplied (or divided) by a positive constant, then only re-viewed into
+    attention, becomes attention's scale; returns how many were folded.
+
+    Hugging Face's Whisper, BART and others scale the q projection by head_dim ** -0.5
+    and call sdpa with scale 1.0: one elementwise kernel per layer over the queries. The
+    fused attention applies its scale to the scores in float32, which is exact where the
+    constant is a power of two (Whisper's 0.125) and otherwise rounds less than eager's
+    half-type product does.
+    """
+    n = 0
+    for node in list(graph.nodes):
+        if node.op != "call_function" or node.target not in _SCALES or len(node.args) != 2:
+            continue
+        x, c = node.args
+        if not isinstance(x, torch.fx.Node) or isinstance(c, bool) \
+                or not isinstance(c, (int, float)):
+            continue
+        c = float(c) if node.target in (aten.mul.Tensor, aten.mul.Scalar) else 1.0 / float(c)
+        xv, val = meta_val(x), meta_val(node)
+        if not (isinstance(xv, torch.Tensor) and isinstance(val, torch.Tensor)
+                and xv.dtype == val.dtype and xv.is_floating_point()
+                and tuple(xv.shape) == tuple(val.shape) and 0.0 < c < float("inf")):
+            continue
+        sdpas: list[Node] = []
+        if not _query_only(node, sdpas) or any(
+                not isinstance(arg(a, 6, "scale", None), (int, float, type(None)))
+                for a in sdpas):
+            continue
+        for a in sdpas:
+            scale = arg(a, 6, "scale", None)
+            if scale is None:
+                scale = int(meta_val(a.args[0]).shape[-1]) ** -0.5
+            if len(a.args) > 6:
+                a.args = (*a.args[:6], float(scale) * c, *a.args[7:])
+            else:
+                a.kwargs = {**a.kwargs, "scale": float(scale) * c}
+        node.replace_all_uses_with(x)
+        graph.erase_node(node)
+        n += 1
+    return n
+
+
 _GEMMS = (aten.mm.default, aten.bmm.default, aten.addmm.default, aten.linear.default)
 
 

@@ -1,4 +1,5 @@
-"""Library-op rules (aotrt/exporter/rules/library.py): attention's causal mask."""
+"""Library-op rules (aotrt/exporter/rules/library.py): attention's causal mask and scale,
+GEMM operand casts and weight layouts."""
 
 from __future__ import annotations
 
@@ -9,6 +10,8 @@ import torch.nn as nn
 
 import aotrt
 from tests.conftest import DEVICES
+from tests.exporter import modules as M
+from tests.exporter.harness import check_module, count_ops
 from tests.exporter.lowering import library_instrs
 from tests.support import rel_err
 
@@ -158,3 +161,52 @@ def test_a_constant_mask_that_masks_nothing_is_dropped(device: str, which: str) 
     assert ins["params"]["is_causal"] is False
     assert ins["ins"][3] is None
     assert err < 1e-4
+
+
+class ScaledQuery(nn.Module):
+    """Whisper's attention: the q projection times (or divided by) a constant, split into
+    heads by views, then sdpa with `scale`; `reuse` also returns the scaled queries."""
+
+    def __init__(self, c: float, scale: float | None, op: str = "mul",
+                 reuse: bool = False) -> None:
+        super().__init__()
+        self.q, self.k, self.v = nn.Linear(32, 32), nn.Linear(32, 32), nn.Linear(32, 32)
+        self.c, self.scale, self.op, self.reuse = c, scale, op, reuse
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+        def heads(t: torch.Tensor) -> torch.Tensor:
+            return t.view(2, 6, 4, 8).transpose(1, 2)
+        q = self.q(x) * self.c if self.op == "mul" else self.q(x) / self.c
+        out = torch.nn.functional.scaled_dot_product_attention(
+            heads(q), heads(self.k(x)), heads(self.v(x)), scale=self.scale)
+        return (out, q) if self.reuse else out
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+@pytest.mark.parametrize("c,scale,op,folded", [
+    (0.125, 1.0, "mul", 0.125),          # Whisper's: exact, a power of two
+    (0.3, None, "mul", 0.3 / 8 ** 0.5),  # sdpa's default scale, 1/sqrt(head dim)
+    (8.0, 0.5, "div", 0.5 / 8.0),
+])
+def test_a_query_scale_becomes_attentions_scale(device: str, dtype: torch.dtype, c: float,
+                                                scale: float | None, op: str,
+                                                folded: float) -> None:
+    """The scaling kernel goes, sdpa takes the product of the two scales, and the result
+    matches eager."""
+    prog = check_module(ScaledQuery(c, scale, op), M.inputs((2, 6, 32)), dtype,
+                        device=device).program
+    assert "kernel" not in count_ops(prog), count_ops(prog)
+    (att,) = library_instrs(prog, "sdpa")
+    assert att["params"]["scale"] == pytest.approx(folded, rel=1e-12)
+
+
+@pytest.mark.parametrize("c,reuse", [(0.125, True), (-0.125, False), (0.0, False)])
+def test_a_query_scale_stays_where_it_cannot_fold(c: float, reuse: bool) -> None:
+    """Scaled queries that something else reads, and a scale that is not positive (the
+    fused attention's scale is applied to scores), keep their multiply."""
+    prog = check_module(ScaledQuery(c, 1.0, reuse=reuse), M.inputs((2, 6, 32)),
+                        torch.float32).program
+    assert count_ops(prog).get("kernel", 0) >= 1
+    (att,) = library_instrs(prog, "sdpa")
+    assert att["params"]["scale"] == 1.0
