@@ -174,6 +174,64 @@ def row_major_for_row_reductions(graph: torch.fx.Graph,
     return changed
 
 
+_SAME_SHAPE_VIEWS = (aten.view.default, aten._unsafe_view.default, aten.reshape.default,
+                     aten.alias.default)
+
+
+def _head_merges(node: torch.fx.Node, found: list[torch.fx.Node]) -> bool:
+    """True when every reader of `node` (4-D) swaps dims 1 and 2, directly or after views
+    that keep its shape (Whisper reshapes to the same shape first); the nodes on the way,
+    swaps last, go to `found`."""
+    if not node.users:
+        return False
+    shape = tuple(node.meta["val"].shape)
+    for u in node.users:
+        if u.op != "call_function" or not u.args or u.args[0] is not node:
+            return False
+        uv = u.meta.get("val")
+        if u.target in _SAME_SHAPE_VIEWS and isinstance(uv, torch.Tensor) \
+                and tuple(uv.shape) == shape:
+            found.append(u)
+            if not _head_merges(u, found):
+                return False
+        elif (u.target == aten.transpose.int and len(u.args) == 3 and
+              {d % 4 for d in u.args[1:] if isinstance(d, int)} == {1, 2}) or \
+                (u.target == aten.permute.default and len(u.args) == 2 and
+                 [d % 4 for d in u.args[1] if isinstance(d, int)] == [0, 2, 1, 3]):
+            found.append(u)
+        else:
+            return False
+    return True
+
+
+def heads_merged_by_attention(graph: torch.fx.Graph) -> int:
+    """Lay out attention results (B, H, L, D) as (B, L, H, D) where every reader swaps heads
+    and tokens back (the head merge before the output projection), so that the merge is a
+    view and its `.contiguous()` no copy; returns how many attention results changed. The
+    attention ops write by strides (cuDNN's flash attention on cuda, a strided store on
+    cpu). BERT, GPT-2 and Whisper merged heads with one copy kernel per layer."""
+    changed = 0
+    for node in graph.nodes:
+        if node.op != "call_function" or node.target != aten.scaled_dot_product_attention.default:
+            continue
+        val = node.meta.get("val")
+        found: list[torch.fx.Node] = []
+        if (not isinstance(val, torch.Tensor) or val.dim() != 4 or val.numel() == 0
+                or not val.is_contiguous() or not _head_merges(node, found)):
+            continue
+        b, h, l_, d = val.shape
+        merged = (l_ * h * d, d, h * d, 1)
+        for n in (node, *found):
+            v = n.meta["val"]
+            if n.target in (aten.transpose.int, aten.permute.default):
+                n.meta["val"] = torch.empty(tuple(v.shape), dtype=v.dtype, device="meta")
+            else:
+                n.meta["val"] = torch.empty_strided(tuple(v.shape), merged, dtype=v.dtype,
+                                                    device="meta")
+        changed += 1
+    return changed
+
+
 def _dense(t: torch.Tensor) -> bool:
     """True when `t` covers its memory exactly once, in some order of its dims."""
     dims = sorted((st, n) for n, st in zip(t.shape, t.stride()) if n != 1)
@@ -231,4 +289,5 @@ def _relayout(node: torch.fx.Node) -> bool:
 
 
 __all__ = ["LAYOUTS", "auto_channels_last", "channels_last_strides", "for_layout", "has_conv",
+           "heads_merged_by_attention",
            "model_dtype", "propagate_channels_last", "row_major_for_row_reductions"]

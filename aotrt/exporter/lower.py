@@ -102,6 +102,8 @@ class Lowering:
         if self.channels_last:
             n = layout.propagate_channels_last(self.graph, is_pointwise)
             log.debug("channels-last: %d nodes laid out NHWC", n)
+        n = layout.heads_merged_by_attention(self.graph)
+        log.debug("%d attention results laid out with heads merged", n)
         n = layout.row_major_for_row_reductions(self.graph, is_pointwise)
         log.debug("%d elementwise results laid out row-major for the rows reduced", n)
         n = transpose_gemm_weights(self)

@@ -1,4 +1,5 @@
-"""Tests for aotrt/exporter/layout.py: channels-last export of convolution networks."""
+"""Tests for aotrt/exporter/layout.py: channels-last export of convolution networks, and
+attention results laid out with their heads merged."""
 
 from __future__ import annotations
 
@@ -11,6 +12,9 @@ import aotrt
 from aotrt.errors import InvalidArgument
 from aotrt.exporter import layout
 from tests.conftest import DEVICES
+from tests.exporter import modules as M
+from tests.exporter.harness import check_module, count_ops
+from tests.exporter.lowering import library_instrs
 from tests.support import rel_err
 
 
@@ -368,3 +372,46 @@ def test_conv1d_activations_are_channels_last_and_the_token_permute_is_free(
         return sum(1 for i in p.instructions if i["op"] == "copy")
     assert copies(prog) <= copies(plain)
     _matches_eager(prog, m, (2, 8, 24), device, seeds=(0, 1))
+
+
+class HeadMerge(nn.Module):
+    """Attention whose result is merged back to (B, L, H*D) before a projection, as Hugging
+    Face writes it: `same_shape_view` first reshapes to the same shape (Whisper), `also`
+    reads the attention result as it is too."""
+
+    def __init__(self, same_shape_view: bool = False, also: bool = False) -> None:
+        super().__init__()
+        self.proj = nn.Linear(32, 32)
+        self.same_shape_view, self.also = same_shape_view, also
+
+    def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor
+                ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+        a = torch.nn.functional.scaled_dot_product_attention(q, k, v)
+        b, h, l_, d = a.shape
+        m = a.reshape(b, h, l_, d) if self.same_shape_view else a
+        out = self.proj(m.transpose(1, 2).contiguous().reshape(b, l_, h * d))
+        return (out, a * 2.0) if self.also else out
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+@pytest.mark.parametrize("batch,same_shape_view", [(1, True), (3, False)])
+def test_attention_writes_heads_merged(device: str, dtype: torch.dtype, batch: int,
+                                       same_shape_view: bool) -> None:
+    """The attention result is laid out (B, L, H, D), so the merge copy is gone and the
+    projection reads it in place; the output matches eager."""
+    shapes = [(batch, 4, 6, 8)] * 3
+    prog = check_module(HeadMerge(same_shape_view), M.inputs(*shapes), dtype,
+                        device=device).program
+    assert count_ops(prog) == {"library:sdpa": 1, "library:linear": 1}, count_ops(prog)
+    (att,) = library_instrs(prog, "sdpa")
+    assert prog.tensors[att["outs"][0]]["strides"] == [6 * 4 * 8, 8, 4 * 8, 1]
+
+
+def test_an_attention_result_read_as_it_is_keeps_its_layout() -> None:
+    """Another reader of the (B, H, L, D) result: it stays row-major and the merge copies."""
+    prog = check_module(HeadMerge(also=True), M.inputs(*[(2, 4, 6, 8)] * 3),
+                        torch.float32).program
+    (att,) = library_instrs(prog, "sdpa")
+    assert prog.tensors[att["outs"][0]]["strides"] == [4 * 6 * 8, 6 * 8, 8, 1]
+    assert count_ops(prog).get("copy", 0) + count_ops(prog).get("kernel", 0) >= 2
