@@ -107,6 +107,42 @@ def compile_source(source: str, arch: str, what: str = "source") -> bytes:
 # streams
 
 
+def serialize_graph(graph: Any) -> int:
+    """Make every programmatic (early-launch) edge of a captured graph a full dependency;
+    returns how many there were.
+
+    cuBLASLt and cuDNN launch some kernels on the H200 with programmatic stream
+    serialization: captured back to back, such a kernel may start while the one before it
+    still runs. The memory plan reuses arena bytes and the stream's one library workspace
+    on the promise that each instruction ends before the next begins, so an early start can
+    overwrite what the one before still reads. ResNet-50 at batch 32 with graphs gave
+    other answers from run to run (4 of 32 samples off by up to 15; probe of 2026-12-03,
+    scripts/cuda_first_replay_probe.py), and the same program without graphs, where each
+    library op is a graph of its own, never did.
+    """
+    # CUDA 12 bindings name the edge-data calls *_v2; CUDA 13's plain names take edge data
+    get = getattr(_drv, "cuGraphGetEdges_v2", _drv.cuGraphGetEdges)
+    remove = getattr(_drv, "cuGraphRemoveDependencies_v2", _drv.cuGraphRemoveDependencies)
+    add = getattr(_drv, "cuGraphAddDependencies_v2", _drv.cuGraphAddDependencies)
+    res = get(graph, 0)
+    _check(res[:1], "graph edges")
+    count = int(res[-1])
+    if count == 0:
+        return 0
+    res = _check(get(graph, count), "graph edges")
+    if len(res) < 4:
+        return 0        # bindings without edge data: every edge is a default one
+    src, dst, data, count = res[0], res[1], res[2], int(res[3])
+    early = [i for i in range(count) if data[i] is not None and (
+        int(data[i].type) != 0 or int(data[i].from_port) != 0)]
+    if not early:
+        return 0
+    f, t, d = [src[i] for i in early], [dst[i] for i in early], [data[i] for i in early]
+    _check(remove(graph, f, t, d, len(early)), "graph edge removal")
+    _check(add(graph, f, t, None, len(early)), "graph edge")
+    return len(early)
+
+
 class CudaGraph:
     """An instantiated CUDA graph captured from a stream; replay it with `launch`."""
 
@@ -240,6 +276,13 @@ class CudaStream(Stream):
             raise DeviceError(f"cuda stream {self.id}: not capturing")
         self.capturing = False
         graph = _check(_drv.cuStreamEndCapture(self.cs.handle), "end capture")
+        try:
+            n = serialize_graph(graph)
+        except BaseException:
+            _drv.cuGraphDestroy(graph)
+            raise
+        if n:
+            log.debug("cuda stream %d: %d early-launch edges made full dependencies", self.id, n)
         # The graph writes the workspace it was captured with: a larger one must not free it
         # (ops/cuda/common.stream_workspace keeps a baked one in `retired`).
         self.workspace_baked = self.workspace_baked or self.workspace is not None
