@@ -166,7 +166,9 @@ def fold_query_scales(graph: torch.fx.Graph) -> int:
         if not isinstance(x, torch.fx.Node) or isinstance(c, bool) \
                 or not isinstance(c, (int, float)):
             continue
-        c = float(c) if node.target in (aten.mul.Tensor, aten.mul.Scalar) else 1.0 / float(c)
+        if node.target in (aten.div.Tensor, aten.div.Scalar):
+            c = 1.0 / float(c) if c else 0.0        # 0.0 never folds
+        c = float(c)
         xv, val = meta_val(x), meta_val(node)
         if not (isinstance(xv, torch.Tensor) and isinstance(val, torch.Tensor)
                 and xv.dtype == val.dtype and xv.is_floating_point()

@@ -201,11 +201,12 @@ def test_a_query_scale_becomes_attentions_scale(device: str, dtype: torch.dtype,
     assert att["params"]["scale"] == pytest.approx(folded, rel=1e-12)
 
 
-@pytest.mark.parametrize("c,reuse", [(0.125, True), (-0.125, False), (0.0, False)])
-def test_a_query_scale_stays_where_it_cannot_fold(c: float, reuse: bool) -> None:
+@pytest.mark.parametrize("c,op,reuse", [(0.125, "mul", True), (-0.125, "mul", False),
+                                        (0.0, "mul", False), (-2.0, "div", False)])
+def test_a_query_scale_stays_where_it_cannot_fold(c: float, op: str, reuse: bool) -> None:
     """Scaled queries that something else reads, and a scale that is not positive (the
     fused attention's scale is applied to scores), keep their multiply."""
-    prog = check_module(ScaledQuery(c, 1.0, reuse=reuse), M.inputs((2, 6, 32)),
+    prog = check_module(ScaledQuery(c, 1.0, op, reuse=reuse), M.inputs((2, 6, 32)),
                         torch.float32).program
     assert count_ops(prog).get("kernel", 0) >= 1
     (att,) = library_instrs(prog, "sdpa")
