@@ -19,7 +19,7 @@ digests of runs 1-3, and how many batch samples of run 1 differ from a run witho
 - persist: library ops' scratch from cuMemAlloc, kept (no graph memory nodes);
 - bigws: one 512 MiB workspace from the first library op on (it never grows);
 - pdl: the captured graph keeps its programmatic (early-launch) edges, as before
-  `serialize_graph` (devices/cuda.py) made them full dependencies;
+  `serialize_graph` (devices/cuda_graphs.py) made them full dependencies;
 - dot: the default delegate, and the captured graph's shape: nodes by type, and how many
   have other than one edge in or out (a graph captured from one stream is a chain; a
   branch is work that no edge orders). `--dot DIR` also writes it as Graphviz there.

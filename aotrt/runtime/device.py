@@ -135,6 +135,11 @@ class Stream(ABC):
             return seq
 
     @property
+    def is_planning(self) -> bool:
+        """True while `planning` keeps recorded commands instead of queueing them."""
+        return self._plan is not None
+
+    @property
     def is_empty(self) -> bool:
         """True when nothing is recorded that has not been submitted."""
         return self.recorded_seq == self.submitted_seq
@@ -563,6 +568,11 @@ class Device(ABC):
     def kernel_library(self, kernels: Sequence[ir.Kernel]) -> KernelLibrary:
         """Compile `kernels` into one library (cached on disk)."""
         return self._library(kernels)
+
+    def after_consumer(self, alloc: Any, stream: Any) -> None:
+        """Order every later use of `alloc` after the work a DLPack consumer queued on
+        `stream` (its `__dlpack__(stream=...)` argument) before letting the memory go.
+        A host device's consumers are done when they let go: nothing to order."""
 
     # -- hooks --------------------------------------------------------------------------------
 

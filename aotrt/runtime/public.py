@@ -7,6 +7,7 @@ collected) and no DLPack consumer still holds it. Host access waits for pending 
 
 from __future__ import annotations
 
+import logging
 from typing import Any
 
 import numpy as np
@@ -16,10 +17,23 @@ from aotrt.runtime import dlpack, finalize, shims
 from aotrt.runtime.memory import PROCESS_OWNER, owner_scope
 from aotrt.runtime.tensor import Handle, check_live
 
+log = logging.getLogger(__name__)
 
 def _delete_quietly(handle: Handle) -> None:
     if handle.state == "live" or handle.state == "retired":
         shims.delete_tensor_object(handle)
+
+
+def _consumer_done(handle: Handle, stream: Any) -> None:
+    """A DLPack consumer let go of `handle`: order reuse of its memory after the work the
+    consumer queued on `stream`, then drop the reference (never raises: a C deleter)."""
+    try:
+        if handle.state == "live" and handle.alloc is not None:
+            handle.device.after_consumer(handle.alloc, stream)
+    except Exception as e:  # noqa: BLE001 - the consumer's deleter cannot report it
+        log.warning("DLPack release: could not order reuse after the consumer: %s", e)
+    finally:
+        _delete_quietly(handle)
 
 
 class Tensor:
@@ -147,7 +161,7 @@ class Tensor:
             ref = shims.new_tensor_handle(h)
         try:
             return dlpack.to_dlpack(ref.address, ref.sizes, ref.strides, ref.dtype, self.device,
-                                    ref, lambda: _delete_quietly(ref))
+                                    ref, lambda: _consumer_done(ref, stream))
         except BaseException:
             _delete_quietly(ref)
             raise

@@ -10,11 +10,12 @@ import numpy as np
 import pytest
 
 import aotrt
+from aotrt import dtypes
 from aotrt.errors import InvalidArgument
 from aotrt.exporter.builder import ProgramBuilder
-from aotrt.runtime import dlpack
-from aotrt.runtime.device import get_device
-from aotrt.runtime.memory import PROCESS_OWNER
+from aotrt.runtime import dlpack, shims
+from aotrt.runtime.device import cuda_available, get_device
+from aotrt.runtime.memory import PROCESS_OWNER, owner_scope
 from tests.support import rand
 
 torch = pytest.importorskip("torch")
@@ -200,3 +201,64 @@ def test_numpy_scalar_input() -> None:
     with identity("float32", []) as m:
         (out,) = m.run(np.float32(2.5))
         assert out.shape == () and float(out.numpy()) == 2.5
+
+
+def test_letting_go_tells_the_device_the_consumers_stream(monkeypatch: pytest.MonkeyPatch
+                                                         ) -> None:
+    """A DLPack consumer letting go passes its stream to the device's `after_consumer`
+    before the memory goes; a hook that fails is logged, and the memory still goes."""
+    dev = get_device("cpu")
+    seen: list[tuple[object, object]] = []
+    monkeypatch.setattr(type(dev), "after_consumer",
+                        lambda self, alloc, stream: seen.append((alloc, stream)))
+    out = aotrt.Tensor.from_numpy(rand([64], seed=5))
+    alloc = out.handle.alloc
+    t = torch.from_dlpack(out)
+    out.release()
+    del t
+    gc.collect()
+    assert seen == [(alloc, None)]
+    assert alloc not in dev.memory.live()
+
+    def fails(self: object, alloc: object, stream: object) -> None:
+        raise RuntimeError("boom")
+    monkeypatch.setattr(type(dev), "after_consumer", fails)
+    out = aotrt.Tensor.from_numpy(rand([64], seed=6))
+    alloc = out.handle.alloc
+    t = torch.from_dlpack(out)
+    out.release()
+    del t
+    gc.collect()
+    assert alloc not in dev.memory.live()
+
+
+@pytest.mark.skipif(not cuda_available() or not torch.cuda.is_available(),
+                    reason="no CUDA GPU here")
+def test_memory_torch_still_reads_is_reused_only_after_torch_is_done() -> None:
+    """torch frees a DLPack tensor when its last kernel is queued, not run. The block goes
+    back to the pool of the stream that made it; a write there into the reused block must
+    wait for torch's queued read (a 0.1 s spin holds that read back)."""
+    dev = get_device("cuda")
+    stream = dev.default_stream()
+    n = 1 << 20
+    first = aotrt.Tensor.from_numpy(np.full(n, 1.0, np.float32), device="cuda")
+    ptr = first.handle.alloc.ptr
+    side = torch.cuda.Stream()
+    with torch.cuda.stream(side):
+        t = torch.from_dlpack(first)
+        torch.cuda._sleep(100_000_000)
+        copy = t.clone()
+        del t
+    first.release()
+    del first
+    gc.collect()
+    with owner_scope(PROCESS_OWNER):
+        h = shims.empty_strided([n], [1], dtypes.float32, dev)
+    try:
+        assert h.alloc.ptr == ptr, "the pool did not hand the block out again"
+        stream.fill(h, 0)
+        stream.commit_and_wait()
+        torch.cuda.synchronize()
+        assert bool((copy == 1.0).all()), "torch read the block after aotrt overwrote it"
+    finally:
+        shims.delete_tensor_object(h)

@@ -37,6 +37,7 @@ from aotrt.runtime import hazards
 from aotrt.runtime.device import (Block, Device, KernelFunction, KernelLibrary, Stream,
                                   StreamOptions)
 from aotrt.runtime.devices import cuda_copies
+from aotrt.runtime.devices.cuda_graphs import serialize_graph
 from aotrt.runtime.devices.cpu import KernelCache
 from aotrt.runtime.tensor import Handle, same_dense_layout
 
@@ -107,40 +108,13 @@ def compile_source(source: str, arch: str, what: str = "source") -> bytes:
 # streams
 
 
-def serialize_graph(graph: Any) -> int:
-    """Make every programmatic (early-launch) edge of a captured graph a full dependency;
-    returns how many there were.
-
-    cuBLASLt and cuDNN launch some kernels on the H200 with programmatic stream
-    serialization: captured back to back, such a kernel may start while the one before it
-    still runs. The memory plan reuses arena bytes and the stream's one library workspace
-    on the promise that each instruction ends before the next begins, so an early start can
-    overwrite what the one before still reads. ResNet-50 at batch 32 with graphs gave
-    other answers from run to run (4 of 32 samples off by up to 15; probe of 2026-12-03,
-    scripts/cuda_first_replay_probe.py), and the same program without graphs, where each
-    library op is a graph of its own, never did.
-    """
-    # CUDA 12 bindings name the edge-data calls *_v2; CUDA 13's plain names take edge data
-    get = getattr(_drv, "cuGraphGetEdges_v2", _drv.cuGraphGetEdges)
-    remove = getattr(_drv, "cuGraphRemoveDependencies_v2", _drv.cuGraphRemoveDependencies)
-    add = getattr(_drv, "cuGraphAddDependencies_v2", _drv.cuGraphAddDependencies)
-    res = get(graph, 0)
-    _check(res[:1], "graph edges")
-    count = int(res[-1])
-    if count == 0:
-        return 0
-    res = _check(get(graph, count), "graph edges")
-    if len(res) < 4:
-        return 0        # bindings without edge data: every edge is a default one
-    src, dst, data, count = res[0], res[1], res[2], int(res[3])
-    early = [i for i in range(count) if data[i] is not None and (
-        int(data[i].type) != 0 or int(data[i].from_port) != 0)]
-    if not early:
-        return 0
-    f, t, d = [src[i] for i in early], [dst[i] for i in early], [data[i] for i in early]
-    _check(remove(graph, f, t, d, len(early)), "graph edge removal")
-    _check(add(graph, f, t, None, len(early)), "graph edge")
-    return len(early)
+def _wait_event(stream: "CudaStream", event: Any) -> None:
+    """Make `stream` wait for `event`; a failure is logged, not raised: it must not fail
+    the stream's next run, which is not the one at fault."""
+    err = _drv.cuStreamWaitEvent(stream.handle, event, 0)[0]
+    if int(err) != 0:
+        log.warning("cuda stream %d: could not wait for a DLPack consumer's stream (%s)",
+                    stream.id, err)
 
 
 class CudaGraph:
@@ -456,6 +430,36 @@ class CudaDevice(Device):
 
     def _create_stream(self, options: StreamOptions) -> Stream:
         return CudaStream(self, options)
+
+    def after_consumer(self, alloc: Any, stream: Any) -> None:
+        """The stream `alloc` is pooled on waits, in stream order, for an event recorded on
+        the consumer's stream now. torch frees a DLPack tensor as soon as its last kernel
+        is queued, not run: without the wait, the next run() could write the reused block
+        while that kernel still had to read it. DLPack's stream numbers: None and 1 are
+        the legacy default stream, 2 the per-thread one, -1 "unknown" (the whole device
+        is waited for)."""
+        own = alloc.stream
+        if own is None or own.closed or alloc.freed:
+            return
+        self.ensure_current()
+        consumer = 1 if stream is None else int(stream)
+        if consumer == -1:
+            _check(_drv.cuCtxSynchronize(), "wait for a DLPack consumer")
+            return
+        flags = _drv.CUevent_flags.CU_EVENT_DISABLE_TIMING
+        event = _check(_drv.cuEventCreate(flags), "event create")
+        try:
+            _check(_drv.cuEventRecord(event, consumer), "event record on the consumer's stream")
+            if own.is_planning:     # another thread is planning its steps: wait here
+                _check(_drv.cuEventSynchronize(event), "wait for a DLPack consumer")
+                return
+            own.record([hazards.Access(alloc, 0, alloc.nbytes, True)],
+                       lambda s: _wait_event(s, event), "wait for a DLPack consumer")
+            own.commit()
+        finally:
+            # Destroying an event that a queued wait still names is allowed: its resources
+            # go once the wait is done.
+            _drv.cuEventDestroy(event)
 
     @property
     def libraries(self) -> Any:
