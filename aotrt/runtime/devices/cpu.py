@@ -91,6 +91,10 @@ class CpuStream(Stream):
         # Kernel work reads its thread count from the thread it runs on (the work objects
         # are built without a stream, and a prepared one serves every stream).
         self.device.worker.threads = self.threads
+        # oneDNN (GNU OpenMP build) sizes its parallel regions from the calling thread's
+        # OpenMP thread count, not from ours: without this, threads=1 still ran its
+        # convolutions and matmuls on every core.
+        self.device.openmp_threads(self.threads)
         while True:
             batch = self._queue.get()
             try:
@@ -560,6 +564,23 @@ class CpuDevice(Device):
 
                 self._pools = PoolKernels(self)
             return self._pools
+
+    def openmp_threads(self, n: int) -> None:
+        """Give the calling thread's OpenMP parallel regions (oneDNN's) `n` threads."""
+        lib = self._openmp_runtime()
+        if lib is not None:
+            lib.omp_set_num_threads(ctypes.c_int(max(int(n), 1)))
+
+    def _openmp_runtime(self) -> ctypes.CDLL | None:
+        """The OpenMP runtime oneDNN and the kernels use, loaded (and kept mapped)."""
+        if self._openmp is None:
+            for name in OPENMP_RUNTIMES:
+                try:
+                    self._openmp = ctypes.CDLL(name, mode=os.RTLD_NOW | os.RTLD_NODELETE)
+                    break
+                except OSError:
+                    continue
+        return self._openmp
 
     def pin_openmp(self) -> None:
         """Keep the OpenMP runtime a kernel library pulled in mapped for good.

@@ -329,7 +329,8 @@ def _dnnl_conv(out: Handle, x: Handle, w: Handle, bias: Handle | None, p: ConvPa
                            None if bias is None else tuple(bias.strides),
                            _dnnl_geometry(out, p.batched), p.stride, p.padding, p.dilation,
                            activation,
-                           None if residual is None else _dnnl_geometry(residual, p.batched))
+                           None if residual is None else _dnnl_geometry(residual, p.batched),
+                           cpu_dnnl.stream_threads(out.device))
     prim = dnnl.convolution(key)
     if prim is None:
         dnnl.stats["numpy"] += plain

@@ -14,7 +14,9 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import functools
 import logging
+import os
 import threading
 import weakref
 from collections import OrderedDict
@@ -90,6 +92,44 @@ def _args(pairs: Sequence[tuple[int, Any]]) -> Any:
     return arr
 
 
+@functools.cache
+def _openmp() -> ctypes.CDLL | None:
+    """The OpenMP runtime libdnnl (GNU OpenMP build) runs on, already loaded with it."""
+    try:
+        return ctypes.CDLL("libgomp.so.1", mode=os.RTLD_NOLOAD)
+    except OSError:
+        return None
+
+
+def openmp_max_threads() -> int:
+    """The calling thread's OpenMP thread count (0 where no runtime is loaded)."""
+    omp = _openmp()
+    return int(omp.omp_get_max_threads()) if omp is not None else 0
+
+
+def stream_threads(device: Any) -> int:
+    """The threads of `device`'s current stream (the one a delegate makes its steps for),
+    which its oneDNN primitives are made for."""
+    return int(getattr(device.current_stream(), "threads", 0) or 0)
+
+
+@contextlib.contextmanager
+def openmp_threads(n: int) -> Any:
+    """The calling thread's OpenMP thread count set to `n` for the block (0: unchanged).
+    oneDNN sizes a primitive's split when it makes it, from this count: a primitive made
+    at load on the caller's thread for a stream of one thread otherwise ran on every core."""
+    omp = _openmp() if n > 0 else None
+    if omp is None:
+        yield
+        return
+    before = int(omp.omp_get_max_threads())
+    omp.omp_set_num_threads(ctypes.c_int(n))
+    try:
+        yield
+    finally:
+        omp.omp_set_num_threads(ctypes.c_int(before))
+
+
 class Dnnl:
     """oneDNN state of one cpu device: the engine, per-thread streams, the primitive cache.
 
@@ -160,7 +200,8 @@ class Dnnl:
 
     def _create(self, cls: type[Primitive], key: Any, blocked: bool) -> Any:
         try:
-            return cls(self, key, blocked)
+            with openmp_threads(key.threads):
+                return cls(self, key, blocked)
         except DeviceError as e:
             log.debug("oneDNN refuses %s (blocked=%s): %s", key, blocked, e)
             return None
@@ -210,7 +251,8 @@ class Dnnl:
         dims = [_array_dims(x) for x in (a, b, out)]
         if any(d is None for d in dims) or not a.ndim == b.ndim == out.ndim:
             return False
-        key = MatmulKey("float32", dims[0], dims[1], None, dims[2])
+        # made on the stream's worker, whose OpenMP thread count is the stream's
+        key = MatmulKey("float32", dims[0], dims[1], None, dims[2], openmp_max_threads())
         runs = getattr(self._local, "gemm_runs", None)
         if runs is None:
             runs = self._local.gemm_runs = OrderedDict()

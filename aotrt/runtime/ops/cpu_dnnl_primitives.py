@@ -73,6 +73,9 @@ class ConvKey:
     #: a residual (sizes, strides) oneDNN adds to the result before the activation, as a
     #: binary post-op reading the view in place
     residual: tuple[tuple[int, ...], tuple[int, ...]] | None = None
+    #: the OpenMP threads it is made for (oneDNN fixes its split at creation); 0: those of
+    #: the creating thread
+    threads: int = 0
 
 
 #: oneDNN's eltwise algorithm (dnnl_alg_kind_t, oneDNN 3.2's dnnl_types.h), alpha and beta
@@ -91,6 +94,8 @@ class MatmulKey:
     weights: tuple[tuple[int, ...], tuple[int, ...]]
     bias: int | None
     dst: tuple[tuple[int, ...], tuple[int, ...]]
+    #: the OpenMP threads it is made for, as ConvKey's
+    threads: int = 0
 
 
 class Operand:

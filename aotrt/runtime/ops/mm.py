@@ -238,7 +238,8 @@ def _dnnl_gemm(out: Handle, x: Handle, w: Handle, w_kn: tuple[tuple[int, ...], t
     ok, bias_stride = _bias_row(bias, w_kn[0][1])
     if xr is None or outr is None or not ok:
         return None
-    key = cpu_dnnl.MatmulKey("float32", xr, w_kn, bias_stride, outr)
+    key = cpu_dnnl.MatmulKey("float32", xr, w_kn, bias_stride, outr,
+                             cpu_dnnl.stream_threads(out.device))
     prim = dnnl.matmul(key)
     if prim is None or not prim.impl.startswith(cpu_dnnl.FAST_MATMUL):
         dnnl.stats["numpy"] += 1

@@ -12,6 +12,7 @@ import pytest
 
 from aotrt.errors import CompileError, InvalidArgument, OutOfMemory
 from aotrt.runtime import shims
+from aotrt.runtime.device import StreamOptions, get_device
 from aotrt.runtime.devices import cpu as cpu_mod
 from aotrt.runtime.devices.cpu import CpuStream, cache_dir, host_array
 from aotrt.runtime.memory import Owner, owner_scope
@@ -786,3 +787,25 @@ def test_scratch_is_aligned_kept_per_thread_and_grown(cpu):
     t.start()
     t.join()
     assert not np.shares_memory(seen[0], c)
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+def test_a_streams_openmp_regions_take_its_thread_count(threads: int) -> None:
+    """oneDNN's parallel regions, started on a stream's worker, get the stream's thread
+    count (OpenMP reads it from the calling thread), not every core."""
+    import ctypes
+    import os
+
+    dev = get_device("cpu")
+    s = dev.create_stream(StreamOptions(threads=threads))
+    try:
+        seen: list[int] = []
+
+        def ask() -> None:
+            gomp = ctypes.CDLL("libgomp.so.1", mode=os.RTLD_NOLOAD)
+            seen.append(gomp.omp_get_max_threads())
+        s.record([], ask)
+        s.commit_and_wait()
+        assert seen == [threads]
+    finally:
+        s.close()

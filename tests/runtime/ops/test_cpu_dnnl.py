@@ -127,3 +127,43 @@ def test_gemm_arrays_keeps_its_memory_objects_per_thread_and_layout(dnnl):
     t.join()
     assert seen[0][0] and dnnl.stats["array_runs"] == made + 1
     np.testing.assert_allclose(seen[0][1], out, rtol=1e-6)
+
+
+def test_openmp_threads_sets_the_count_for_the_block(dnnl):
+    """The calling thread's OpenMP count is `n` inside the block and as before after it."""
+    before = cpu_dnnl.openmp_max_threads()
+    assert before >= 1
+    with cpu_dnnl.openmp_threads(1):
+        assert cpu_dnnl.openmp_max_threads() == 1
+    assert cpu_dnnl.openmp_max_threads() == before
+    with cpu_dnnl.openmp_threads(0):        # 0: unchanged
+        assert cpu_dnnl.openmp_max_threads() == before
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+def test_a_delegates_primitives_are_made_for_its_threads(dnnl, monkeypatch, threads):
+    """A delegate of `threads` threads makes its convolution and linear primitives (at
+    load, on the caller's thread) for that many OpenMP threads: oneDNN fixes its split
+    when it makes a primitive, and threads=1 otherwise ran on every core."""
+    torch = pytest.importorskip("torch")
+    import aotrt
+
+    made = []
+    real = cpu_dnnl.Dnnl._create
+
+    def create(self, cls, key, blocked):
+        made.append((cls.__name__, key.threads))
+        return real(self, cls, key, blocked)
+    monkeypatch.setattr(cpu_dnnl.Dnnl, "_create", create)
+    # shapes no other test uses: the primitive cache would otherwise answer first
+    m = torch.nn.Sequential(torch.nn.Conv2d(5, 7, 3), torch.nn.Flatten(),
+                            torch.nn.Linear(7 * 7 * 7, 3)).eval()
+    x = torch.randn(1, 5, 9, 9)
+    with torch.no_grad():
+        prog = aotrt.export(m, (x,))
+        ref = m(x).numpy()
+    with aotrt.load(prog, device="cpu", threads=threads) as d:
+        got = np.asarray(d.run(x.numpy())[0])
+    kinds = {k for k, t in made if t == threads}
+    assert {"ConvPrimitive", "MatmulPrimitive"} <= kinds, made
+    np.testing.assert_allclose(got, ref, rtol=1e-4, atol=1e-5)
