@@ -203,6 +203,17 @@ def test_numpy_scalar_input() -> None:
         assert out.shape == () and float(out.numpy()) == 2.5
 
 
+def _export_and_let_go(seed: int) -> object:
+    """A cpu Tensor exported to torch, then let go by both; returns its allocation."""
+    out = aotrt.Tensor.from_numpy(rand([64], seed=seed))
+    alloc = out.handle.alloc
+    t = torch.from_dlpack(out)
+    out.release()
+    del t
+    gc.collect()
+    return alloc
+
+
 def test_letting_go_tells_the_device_the_consumers_stream(monkeypatch: pytest.MonkeyPatch
                                                          ) -> None:
     """A DLPack consumer letting go passes its stream to the device's `after_consumer`
@@ -211,25 +222,14 @@ def test_letting_go_tells_the_device_the_consumers_stream(monkeypatch: pytest.Mo
     seen: list[tuple[object, object]] = []
     monkeypatch.setattr(type(dev), "after_consumer",
                         lambda self, alloc, stream: seen.append((alloc, stream)))
-    out = aotrt.Tensor.from_numpy(rand([64], seed=5))
-    alloc = out.handle.alloc
-    t = torch.from_dlpack(out)
-    out.release()
-    del t
-    gc.collect()
+    alloc = _export_and_let_go(5)
     assert seen == [(alloc, None)]
     assert alloc not in dev.memory.live()
 
     def fails(self: object, alloc: object, stream: object) -> None:
         raise RuntimeError("boom")
     monkeypatch.setattr(type(dev), "after_consumer", fails)
-    out = aotrt.Tensor.from_numpy(rand([64], seed=6))
-    alloc = out.handle.alloc
-    t = torch.from_dlpack(out)
-    out.release()
-    del t
-    gc.collect()
-    assert alloc not in dev.memory.live()
+    assert _export_and_let_go(6) not in dev.memory.live()
 
 
 @pytest.mark.skipif(not cuda_available() or not torch.cuda.is_available(),
