@@ -19,6 +19,7 @@ from aotrt.runtime.tensor import Handle, check_live
 
 log = logging.getLogger(__name__)
 
+
 def _delete_quietly(handle: Handle) -> None:
     if handle.state == "live" or handle.state == "retired":
         shims.delete_tensor_object(handle)
