@@ -475,13 +475,42 @@ def _calibrate(m: Any, inputs: tuple, seed: int) -> None:
         m.eval()
 
 
+def _informative(m: Any, seed: int) -> int:
+    """Give every all-zero weight of a linear, convolution or norm layer random values;
+    returns how many. Zero-initialised heads (torchvision's ViTs, timm's MLP-Mixer, ResMLP,
+    gMLP) made the output all zeros, so aotrt's and eager's errors were both 0 and the
+    check could not fail; zero last-BatchNorm gammas (timm's ResNets) silenced whole
+    residual branches the same way."""
+    import torch
+
+    g = torch.Generator().manual_seed(seed + 11)
+    layers = (torch.nn.Linear, torch.nn.modules.conv._ConvNd,
+              torch.nn.modules.batchnorm._NormBase, torch.nn.LayerNorm, torch.nn.GroupNorm)
+    n = 0
+    with torch.no_grad():
+        for mod in m.modules():
+            w = getattr(mod, "weight", None)
+            if not isinstance(mod, layers) or not isinstance(w, torch.nn.Parameter) \
+                    or not w.is_floating_point() or w.numel() == 0 or bool(w.any()):
+                continue
+            if w.dim() >= 2:
+                fan_in = w[0].numel()
+                w.copy_(torch.randn(w.shape, generator=g) / fan_in ** 0.5)
+            else:
+                w.copy_(torch.rand(w.shape, generator=g) + 0.5)
+            n += 1
+    return n
+
+
 def built(case: Case, seed: int = 0) -> tuple[Any, tuple]:
-    """The case's model, seeded, in eval with recalibrated BatchNorms, and its inputs."""
+    """The case's model, seeded, in eval with recalibrated BatchNorms and no all-zero
+    weights (`_informative`), and its inputs."""
     import torch
 
     torch.manual_seed(seed)
     m, inputs = case.build()
     m = m.eval()
+    _informative(m, seed)
     _calibrate(m, inputs, seed)
     return m, inputs
 
