@@ -6,6 +6,7 @@ for library ops.
 from __future__ import annotations
 
 import _ctypes
+import contextlib
 import ctypes
 import hashlib
 import logging
@@ -18,7 +19,7 @@ import tempfile
 import threading
 import weakref
 from pathlib import Path
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Iterator, Sequence
 
 import numpy as np
 
@@ -570,6 +571,24 @@ class CpuDevice(Device):
         lib = self._openmp_runtime()
         if lib is not None:
             lib.omp_set_num_threads(ctypes.c_int(max(int(n), 1)))
+
+    def openmp_max_threads(self) -> int:
+        """The calling thread's OpenMP thread count (0 where no runtime loads)."""
+        lib = self._openmp_runtime()
+        return int(lib.omp_get_max_threads()) if lib is not None else 0
+
+    @contextlib.contextmanager
+    def openmp_scope(self, n: int) -> Iterator[None]:
+        """The calling thread's OpenMP thread count set to `n` for the block (0: as it is)."""
+        before = self.openmp_max_threads() if n > 0 else 0
+        if before == 0:
+            yield
+            return
+        self.openmp_threads(n)
+        try:
+            yield
+        finally:
+            self.openmp_threads(before)
 
     def _openmp_runtime(self) -> ctypes.CDLL | None:
         """The OpenMP runtime oneDNN and the kernels use, loaded (and kept mapped)."""

@@ -14,9 +14,7 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
-import functools
 import logging
-import os
 import threading
 import weakref
 from collections import OrderedDict
@@ -92,42 +90,10 @@ def _args(pairs: Sequence[tuple[int, Any]]) -> Any:
     return arr
 
 
-@functools.cache
-def _openmp() -> ctypes.CDLL | None:
-    """The OpenMP runtime libdnnl (GNU OpenMP build) runs on, already loaded with it."""
-    try:
-        return ctypes.CDLL("libgomp.so.1", mode=os.RTLD_NOLOAD)
-    except OSError:
-        return None
-
-
-def openmp_max_threads() -> int:
-    """The calling thread's OpenMP thread count (0 where no runtime is loaded)."""
-    omp = _openmp()
-    return int(omp.omp_get_max_threads()) if omp is not None else 0
-
-
 def stream_threads(device: Any) -> int:
     """The threads of `device`'s current stream (the one a delegate makes its steps for),
     which its oneDNN primitives are made for."""
     return int(getattr(device.current_stream(), "threads", 0) or 0)
-
-
-@contextlib.contextmanager
-def openmp_threads(n: int) -> Any:
-    """The calling thread's OpenMP thread count set to `n` for the block (0: unchanged).
-    oneDNN sizes a primitive's split when it makes it, from this count: a primitive made
-    at load on the caller's thread for a stream of one thread otherwise ran on every core."""
-    omp = _openmp() if n > 0 else None
-    if omp is None:
-        yield
-        return
-    before = int(omp.omp_get_max_threads())
-    omp.omp_set_num_threads(ctypes.c_int(n))
-    try:
-        yield
-    finally:
-        omp.omp_set_num_threads(ctypes.c_int(before))
 
 
 class Dnnl:
@@ -139,8 +105,10 @@ class Dnnl:
     it to see the path taken).
     """
 
-    def __init__(self, lib: ctypes.CDLL) -> None:
+    def __init__(self, lib: ctypes.CDLL, device: Any) -> None:
         self.lib = lib
+        # the device owns the OpenMP runtime oneDNN's parallel regions run on
+        self.device = device
         engine = _p()
         check(lib.dnnl_engine_create(ctypes.byref(engine), CPU, 0), "engine_create")
         self.engine = engine
@@ -200,7 +168,9 @@ class Dnnl:
 
     def _create(self, cls: type[Primitive], key: Any, blocked: bool) -> Any:
         try:
-            with openmp_threads(key.threads):
+            # oneDNN sizes a primitive's split when it makes it, from the calling thread's
+            # OpenMP count: one made at load for a stream of one thread ran on every core
+            with self.device.openmp_scope(key.threads):
                 return cls(self, key, blocked)
         except DeviceError as e:
             log.debug("oneDNN refuses %s (blocked=%s): %s", key, blocked, e)
@@ -252,7 +222,7 @@ class Dnnl:
         if any(d is None for d in dims) or not a.ndim == b.ndim == out.ndim:
             return False
         # made on the stream's worker, whose OpenMP thread count is the stream's
-        key = MatmulKey("float32", dims[0], dims[1], None, dims[2], openmp_max_threads())
+        key = MatmulKey("float32", dims[0], dims[1], None, dims[2], self.device.openmp_max_threads())
         runs = getattr(self._local, "gemm_runs", None)
         if runs is None:
             runs = self._local.gemm_runs = OrderedDict()
@@ -489,7 +459,7 @@ def create(device: Any) -> Dnnl | None:
     if lib is None:
         return None
     try:
-        return Dnnl(lib)
+        return Dnnl(lib, device)
     except DeviceError as e:
         log.debug("oneDNN: no cpu engine for %r (%s); cpu convolutions use numpy", device, e)
         return None

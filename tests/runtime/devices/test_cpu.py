@@ -809,3 +809,15 @@ def test_a_streams_openmp_regions_take_its_thread_count(threads: int) -> None:
         assert seen == [threads]
     finally:
         s.close()
+
+
+def test_openmp_scope_sets_the_count_for_the_block() -> None:
+    """The calling thread's OpenMP count is `n` inside the block and as before after it."""
+    dev = get_device("cpu")
+    before = dev.openmp_max_threads()
+    assert before >= 1
+    with dev.openmp_scope(1):
+        assert dev.openmp_max_threads() == 1
+    assert dev.openmp_max_threads() == before
+    with dev.openmp_scope(0):        # 0: unchanged
+        assert dev.openmp_max_threads() == before

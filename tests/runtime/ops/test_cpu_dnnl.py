@@ -129,17 +129,6 @@ def test_gemm_arrays_keeps_its_memory_objects_per_thread_and_layout(dnnl):
     np.testing.assert_allclose(seen[0][1], out, rtol=1e-6)
 
 
-def test_openmp_threads_sets_the_count_for_the_block(dnnl):
-    """The calling thread's OpenMP count is `n` inside the block and as before after it."""
-    before = cpu_dnnl.openmp_max_threads()
-    assert before >= 1
-    with cpu_dnnl.openmp_threads(1):
-        assert cpu_dnnl.openmp_max_threads() == 1
-    assert cpu_dnnl.openmp_max_threads() == before
-    with cpu_dnnl.openmp_threads(0):        # 0: unchanged
-        assert cpu_dnnl.openmp_max_threads() == before
-
-
 @pytest.mark.parametrize("threads", [1, 2])
 def test_a_delegates_primitives_are_made_for_its_threads(dnnl, monkeypatch, threads):
     """A delegate of `threads` threads makes its convolution and linear primitives (at
