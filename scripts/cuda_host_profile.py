@@ -51,6 +51,30 @@ def pre_launch(d, inputs, iters: int) -> None:
         print(f"run() to graph launch (median): {gaps[len(gaps) // 2] * 1e6:.1f} us")
 
 
+def stages(d, inputs, iters: int) -> None:
+    """Medians of the pieces of run()'s way to the launch that cross into torch: its
+    `__dlpack__` with our stream (it orders its current stream before ours with a new
+    event each call) and without (-1: no ordering), and aotrt's import of the capsule."""
+    from aotrt.runtime import dlpack
+
+    x = inputs[0]
+    s = int(d.stream.handle) or 1
+
+    def median(f) -> float:
+        ts = []
+        for _ in range(iters):
+            t0 = time.perf_counter()
+            f()
+            ts.append(time.perf_counter() - t0)
+        ts.sort()
+        return ts[len(ts) // 2] * 1e6
+
+    print(f"torch __dlpack__(stream=ours): {median(lambda: x.__dlpack__(stream=s)):.1f} us, "
+          f"(stream=-1): {median(lambda: x.__dlpack__(stream=-1)):.1f} us, "
+          f"aotrt from_dlpack(stream=ours): "
+          f"{median(lambda: dlpack.from_dlpack(x, stream=s)):.1f} us")
+
+
 def main() -> None:
     """Export one benchmark model, run it without graphs, profile the runs."""
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -75,6 +99,7 @@ def main() -> None:
         print(f"run() alone (enqueue, median): {host[len(host) // 2] * 1e3:.3f} ms")
         if a.graph:
             pre_launch(d, inputs, a.iters)
+            stages(d, inputs, a.iters)
         t0 = time.perf_counter()
         for _ in range(a.iters):
             d.run(*inputs)

@@ -13,6 +13,10 @@ its GPU or its host is slow. Each process also prints its output's error against
 reference (made once, in the parent), a digest of the output's bits for the first and last
 run with graphs and for one run without, and how many of `iters` further replays gave bits
 other than the first's: a race or a read of unwritten memory shows as digests that differ.
+
+`--early-edges` also runs each process's twin with the captured graphs' programmatic
+(early-launch) edges kept, as before `serialize_graph` (devices/cuda_graphs.py): what making
+them full dependencies costs each model, in GPU time per run.
 """
 
 from __future__ import annotations
@@ -36,13 +40,17 @@ def digest(out: object) -> str:
     return hashlib.sha1(t.tobytes()).hexdigest()[:10]
 
 
-def child(name: str, path: str, iters: int, ref_path: str) -> None:
+def child(name: str, path: str, iters: int, ref_path: str, early: bool) -> None:
     """One fresh process: load, warm up, measure, print one line."""
     import bench
     import torch
 
     import aotrt
+    from aotrt.runtime.devices import cuda as cuda_dev
     from aotrt.runtime.devices.cuda import CudaGraph
+
+    if early:
+        cuda_dev.serialize_graph = lambda graph: 0
 
     _, inputs = bench.build(name)
     ref32 = torch.load(ref_path)
@@ -86,7 +94,7 @@ def child(name: str, path: str, iters: int, ref_path: str) -> None:
             CudaGraph.launch = real
     pre.sort()
     whole.sort()
-    print(f"{name:14s} pid {os.getpid():7d}  bench-style {event_ms:.3f}  gpu/run {gpu_ms:.3f}  "
+    print(f"{name:14s}{' early' if early else ''} pid {os.getpid():7d}  bench-style {event_ms:.3f}  gpu/run {gpu_ms:.3f}  "
           f"to launch {pre[len(pre) // 2] * 1e3:.3f}  run() {whole[len(whole) // 2] * 1e3:.3f}  "
           f"err {' '.join(f'{k} {v:.2e}' for k, v in errs.items())}  bits: no graph "
           f"{plain_digest} graph first {first_digest} last {last_digest}  "
@@ -99,10 +107,12 @@ def main() -> None:
     ap.add_argument("models", nargs="*", default=["resnet50_b1", "gpt2_1x256"])
     ap.add_argument("--procs", type=int, default=3)
     ap.add_argument("--iters", type=int, default=100)
+    ap.add_argument("--early-edges", action="store_true",
+                    help="also each process's twin with programmatic edges kept")
     ap.add_argument("--child", nargs=3, help=argparse.SUPPRESS)
     a = ap.parse_args()
     if a.child:
-        child(*a.child[:2], a.iters, a.child[2])
+        child(*a.child[:2], a.iters, a.child[2], a.early_edges)
         return
     import bench
     import torch
@@ -120,8 +130,10 @@ def main() -> None:
             torch.save(bench.fp32_reference(m, inputs), ref_path)
             del m
             for _ in range(a.procs):
-                subprocess.run([sys.executable, __file__, "--child", name, path, ref_path,
-                                "--iters", str(a.iters)], timeout=120, check=False)
+                for early in ([False, True] if a.early_edges else [False]):
+                    subprocess.run([sys.executable, __file__, "--child", name, path, ref_path,
+                                    "--iters", str(a.iters)] + (["--early-edges"] * early),
+                                   timeout=120, check=False)
 
 
 if __name__ == "__main__":

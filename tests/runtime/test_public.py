@@ -237,28 +237,34 @@ def test_letting_go_tells_the_device_the_consumers_stream(monkeypatch: pytest.Mo
 def test_memory_torch_still_reads_is_reused_only_after_torch_is_done() -> None:
     """torch frees a DLPack tensor when its last kernel is queued, not run. The block goes
     back to the pool of the stream that made it; a write there into the reused block must
-    wait for torch's queued read (a 0.1 s spin holds that read back)."""
+    wait for torch's queued read (a spin of about 0.5 s holds that read back)."""
     dev = get_device("cuda")
     stream = dev.default_stream()
     n = 1 << 20
     first = aotrt.Tensor.from_numpy(np.full(n, 1.0, np.float32), device="cuda")
     ptr = first.handle.alloc.ptr
+    # A collection inside the window would take long enough to let the spin end first.
+    gc.collect()
     side = torch.cuda.Stream()
     with torch.cuda.stream(side):
         t = torch.from_dlpack(first)
-        torch.cuda._sleep(100_000_000)
+        torch.cuda._sleep(1_000_000_000)
         copy = t.clone()
+        read = torch.cuda.Event()
+        read.record()
         del t
     first.release()
     del first
-    gc.collect()
     with owner_scope(PROCESS_OWNER):
         h = shims.empty_strided([n], [1], dtypes.float32, dev)
     try:
         assert h.alloc.ptr == ptr, "the pool did not hand the block out again"
         stream.fill(h, 0)
+        stream.commit()
+        pending = not read.query()
         stream.commit_and_wait()
         torch.cuda.synchronize()
+        assert pending, "torch's read was done before aotrt's write was queued: no check"
         assert bool((copy == 1.0).all()), "torch read the block after aotrt overwrote it"
     finally:
         shims.delete_tensor_object(h)
