@@ -111,6 +111,7 @@ class Delegate:
         # Graph replay: captured on the first run, over static buffers. Every program is
         # static today (fixed shapes), so a device with graphs replays one unless told not to.
         self._graph_mode = dev.supports_graphs if cuda_graph is None else cuda_graph
+        self._graph_asked = cuda_graph is True
         self._graph: GraphReplay | None = None
         # Without graphs, on host memory: every step planned once over static input/output
         # buffers (measured on cpu only; cuda without graphs builds I/O steps at each run).
@@ -294,21 +295,33 @@ class Delegate:
         kernels get made), then the whole instruction list captured as one CUDA graph."""
         stream = self._stream
         keep: list[Handle] = []
-        ins, outs, handles = self._static_buffers(keep)
-        for b in ins:
-            stream.fill(b, 0)
-        self._execute(handles)
-        stream.label = ""
-        stream.commit_and_wait()
-        stream.begin_capture()
         try:
+            ins, outs, handles = self._static_buffers(keep)
+            for b in ins:
+                stream.fill(b, 0)
             self._execute(handles)
-        except BaseException:
-            stream.abort_capture()
-            raise
-        finally:
             stream.label = ""
-        graph = stream.end_capture()
+            stream.commit_and_wait()
+            stream.begin_capture()
+            try:
+                self._execute(handles)
+            except BaseException:
+                stream.abort_capture()
+                raise
+            finally:
+                stream.label = ""
+            graph = stream.end_capture()
+        except BaseException:
+            # The static buffers go now, not with the delegate (it may run on without a
+            # graph), once the warm-up run over them is done.
+            try:
+                stream.commit_and_wait()
+            except AotrtError as e:
+                log.debug("%s: queued work before a failed capture: %s", self.name, e)
+            for h in reversed(keep):
+                if h.state == "live":
+                    shims.delete_tensor_object(h)
+            raise
         allocs = {h.alloc for h in [*self._static, *ins, *outs]
                   if h is not None and h.alloc is not None}
         accesses = [Access(a, 0, a.nbytes, True) for a in allocs]
@@ -340,7 +353,15 @@ class Delegate:
         dev, stream = self.device, self._stream
         if self._graph is None:
             with owner_scope(self._owner), dev.stream_guard(stream):
-                self._graph = self._capture()
+                try:
+                    self._graph = self._capture()
+                except Unsupported as e:
+                    if self._graph_asked:
+                        raise
+                    # A graph this program cannot have is not a reason not to run it.
+                    log.warning("%s runs without a CUDA graph: %s", self.name, e)
+                    self._graph_mode = False
+                    return self._run(args, outs, out)
                 self._res.graph = self._graph.graph
         g = self._graph
         if g.direct_ok(stream, args, outs):

@@ -30,14 +30,15 @@ import numpy as np
 
 from aotrt import progress
 from aotrt.dtypes import DType, as_dtype
-from aotrt.errors import AotrtError, CompileError, DeviceError, InvalidArgument, OutOfMemory
+from aotrt.errors import (AotrtError, CompileError, DeviceError, InvalidArgument, OutOfMemory,
+                          Unsupported)
 from aotrt.kernels import ir
 from aotrt.kernels.render_cuda import BLOCK, CudaRenderer
 from aotrt.runtime import hazards
 from aotrt.runtime.device import (Block, Device, KernelFunction, KernelLibrary, Stream,
                                   StreamOptions)
 from aotrt.runtime.devices import cuda_copies
-from aotrt.runtime.devices.cuda_graphs import serialize_graph
+from aotrt.runtime.devices.cuda_graphs import CaptureScratch, CudaGraph, is_chain, serialize_graph
 from aotrt.runtime.devices.cpu import KernelCache
 from aotrt.runtime.tensor import Handle, same_dense_layout
 
@@ -117,48 +118,6 @@ def _wait_event(stream: "CudaStream", event: Any) -> None:
                     stream.id, err)
 
 
-class CudaGraph:
-    """An instantiated CUDA graph captured from a stream; replay it with `launch`."""
-
-    def __init__(self, graph: Any, exec_: Any) -> None:
-        self._graph = graph
-        self._exec = exec_
-        # Marks the end of a launch's input copies, so the host can wait for them alone.
-        flags = _drv.CUevent_flags.CU_EVENT_DISABLE_TIMING
-        self._copied = _check(_drv.cuEventCreate(flags), "event create")
-
-    def launch(self, stream: "CudaStream",
-               copies: Sequence[tuple[int, int, int]] = ()) -> None:
-        """Copy `copies` ((dst, src, bytes) device addresses), then replay the whole graph on
-        `stream` (asynchronously)."""
-        h = stream.cs.handle
-        for dst, src, n in copies:
-            _check(_drv.cuMemcpyDtoDAsync(dst, src, n, h), "copy into the graph's inputs")
-        _check(_drv.cuEventRecord(self._copied, h), "event record")
-        _check(_drv.cuGraphLaunch(self._exec, h), "graph launch")
-
-    def wait_copies(self, stream: "CudaStream") -> None:
-        """Block until the input copies of the last `launch` on `stream` are done (not the
-        replay after them); a launch that failed is reported here, after a full wait."""
-        if stream._error is not None:
-            stream.commit_and_wait()    # raises the failure
-        _check(_drv.cuEventSynchronize(self._copied), "wait for the graph's input copies")
-
-    def close(self) -> None:
-        """Free the graph; safe to call twice."""
-        if self._exec is not None:
-            _drv.cuGraphExecDestroy(self._exec)
-            _drv.cuGraphDestroy(self._graph)
-            _drv.cuEventDestroy(self._copied)
-            self._exec = self._graph = None
-
-    def __del__(self) -> None:
-        try:
-            self.close()
-        except Exception:  # noqa: BLE001 - interpreter shutdown
-            pass
-
-
 class CudaStream(Stream):
     """One CUDA stream; recorded work is enqueued at once (deferred mode: at the next wait)."""
 
@@ -173,6 +132,8 @@ class CudaStream(Stream):
         self._deferred: list[Work] = []
         self._error: BaseException | None = None
         self.capturing = False
+        # Library ops' scratch while capturing (given to the graph at the end)
+        self.capture_scratch: CaptureScratch | None = None
         # Library ops' shared scratch (cuDNN, cuBLASLt): (pointer, bytes, buffer), grown in
         # stream order by ops/cuda/common.stream_workspace; the buffer frees itself with
         # the stream's last reference. A workspace a captured graph has baked in is kept in
@@ -180,6 +141,11 @@ class CudaStream(Stream):
         self.workspace: tuple[int, int, Any] | None = None
         self.workspace_baked = False
         self.retired: list[Any] = []
+
+    @property
+    def failed(self) -> bool:
+        """Whether queued work failed (the next wait raises it)."""
+        return self._error is not None
 
     def _run(self, work: Any) -> None:
         if self._error is not None:
@@ -242,18 +208,27 @@ class CudaStream(Stream):
         self.commit_and_wait()
         mode = _drv.CUstreamCaptureMode.CU_STREAM_CAPTURE_MODE_RELAXED
         _check(_drv.cuStreamBeginCapture(self.cs.handle, mode), "begin capture")
-        self.capturing = True
+        self.capturing, self.capture_scratch = True, CaptureScratch()
 
     def end_capture(self) -> CudaGraph:
         """Stop capturing; the instantiated graph of what was enqueued since begin_capture."""
         if not self.capturing:
             raise DeviceError(f"cuda stream {self.id}: not capturing")
         self.capturing = False
-        graph = _check(_drv.cuStreamEndCapture(self.cs.handle), "end capture")
+        scratch, self.capture_scratch = self.capture_scratch, None
+        try:
+            graph = _check(_drv.cuStreamEndCapture(self.cs.handle), "end capture")
+        except BaseException:
+            scratch.close()
+            raise
         try:
             n = serialize_graph(graph)
+            if scratch.reused and not is_chain(graph):
+                raise Unsupported("cuda graph: library ops share scratch blocks, and the "
+                                  "captured graph does not run its nodes one by one")
         except BaseException:
             _drv.cuGraphDestroy(graph)
+            scratch.close()
             raise
         if n:
             log.debug("cuda stream %d: %d early-launch edges made full dependencies", self.id, n)
@@ -264,8 +239,9 @@ class CudaStream(Stream):
             exec_ = _check(_drv.cuGraphInstantiate(graph, 0), "graph instantiate")
         except BaseException:
             _drv.cuGraphDestroy(graph)
+            scratch.close()
             raise
-        return CudaGraph(graph, exec_)
+        return CudaGraph(graph, exec_, scratch)
 
     def capture(self, fn: Callable[["CudaStream"], None]) -> CudaGraph:
         """A CUDA graph of what `fn(self)` enqueues, which does not run now; the stream's
@@ -275,7 +251,7 @@ class CudaStream(Stream):
         self.device.ensure_current()
         mode = _drv.CUstreamCaptureMode.CU_STREAM_CAPTURE_MODE_RELAXED
         _check(_drv.cuStreamBeginCapture(self.cs.handle, mode), "begin capture")
-        self.capturing = True
+        self.capturing, self.capture_scratch = True, CaptureScratch()
         try:
             fn(self)
         except BaseException:
@@ -290,6 +266,9 @@ class CudaStream(Stream):
             res = _drv.cuStreamEndCapture(self.cs.handle)
             if int(res[0]) == 0 and res[1] is not None:
                 _drv.cuGraphDestroy(res[1])
+            if self.capture_scratch is not None:
+                self.capture_scratch.close()
+                self.capture_scratch = None
 
     # -- events -------------------------------------------------------------------------------
 

@@ -1,11 +1,17 @@
 """The shape of the CUDA graphs the cuda device captures (devices/cuda.py): programmatic
-(early-launch) edges made full dependencies before a graph is instantiated."""
+(early-launch) edges made full dependencies before a graph is instantiated, and the scratch
+memory library ops take while a stream is captured (plain allocations the graph keeps, not
+graph memory nodes)."""
 
 from __future__ import annotations
 
-from typing import Any
+import bisect
+import logging
+from typing import Any, Sequence
 
-from aotrt.errors import DeviceError
+from aotrt.errors import DeviceError, OutOfMemory, Unsupported
+
+log = logging.getLogger(__name__)
 
 try:
     from cuda.bindings import driver as _drv
@@ -18,6 +24,10 @@ def _ok(result: Any, what: str) -> Any:
     if int(result[0]) != 0:
         raise DeviceError(f"cuda: {what} failed: {result[0]}")
     return result[1:]
+
+
+#: cuGraphRemoveDependencies' answer for a graph it cannot change
+_NOT_SUPPORTED = 801
 
 
 def serialize_graph(graph: Any) -> int:
@@ -51,9 +61,125 @@ def serialize_graph(graph: Any) -> int:
     if not early:
         return 0
     f, t, d = [src[i] for i in early], [dst[i] for i in early], [data[i] for i in early]
-    _ok(remove(graph, f, t, d, len(early)), "graph edge removal")
+    res = remove(graph, f, t, d, len(early))
+    if int(res[0]) == _NOT_SUPPORTED:
+        # CUDA refuses to remove edges of a graph with memory allocation or free nodes.
+        # Library scratch never makes those (CaptureScratch); anything else that did must
+        # not leave early launches in the graph: the caller runs without one.
+        raise Unsupported(f"cuda graph: its {len(early)} early-launch edges cannot be made "
+                          f"full dependencies (the graph allocates memory: {res[0]})")
+    _ok(res, "graph edge removal")
     _ok(add(graph, f, t, None, len(early)), "graph edge")
     return len(early)
 
 
-__all__ = ["serialize_graph"]
+def is_chain(graph: Any) -> bool:
+    """Whether a graph's nodes run one after another: no node waits for two, or is waited
+    for by two (what a capture from one stream gives, once its edges are serialized)."""
+    res = _ok(_drv.cuGraphGetNodes(graph, 0), "graph nodes")
+    nodes = int(res[-1])
+    get = getattr(_drv, "cuGraphGetEdges_v2", _drv.cuGraphGetEdges)
+    res = get(graph, 0)
+    _ok(res, "graph edges")
+    count = int(res[-1])
+    if count == 0:
+        return nodes <= 1
+    res = _ok(get(graph, count), "graph edges")
+    src, dst = [int(x) for x in res[0][:count]], [int(x) for x in res[1][:count]]
+    return count == nodes - 1 and len(set(src)) == count and len(set(dst)) == count
+
+
+class CaptureScratch:
+    """Device memory that library ops take as scratch while a stream is being captured,
+    kept for as long as the graph.
+
+    cuMemAllocAsync under capture makes graph memory nodes, and CUDA cannot rewrite the
+    early-launch edges of a graph that has them (CUDA_ERROR_NOT_SUPPORTED: six models of
+    the H200 zoo, among them coat_lite_tiny and yolov3u, failed to run). A block given back
+    is taken again by a later op of the same capture; that is right only in a graph whose
+    nodes run one after another, which the stream checks (`is_chain`) when `reused`.
+    """
+
+    def __init__(self) -> None:
+        self.blocks: list[int] = []                # every block, to free with the graph
+        self._free: list[tuple[int, int]] = []     # (bytes, pointer), sorted
+        self._size: dict[int, int] = {}
+        self.reused = False
+
+    def take(self, nbytes: int) -> int:
+        """A block of at least `nbytes` (the smallest free one that fits, else a new one)."""
+        nbytes = max(-(-nbytes // 256) * 256, 256)
+        i = bisect.bisect_left(self._free, (nbytes, 0))
+        if i < len(self._free):
+            _, ptr = self._free.pop(i)
+            self.reused = True
+            return ptr
+        err, ptr = _drv.cuMemAlloc(nbytes)
+        if int(err) != 0:
+            raise OutOfMemory(f"cuda: graph scratch of {nbytes} bytes: {err}")
+        ptr = int(ptr)
+        self.blocks.append(ptr)
+        self._size[ptr] = nbytes
+        return ptr
+
+    def give(self, ptr: int) -> None:
+        """A block taken here is free for later ops of the capture."""
+        bisect.insort(self._free, (self._size[ptr], ptr))
+
+    def close(self) -> None:
+        """Free every block (the graph that used them is gone); safe to call twice."""
+        for ptr in self.blocks:
+            err = _drv.cuMemFree(ptr)[0]
+            if int(err) != 0:
+                log.warning("cuda: freeing graph scratch failed: %s", err)
+        self.blocks.clear()
+        self._free.clear()
+        self._size.clear()
+
+
+class CudaGraph:
+    """An instantiated CUDA graph captured from a stream; replay it with `launch`."""
+
+    def __init__(self, graph: Any, exec_: Any, scratch: CaptureScratch | None = None) -> None:
+        self._graph = graph
+        self._exec = exec_
+        self._scratch = scratch     # library scratch the graph's nodes use
+        # Marks the end of a launch's input copies, so the host can wait for them alone.
+        flags = _drv.CUevent_flags.CU_EVENT_DISABLE_TIMING
+        self._copied = _ok(_drv.cuEventCreate(flags), "event create")[0]
+
+    def launch(self, stream: Any,
+               copies: Sequence[tuple[int, int, int]] = ()) -> None:
+        """Copy `copies` ((dst, src, bytes) device addresses), then replay the whole graph on
+        `stream` (asynchronously)."""
+        h = stream.cs.handle
+        for dst, src, n in copies:
+            _ok(_drv.cuMemcpyDtoDAsync(dst, src, n, h), "copy into the graph's inputs")
+        _ok(_drv.cuEventRecord(self._copied, h), "event record")
+        _ok(_drv.cuGraphLaunch(self._exec, h), "graph launch")
+
+    def wait_copies(self, stream: Any) -> None:
+        """Block until the input copies of the last `launch` on `stream` are done (not the
+        replay after them); a launch that failed is reported here, after a full wait."""
+        if stream.failed:
+            stream.commit_and_wait()    # raises the failure
+        _ok(_drv.cuEventSynchronize(self._copied), "wait for the graph's input copies")
+
+    def close(self) -> None:
+        """Free the graph; safe to call twice."""
+        if self._exec is not None:
+            _drv.cuGraphExecDestroy(self._exec)
+            _drv.cuGraphDestroy(self._graph)
+            _drv.cuEventDestroy(self._copied)
+            self._exec = self._graph = None
+            if self._scratch is not None:
+                self._scratch.close()
+
+    def __del__(self) -> None:
+        try:
+            self.close()
+        except Exception:  # noqa: BLE001 - interpreter shutdown
+            pass
+
+
+__all__ = ["CaptureScratch", "CudaGraph", "is_chain", "serialize_graph"]

@@ -542,6 +542,31 @@ def test_delegate_replays_a_graph_by_default() -> None:
 
 
 @needs_gpu
+def test_a_program_without_a_possible_graph_runs_without_one(monkeypatch, caplog) -> None:
+    """A graph CUDA cannot serialize (Unsupported at the end of the capture) leaves the
+    default delegate running without one, right, with a warning; cuda_graph=True raises."""
+    from aotrt.errors import Unsupported
+
+    torch, m, prog = _small_program()
+    import aotrt
+
+    def refuse(graph):
+        raise Unsupported("cuda graph: its 1 early-launch edges cannot be made full")
+    monkeypatch.setattr(cuda_mod, "serialize_graph", refuse)
+    x = torch.randn(2, 3, 16, 16)
+    with aotrt.load(prog, device="cuda") as d:
+        with caplog.at_level("WARNING", logger="aotrt.runtime.delegate"):
+            (out,) = d.run(x.numpy())
+        assert "runs without a CUDA graph" in caplog.text and not d.uses_graph
+        assert rel_err(np.asarray(out), m(x).detach().numpy()) < 1e-4
+        (out,) = d.run(x.numpy())
+        assert rel_err(np.asarray(out), m(x).detach().numpy()) < 1e-4
+    with aotrt.load(prog, device="cuda", cuda_graph=True) as d:
+        with pytest.raises(Unsupported, match="early-launch edges"):
+            d.run(x.numpy())
+
+
+@needs_gpu
 def test_graph_run_returns_before_its_replay_and_reads_inputs_as_they_were() -> None:
     """run() waits for its input copies alone: the replay is still queued when it returns,
     and a caller that overwrites its cuda input at once does not change the result."""

@@ -53,3 +53,79 @@ def test_serialize_graph_makes_early_launch_edges_full(monkeypatch: pytest.Monke
                                                         ("d", "e")]
     assert all(d.type == 0 and d.from_port == 0 for _, _, d in fake.edges)
     assert cuda_graphs.serialize_graph(object()) == 0
+
+
+def test_a_graph_whose_edges_cannot_change_is_refused(monkeypatch: pytest.MonkeyPatch) -> None:
+    """CUDA refuses to remove edges of a graph with memory nodes (NOT_SUPPORTED, 801): the
+    graph is refused as Unsupported (the delegate then runs without one), never
+    instantiated with its early launches left in."""
+    from aotrt.errors import Unsupported
+
+    fake = _FakeGraphDriver([("a", "b", _Edge(1, 1))])
+    fake.cuGraphRemoveDependencies = lambda *a: (801,)
+    monkeypatch.setattr(cuda_graphs, "_drv", fake)
+    with pytest.raises(Unsupported, match="early-launch edges cannot be made full"):
+        cuda_graphs.serialize_graph(object())
+    assert [(f, t, d.type) for f, t, d in fake.edges] == [("a", "b", 1)]
+
+
+class _FakeNodes(_FakeGraphDriver):
+    """Graph nodes 1..n (ints, as the driver's handles convert) and default edges."""
+
+    def __init__(self, n: int, edges: list[tuple[int, int]]) -> None:
+        super().__init__([(a, b, _Edge()) for a, b in edges])
+        self.n = n
+
+    def cuGraphGetNodes(self, graph: object, n: int = 0) -> tuple:
+        return 0, list(range(1, self.n + 1)) if n else None, self.n
+
+
+@pytest.mark.parametrize("n, edges, chain", [
+    (1, [], True),
+    (4, [(1, 2), (2, 3), (3, 4)], True),
+    (4, [(1, 2), (1, 3), (2, 4), (3, 4)], False),       # a fork and a join
+    (4, [(1, 2), (3, 4)], False),                       # two independent chains
+    (3, [(1, 2), (1, 3)], False),
+])
+def test_is_chain(monkeypatch: pytest.MonkeyPatch, n: int, edges: list, chain: bool) -> None:
+    """A graph is a chain when its nodes run one after another, and only then."""
+    monkeypatch.setattr(cuda_graphs, "_drv", _FakeNodes(n, edges))
+    assert cuda_graphs.is_chain(object()) is chain
+
+
+class _FakeMemory:
+    """cuMemAlloc / cuMemFree over a counter of live blocks."""
+
+    def __init__(self) -> None:
+        self.live: dict[int, int] = {}
+        self.next = 1 << 20
+
+    def cuMemAlloc(self, n: int) -> tuple:
+        ptr, self.next = self.next, self.next + n
+        self.live[ptr] = n
+        return 0, ptr
+
+    def cuMemFree(self, ptr: int) -> tuple:
+        del self.live[ptr]
+        return (0,)
+
+
+def test_capture_scratch_reuses_the_smallest_free_block_and_frees_all(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Library scratch under capture: plain allocations (no graph memory nodes), a freed
+    block taken again by a later op (best fit, `reused` set), all freed with the graph."""
+    mem = _FakeMemory()
+    monkeypatch.setattr(cuda_graphs, "_drv", mem)
+    s = cuda_graphs.CaptureScratch()
+    a, b = s.take(1000), s.take(5000)
+    assert len(mem.live) == 2 and not s.reused and a != b
+    assert mem.live[a] >= 1000 and mem.live[b] >= 5000
+    s.give(b)
+    s.give(a)
+    assert s.take(900) == a and s.reused        # the smallest block that fits
+    c = s.take(6000)                            # none fits: a new one
+    assert c not in (a, b) and len(mem.live) == 3
+    assert s.take(4000) == b
+    s.close()
+    assert mem.live == {}
+    s.close()                                   # twice is fine

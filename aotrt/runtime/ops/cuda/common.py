@@ -45,14 +45,19 @@ def alignment(*byte_values: int) -> int:
 class Scratch:
     """Device memory for the length of one work item, in stream order on `stream`.
 
-    It comes straight from the driver's stream-ordered allocator (cuMemAllocAsync), which
-    also works while the stream is being captured into a CUDA graph (as graph memory nodes).
+    It comes straight from the driver's stream-ordered allocator (cuMemAllocAsync), or,
+    while the stream is being captured into a CUDA graph, from the capture's own blocks
+    (devices/cuda_graphs.CaptureScratch), which the graph keeps.
     """
 
     def __init__(self, stream: "CudaStream", nbytes: int) -> None:
         from cuda.bindings import driver
 
         self._stream = stream
+        self._captured = stream.capture_scratch if stream.capturing else None
+        if self._captured is not None:
+            self.ptr = self._captured.take(nbytes)
+            return
         err, ptr = driver.cuMemAllocAsync(max(nbytes, 1), stream.handle)
         if int(err) != 0:
             raise DeviceError(f"cuda: scratch of {nbytes} bytes: {err}")
@@ -62,9 +67,11 @@ class Scratch:
         """Give the memory back after everything enqueued so far on the stream."""
         from cuda.bindings import driver
 
-        if self.ptr:
+        if self.ptr and self._captured is not None:
+            self._captured.give(self.ptr)
+        elif self.ptr:
             driver.cuMemFreeAsync(self.ptr, self._stream.handle)
-            self.ptr = 0
+        self.ptr = 0
 
 
 def stream_workspace(stream: "CudaStream", nbytes: int) -> int:
