@@ -210,16 +210,21 @@ def _cpu_sdpa(out: Handle, q: Handle, k: Handle, v: Handle, mask: Handle | None,
         batch = o.shape[:-2]
         qx, kx, vx = _expand(qa, batch), _expand(ka, batch), _expand(va, batch)
         mx = None if ma is None else _expand(ma, batch)
-        # One block's scores, in the worker's kept scratch (fresh pages every run cost
-        # Whisper-tiny's attention 5 ms a block).
-        scores = out.device.scratch(4 * hstep * lstep * s).view(np.float32)
+        # One block's operands, scores and result, in the worker's kept scratch: fresh
+        # pages on every call cost Whisper-tiny's attention 5 ms a block, and GPT-2's
+        # (12, 128, 64) result and packed copies 0.7-1.7 ms a layer (AVX-512, 2 cores).
+        e, ev = qa.shape[-1], va.shape[-1]
+        room = _Room(out.device.scratch(_Room.bytes_for(
+            [(hstep, lstep, e), (hstep, s, e), (hstep, s, ev), (hstep, lstep, s),
+             (hstep, lstep, ev)])))
         for idx in np.ndindex(batch[:-1]):
             for h0 in range(0, inner, hstep):
                 for l0 in range(0, lq, lstep):
                     l1 = min(l0 + lstep, lq)
+                    room.reset()
                     res = _attend(qx[idx], kx[idx], vx[idx], None if mx is None else mx[idx],
                                   h0, h0 + hstep, l0, l1, min(s, l1) if is_causal else s,
-                                  is_causal, scale, softmax, gemm, scores)
+                                  is_causal, scale, softmax, gemm, room)
                     c.store(o[idx][h0:h0 + hstep, l0:l1], res)
     return work
 
@@ -229,23 +234,53 @@ def _rows(a: np.ndarray, h0: int, h1: int) -> np.ndarray:
     return a if a.shape[0] == 1 else a[h0:h1]
 
 
+class _Room:
+    """float32 arrays carved one after another out of one buffer (the worker's kept
+    scratch), 64-byte aligned; `take` gives None once the buffer is used up."""
+
+    ALIGN = 16     # float32 elements: 64 bytes
+
+    def __init__(self, buf: np.ndarray) -> None:
+        self.buf = buf.view(np.float32)
+        self.used = 0
+
+    @classmethod
+    def bytes_for(cls, shapes: list[tuple[int, ...]]) -> int:
+        """The bytes that arrays of these shapes take, one after another."""
+        return 4 * sum(-(-math.prod(sh) // cls.ALIGN) * cls.ALIGN for sh in shapes)
+
+    def reset(self) -> None:
+        """Every array taken so far is free again."""
+        self.used = 0
+
+    def take(self, shape: tuple[int, ...]) -> np.ndarray | None:
+        """A row-major float32 array of `shape` (contents undefined), or None."""
+        n = math.prod(shape)
+        end = self.used + -(-n // self.ALIGN) * self.ALIGN
+        if end > self.buf.size:
+            return None
+        arr = self.buf[self.used:self.used + n].reshape(shape)
+        self.used = end
+        return arr
+
+
 def _attend(q: np.ndarray, k: np.ndarray, v: np.ndarray, m: np.ndarray | None, h0: int,
             h1: int, l0: int, l1: int, kend: int, is_causal: bool, scale: float,
-            softmax: Any = None, gemm: Any = None,
-            scratch: np.ndarray | None = None) -> np.ndarray:
+            softmax: Any = None, gemm: Any = None, room: _Room | None = None) -> np.ndarray:
     """Attention of query rows l0:l1 of heads h0:h1 over keys [0, kend), in float32;
     `softmax`: the compiled row softmax (ops/cpu_softmax.py), else numpy's passes; `gemm`:
-    oneDNN's array matmul (Dnnl.gemm_arrays), else numpy's; `scratch`: float32 room for the
-    block's scores, else fresh memory."""
+    oneDNN's array matmul (Dnnl.gemm_arrays), else numpy's; `room`: where the block's
+    copies, scores and result go, else fresh memory."""
     # Queries packed (row-major) as they are scaled: oneDNN refuses heads interleaved in
     # the rows, and a refused first try packed the transposed keys again.
-    qc = _rows(q, h0, h1)[:, l0:l1].astype(np.float32, order="C")
+    qc = _packed(_rows(q, h0, h1)[:, l0:l1], room, always=True)
     qc *= np.float32(scale)
     # Keys with heads interleaved in their rows are packed as they lie, before the
     # transpose: packing the transposed view gathered columns (91 against 11 us for
     # BERT's 12x128x64 keys, AVX-512, one core).
-    kc = _batch_outermost(c.load_f32(_rows(k, h0, h1)[:, :kend]))
-    scores = _matmul(gemm, qc, kc.transpose(0, 2, 1), scratch)
+    kc = _packed(_rows(k, h0, h1)[:, :kend], room)
+    vc = _packed(_rows(v, h0, h1)[:, :kend], room)
+    scores = _matmul(gemm, qc, kc.transpose(0, 2, 1), room)
     if m is not None:
         mc = _rows(m, h0, h1)
         mc = mc if mc.shape[-2] == 1 else mc[:, l0:l1]
@@ -263,7 +298,7 @@ def _attend(q: np.ndarray, k: np.ndarray, v: np.ndarray, m: np.ndarray | None, h
     if softmax is not None and scores.shape[-1] == softmax.cols and \
             scores.size // softmax.cols <= softmax.rows and scores.flags.c_contiguous:
         softmax(scores, scores)
-        return _matmul(gemm, scores, c.load_f32(_rows(v, h0, h1)[:, :kend]))
+        return _matmul(gemm, scores, vc, room)
     top = scores.max(axis=-1, keepdims=True)
     # A fully masked row has max -inf; shifting by 0 keeps exp() at 0 instead of NaN.
     top[np.isneginf(top)] = 0
@@ -272,17 +307,26 @@ def _attend(q: np.ndarray, k: np.ndarray, v: np.ndarray, m: np.ndarray | None, h
     total = scores.sum(axis=-1, keepdims=True)
     total[total == 0] = 1
     scores /= total
-    return _matmul(gemm, scores, c.load_f32(_rows(v, h0, h1)[:, :kend]))
+    return _matmul(gemm, scores, vc, room)
 
 
-def _matmul(gemm: Any, a: np.ndarray, b: np.ndarray,
-            scratch: np.ndarray | None = None) -> np.ndarray:
-    """a @ b (3-D, float32), through `gemm` where it takes them, else numpy; into the
-    front of `scratch` where given."""
+def _packed(x: np.ndarray, room: _Room | None, always: bool = False) -> np.ndarray:
+    """`x` as float32 with its batch dim outermost: `x` itself where it already is (and not
+    `always`), else a copy, in `room` where it has space."""
+    if not always and x.dtype == np.float32 and not _interleaved(x):
+        return x
+    dst = None if room is None else room.take(x.shape)
+    if dst is None:
+        return np.ascontiguousarray(x, dtype=np.float32)
+    np.copyto(dst, x, casting="unsafe")
+    return dst
+
+
+def _matmul(gemm: Any, a: np.ndarray, b: np.ndarray, room: _Room | None = None) -> np.ndarray:
+    """a @ b (3-D, float32), through `gemm` where it takes them, else numpy; the result in
+    `room` where it has space."""
     shape = np.broadcast_shapes(a.shape[:-2], b.shape[:-2]) + (a.shape[-2], b.shape[-1])
-    out = None
-    if scratch is not None:
-        out = scratch[:math.prod(shape)].reshape(shape)
+    out = None if room is None else room.take(shape)
     if gemm is not None:
         if out is None:
             out = np.empty(shape, np.float32)
@@ -295,11 +339,14 @@ def _matmul(gemm: Any, a: np.ndarray, b: np.ndarray,
     return np.matmul(a, b) if out is None else np.matmul(a, b, out=out)
 
 
+def _interleaved(x: np.ndarray) -> bool:
+    """Whether a 3-D array's batch stride is below another of its strides."""
+    return x.ndim == 3 and x.shape[0] > 1 and x.strides[0] < max(x.strides[1:])
+
+
 def _batch_outermost(x: np.ndarray) -> np.ndarray:
     """`x`, or a packed copy where its batch stride is below another of its strides."""
-    if x.ndim == 3 and x.shape[0] > 1 and x.strides[0] < max(x.strides[1:]):
-        return np.ascontiguousarray(x)
-    return x
+    return np.ascontiguousarray(x) if _interleaved(x) else x
 
 
 _SDPA: dict[str, Callable[..., Any]] = {"cpu": _cpu_sdpa, "cuda": cuda_sdpa.make_sdpa}
