@@ -3,10 +3,10 @@
 Inputs may be any views (transposed, strided, offset); outputs may be non-packed views and
 are written in place. float32, float16 and bfloat16; half types compute in float32 and
 round once on store. On cpu, float32 linear, mm and addmm (alpha 1, beta 0 or 1, a bias
-row) of more than one row run as a oneDNN matmul (ops/cpu_dnnl.py) where oneDNN has a
-FAST_MATMUL implementation for them and the views fold into 2-D ones; everything else
-through numpy's BLAS, on one thread where the device's GEMMs run on oneDNN's pool
-(`Dnnl.numpy_blas`)."""
+row) run as a oneDNN matmul (ops/cpu_dnnl.py) where oneDNN has a FAST_MATMUL implementation
+for them and the views fold into 2-D ones; everything else through numpy's BLAS, on one
+thread where the device's GEMMs run on oneDNN's pool (`Dnnl.numpy_blas`).
+"""
 
 from __future__ import annotations
 
@@ -237,12 +237,6 @@ def _dnnl_gemm(out: Handle, x: Handle, w: Handle, w_kn: tuple[tuple[int, ...], t
     xr, outr = _rows(x), _rows(out)
     ok, bias_stride = _bias_row(bias, w_kn[0][1])
     if xr is None or outr is None or not ok:
-        return None
-    if xr[0][0] == 1:
-        # One row is a matrix-vector product, bound by reading the weights: oneDNN 3.2's
-        # brgemm matmul takes 0.13-0.35 ms for 1x1280 @ 1280x1000 on AVX-512, numpy's BLAS
-        # (gemv) 0.07 on one thread (MobileNet-v2's and ResNet's classifier heads).
-        dnnl.stats["numpy"] += 1
         return None
     key = cpu_dnnl.MatmulKey("float32", xr, w_kn, bias_stride, outr,
                              cpu_dnnl.stream_threads(out.device))
