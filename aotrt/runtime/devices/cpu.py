@@ -53,12 +53,16 @@ NATIVE_FLAGS = ("-march=native",)
 GCC_FLAGS = ("--param=vect-max-version-for-alias-checks=64",)
 #: the OpenMP runtimes -fopenmp code may link (gcc's, llvm's), by soname
 OPENMP_RUNTIMES = ("libgomp.so.1", "libomp.so", "libomp.so.5", "libiomp5.so")
-#: OpenMP settings the device asks for unless the process set them: the runtime reads them
-#: once, when the first kernel library loads it. Passive: a pool thread sleeps when a kernel
-#: ends instead of spinning for up to milliseconds on a core the next library op (numpy's
-#: BLAS threads) or another process needs; measured on 2 cores, spinning doubled the CPU
-#: time of a resnet18 run (bench/results/cpu-threads-2026-12-02.md).
-OPENMP_ENV = {"OMP_WAIT_POLICY": "PASSIVE"}
+#: OpenMP settings the device asks for unless the process set either: the runtime reads
+#: them once, when the first kernel library loads it. A pool thread spins briefly when a
+#: parallel region ends, then sleeps. Not for milliseconds (libgomp's default, 300,000
+#: spins): on a core the next library op (numpy's BLAS threads) or another process needs,
+#: that doubled the CPU time of a resnet18 run (bench/results/cpu-threads-2026-12-02.md).
+#: Not at once either (a passive policy alone): waking the pool cost each oneDNN
+#: convolution about 50 us, a tiny one 95 against 10 us, MobileNet-v2 7.2-7.7 against
+#: 3.8-4.9 ms a run and YOLOv8n 14.8-15.2 against 11.0-11.1, at the same CPU time (2 cores,
+#: AVX-512, 2026-12-03).
+OPENMP_ENV = {"OMP_WAIT_POLICY": "PASSIVE", "GOMP_SPINCOUNT": "30000"}
 
 
 def cache_dir() -> Path:
@@ -511,8 +515,8 @@ class CpuDevice(Device):
         # Per thread: the kernel thread count of the stream whose worker it is (CpuStream).
         self.worker = threading.local()
         self._openmp: ctypes.CDLL | None = None
-        for name, value in OPENMP_ENV.items():
-            os.environ.setdefault(name, value)      # a value the process chose stays
+        if not any(name in os.environ for name in OPENMP_ENV):
+            os.environ.update(OPENMP_ENV)   # a policy or spin count the process chose stays
 
     def scratch(self, nbytes: int) -> np.ndarray:
         """`nbytes` of 64-byte aligned scratch (uint8, contents undefined) for the command

@@ -753,22 +753,28 @@ print("equal" if out[1] == out[2] else "different")
     assert "Sanitizer" not in proc.stderr and "runtime error" not in proc.stderr
 
 
-@pytest.mark.parametrize("preset", [None, "ACTIVE"])
-def test_openmp_threads_wait_passively_unless_the_process_says_otherwise(preset):
-    """A fresh process: the device asks for a passive wait policy before any kernel library
-    loads the OpenMP runtime; a policy the process set stays."""
+@pytest.mark.parametrize("preset", [None, ("OMP_WAIT_POLICY", "ACTIVE"),
+                                    ("GOMP_SPINCOUNT", "1000")])
+def test_openmp_threads_spin_briefly_unless_the_process_says_otherwise(preset):
+    """A fresh process: the device asks for a passive policy with a short spin before any
+    kernel library loads the OpenMP runtime; a policy or spin count the process set stays,
+    and then the device sets neither."""
     import os
     import subprocess
     import sys
 
-    env = {k: v for k, v in os.environ.items() if k != "OMP_WAIT_POLICY"}
+    from aotrt.runtime.devices.cpu import OPENMP_ENV
+
+    env = {k: v for k, v in os.environ.items() if k not in OPENMP_ENV}
     if preset is not None:
-        env["OMP_WAIT_POLICY"] = preset
+        env[preset[0]] = preset[1]
     script = ("import os\nfrom aotrt.runtime.device import get_device\nget_device('cpu')\n"
-              "print(os.environ.get('OMP_WAIT_POLICY'))\n")
+              "print(os.environ.get('OMP_WAIT_POLICY'), os.environ.get('GOMP_SPINCOUNT'))\n")
     proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
                           env=env, cwd=Path(__file__).parents[3], timeout=120)
-    assert proc.stdout.split() == [preset or "PASSIVE"], proc.stderr[-2000:]
+    want = {None: ["PASSIVE", "30000"], "OMP_WAIT_POLICY": ["ACTIVE", "None"],
+            "GOMP_SPINCOUNT": ["None", "1000"]}[preset and preset[0]]
+    assert proc.stdout.split() == want, proc.stderr[-2000:]
 
 
 def test_scratch_is_aligned_kept_per_thread_and_grown(cpu):
