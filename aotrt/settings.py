@@ -43,4 +43,11 @@ def env() -> Env:
                cc=get("CC", "cc"))
 
 
-__all__ = ["Env", "env"]
+def default_library_env(values: dict[str, str]) -> None:
+    """Set `values` for a library the process loads later (OpenMP), all of them, unless the
+    process already set any one: a setting it chose stays, and is not mixed with ours."""
+    if not any(name in os.environ for name in values):
+        os.environ.update(values)
+
+
+__all__ = ["Env", "default_library_env", "env"]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import ast
+import os
 from pathlib import Path
 
 import pytest
@@ -53,3 +54,17 @@ def test_no_other_module_reads_the_environment() -> None:
                     and id(node) not in writes):
                 readers.append(f"{path.relative_to(ROOT.parent)}:{node.lineno}")
     assert not readers, readers
+
+
+def test_default_library_env_sets_all_or_none(monkeypatch) -> None:
+    """A library's defaults go in together, and not at all once the process set one."""
+    from aotrt import settings
+
+    monkeypatch.delenv("AOTRT_TEST_A", raising=False)
+    monkeypatch.delenv("AOTRT_TEST_B", raising=False)
+    settings.default_library_env({"AOTRT_TEST_A": "1", "AOTRT_TEST_B": "2"})
+    assert (os.environ["AOTRT_TEST_A"], os.environ["AOTRT_TEST_B"]) == ("1", "2")
+    monkeypatch.delenv("AOTRT_TEST_B")
+    monkeypatch.setenv("AOTRT_TEST_A", "mine")
+    settings.default_library_env({"AOTRT_TEST_A": "1", "AOTRT_TEST_B": "2"})
+    assert os.environ["AOTRT_TEST_A"] == "mine" and "AOTRT_TEST_B" not in os.environ

@@ -515,8 +515,7 @@ class CpuDevice(Device):
         # Per thread: the kernel thread count of the stream whose worker it is (CpuStream).
         self.worker = threading.local()
         self._openmp: ctypes.CDLL | None = None
-        if not any(name in os.environ for name in OPENMP_ENV):
-            os.environ.update(OPENMP_ENV)   # a policy or spin count the process chose stays
+        settings.default_library_env(OPENMP_ENV)
 
     def scratch(self, nbytes: int) -> np.ndarray:
         """`nbytes` of 64-byte aligned scratch (uint8, contents undefined) for the command
