@@ -105,6 +105,8 @@ class CaptureScratch:
         self._free: list[tuple[int, int]] = []     # (bytes, pointer), sorted
         self._size: dict[int, int] = {}
         self.reused = False
+        # The graph may be freed on a thread where no context is current (the reaper).
+        self._ctx = _ok(_drv.cuCtxGetCurrent(), "current context")[0]
 
     def take(self, nbytes: int) -> int:
         """A block of at least `nbytes` (the smallest free one that fits, else a new one)."""
@@ -128,10 +130,15 @@ class CaptureScratch:
 
     def close(self) -> None:
         """Free every block (the graph that used them is gone); safe to call twice."""
-        for ptr in self.blocks:
-            err = _drv.cuMemFree(ptr)[0]
-            if int(err) != 0:
-                log.warning("cuda: freeing graph scratch failed: %s", err)
+        if self.blocks:
+            _drv.cuCtxPushCurrent(self._ctx)
+            try:
+                for ptr in self.blocks:
+                    err = _drv.cuMemFree(ptr)[0]
+                    if int(err) != 0:
+                        log.warning("cuda: freeing graph scratch failed: %s", err)
+            finally:
+                _drv.cuCtxPopCurrent()
         self.blocks.clear()
         self._free.clear()
         self._size.clear()

@@ -106,8 +106,22 @@ class _FakeMemory:
         return 0, ptr
 
     def cuMemFree(self, ptr: int) -> tuple:
+        assert self.pushed == ["ctx"], "blocks are freed with the capture's context current"
         del self.live[ptr]
         return (0,)
+
+    pushed: list = []
+
+    def cuCtxGetCurrent(self) -> tuple:
+        return 0, "ctx"
+
+    def cuCtxPushCurrent(self, ctx: object) -> tuple:
+        self.pushed = [*self.pushed, ctx]
+        return (0,)
+
+    def cuCtxPopCurrent(self) -> tuple:
+        self.pushed = self.pushed[:-1]
+        return 0, "ctx"
 
 
 def test_capture_scratch_reuses_the_smallest_free_block_and_frees_all(
@@ -127,5 +141,5 @@ def test_capture_scratch_reuses_the_smallest_free_block_and_frees_all(
     assert c not in (a, b) and len(mem.live) == 3
     assert s.take(4000) == b
     s.close()
-    assert mem.live == {}
+    assert mem.live == {} and mem.pushed == []
     s.close()                                   # twice is fine
