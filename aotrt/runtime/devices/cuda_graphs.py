@@ -106,7 +106,8 @@ class CaptureScratch:
         self._size: dict[int, int] = {}
         self.reused = False
         # The graph may be freed on a thread where no context is current (the reaper).
-        self._ctx = _ok(_drv.cuCtxGetCurrent(), "current context")[0]
+        res = _drv.cuCtxGetCurrent()
+        self._ctx = res[1] if int(res[0]) == 0 else None
 
     def take(self, nbytes: int) -> int:
         """A block of at least `nbytes` (the smallest free one that fits, else a new one)."""
@@ -130,14 +131,15 @@ class CaptureScratch:
 
     def close(self) -> None:
         """Free every block (the graph that used them is gone); safe to call twice."""
-        if self.blocks:
-            _drv.cuCtxPushCurrent(self._ctx)
-            try:
-                for ptr in self.blocks:
-                    err = _drv.cuMemFree(ptr)[0]
-                    if int(err) != 0:
-                        log.warning("cuda: freeing graph scratch failed: %s", err)
-            finally:
+        pushed = bool(self.blocks) and self._ctx is not None and \
+            int(_drv.cuCtxPushCurrent(self._ctx)[0]) == 0
+        try:
+            for ptr in self.blocks:
+                err = _drv.cuMemFree(ptr)[0]
+                if int(err) != 0:
+                    log.warning("cuda: freeing graph scratch failed: %s", err)
+        finally:
+            if pushed:
                 _drv.cuCtxPopCurrent()
         self.blocks.clear()
         self._free.clear()
