@@ -94,7 +94,9 @@ def child(name: str, path: str, iters: int, ref_path: str, early: bool) -> None:
             CudaGraph.launch = real
     pre.sort()
     whole.sort()
-    print(f"{name:14s}{' early' if early else ''} pid {os.getpid():7d}  bench-style {event_ms:.3f}  gpu/run {gpu_ms:.3f}  "
+    tag = " early" if early else ""
+    print(f"{name:14s}{tag} pid {os.getpid():7d}  bench-style {event_ms:.3f}  "
+          f"gpu/run {gpu_ms:.3f}  "
           f"to launch {pre[len(pre) // 2] * 1e3:.3f}  run() {whole[len(whole) // 2] * 1e3:.3f}  "
           f"err {' '.join(f'{k} {v:.2e}' for k, v in errs.items())}  bits: no graph "
           f"{plain_digest} graph first {first_digest} last {last_digest}  "

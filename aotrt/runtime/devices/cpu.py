@@ -593,12 +593,14 @@ class CpuDevice(Device):
         finally:
             self.openmp_threads(before)
 
-    def _openmp_runtime(self) -> ctypes.CDLL | None:
-        """The OpenMP runtime oneDNN and the kernels use, loaded (and kept mapped)."""
+    def _openmp_runtime(self, load: bool = True) -> ctypes.CDLL | None:
+        """The OpenMP runtime oneDNN and the kernels use, kept mapped for good; `load`
+        False: only one a library already loaded."""
         if self._openmp is None:
+            mode = os.RTLD_NOW | os.RTLD_NODELETE | (0 if load else os.RTLD_NOLOAD)
             for name in OPENMP_RUNTIMES:
                 try:
-                    self._openmp = ctypes.CDLL(name, mode=os.RTLD_NOW | os.RTLD_NODELETE)
+                    self._openmp = ctypes.CDLL(name, mode=mode)
                     break
                 except OSError:
                     continue
@@ -610,16 +612,7 @@ class CpuDevice(Device):
         Its pool threads outlive every parallel region; if closing the last kernel library
         unmapped the runtime, they would wake up in unmapped code (a crash).
         """
-        if self._openmp is not None:
-            return
-        for name in OPENMP_RUNTIMES:
-            try:
-                # NOLOAD: only the runtime already loaded (by a kernel library) is pinned.
-                self._openmp = ctypes.CDLL(name, mode=os.RTLD_NOW | os.RTLD_NOLOAD
-                                           | os.RTLD_NODELETE)
-                return
-            except OSError:
-                continue
+        self._openmp_runtime(load=False)
 
     def _create_stream(self, options: StreamOptions) -> Stream:
         return CpuStream(self, options)

@@ -131,8 +131,8 @@ class CudaStream(Stream):
         self.handle = int(self.cs.handle)
         self._deferred: list[Work] = []
         self._error: BaseException | None = None
-        self.capturing = False
-        # Library ops' scratch while capturing (given to the graph at the end)
+        # Library ops' scratch while capturing (given to the graph at the end); set exactly
+        # while the stream is being captured
         self.capture_scratch: CaptureScratch | None = None
         # Library ops' shared scratch (cuDNN, cuBLASLt): (pointer, bytes, buffer), grown in
         # stream order by ops/cuda/common.stream_workspace; the buffer frees itself with
@@ -141,6 +141,11 @@ class CudaStream(Stream):
         self.workspace: tuple[int, int, Any] | None = None
         self.workspace_baked = False
         self.retired: list[Any] = []
+
+    @property
+    def capturing(self) -> bool:
+        """Whether the stream is being captured into a CUDA graph."""
+        return self.capture_scratch is not None
 
     @property
     def failed(self) -> bool:
@@ -208,13 +213,12 @@ class CudaStream(Stream):
         self.commit_and_wait()
         mode = _drv.CUstreamCaptureMode.CU_STREAM_CAPTURE_MODE_RELAXED
         _check(_drv.cuStreamBeginCapture(self.cs.handle, mode), "begin capture")
-        self.capturing, self.capture_scratch = True, CaptureScratch()
+        self.capture_scratch = CaptureScratch()
 
     def end_capture(self) -> CudaGraph:
         """Stop capturing; the instantiated graph of what was enqueued since begin_capture."""
         if not self.capturing:
             raise DeviceError(f"cuda stream {self.id}: not capturing")
-        self.capturing = False
         scratch, self.capture_scratch = self.capture_scratch, None
         try:
             graph = _check(_drv.cuStreamEndCapture(self.cs.handle), "end capture")
@@ -251,7 +255,7 @@ class CudaStream(Stream):
         self.device.ensure_current()
         mode = _drv.CUstreamCaptureMode.CU_STREAM_CAPTURE_MODE_RELAXED
         _check(_drv.cuStreamBeginCapture(self.cs.handle, mode), "begin capture")
-        self.capturing, self.capture_scratch = True, CaptureScratch()
+        self.capture_scratch = CaptureScratch()
         try:
             fn(self)
         except BaseException:
@@ -262,13 +266,11 @@ class CudaStream(Stream):
     def abort_capture(self) -> None:
         """End a capture that failed half-way, dropping what it captured."""
         if self.capturing:
-            self.capturing = False
+            scratch, self.capture_scratch = self.capture_scratch, None
             res = _drv.cuStreamEndCapture(self.cs.handle)
             if int(res[0]) == 0 and res[1] is not None:
                 _drv.cuGraphDestroy(res[1])
-            if self.capture_scratch is not None:
-                self.capture_scratch.close()
-                self.capture_scratch = None
+            scratch.close()
 
     # -- events -------------------------------------------------------------------------------
 

@@ -222,7 +222,8 @@ class Dnnl:
         if any(d is None for d in dims) or not a.ndim == b.ndim == out.ndim:
             return False
         # made on the stream's worker, whose OpenMP thread count is the stream's
-        key = MatmulKey("float32", dims[0], dims[1], None, dims[2], self.device.openmp_max_threads())
+        key = MatmulKey("float32", dims[0], dims[1], None, dims[2],
+                        self.device.openmp_max_threads())
         runs = getattr(self._local, "gemm_runs", None)
         if runs is None:
             runs = self._local.gemm_runs = OrderedDict()

@@ -330,10 +330,8 @@ def _matmul(gemm: Any, a: np.ndarray, b: np.ndarray, room: _Room | None = None) 
     if gemm is not None:
         if out is None:
             out = np.empty(shape, np.float32)
-        # oneDNN refuses heads interleaved in the rows (GPT-2's split of one projection:
-        # a batch stride below the row stride); packed copies of those are cheap beside
-        # a GEMM on one thread, and are made before the first try.
-        a, b = _batch_outermost(a), _batch_outermost(b)
+        # `a` and `b` come packed where oneDNN refuses them as they lie (heads interleaved
+        # in the rows: _packed); a refused first try still retries on dense copies.
         if gemm(a, b, out) or gemm(np.ascontiguousarray(a), np.ascontiguousarray(b), out):
             return out
     return np.matmul(a, b) if out is None else np.matmul(a, b, out=out)
@@ -342,11 +340,6 @@ def _matmul(gemm: Any, a: np.ndarray, b: np.ndarray, room: _Room | None = None) 
 def _interleaved(x: np.ndarray) -> bool:
     """Whether a 3-D array's batch stride is below another of its strides."""
     return x.ndim == 3 and x.shape[0] > 1 and x.strides[0] < max(x.strides[1:])
-
-
-def _batch_outermost(x: np.ndarray) -> np.ndarray:
-    """`x`, or a packed copy where its batch stride is below another of its strides."""
-    return np.ascontiguousarray(x) if _interleaved(x) else x
 
 
 _SDPA: dict[str, Callable[..., Any]] = {"cpu": _cpu_sdpa, "cuda": cuda_sdpa.make_sdpa}
