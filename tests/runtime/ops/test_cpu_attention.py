@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-import torch
 import torch.nn.functional as F
 
 from aotrt.runtime.ops import cpu_attention, sdpa
