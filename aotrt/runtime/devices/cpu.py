@@ -570,6 +570,14 @@ class CpuDevice(Device):
                 self._pools = PoolKernels(self)
             return self._pools
 
+    def c_library(self, source: str, symbols: Sequence[str]) -> LoadedLibrary:
+        """An op's own C source (ops/cpu_attention.py), built once through the kernel cache
+        and loaded; `symbols` are its kernels, each called as generated kernels are."""
+        path = self.cache.build_so(source, [*symbols, "aotrt_error"], len(symbols))
+        loaded = LoadedLibrary(path)
+        self.pin_openmp()
+        return loaded
+
     @property
     def attention(self) -> Any:
         """The device's compiled fused attention (ops/cpu_attention.py), made on first use."""

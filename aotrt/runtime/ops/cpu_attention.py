@@ -24,11 +24,10 @@ from typing import TYPE_CHECKING, Callable
 import numpy as np
 
 from aotrt.kernels.math_c import MATH_C
-from aotrt.runtime.devices.cpu import LoadedLibrary
 from aotrt.runtime.ops import _common as c
 
 if TYPE_CHECKING:
-    from aotrt.runtime.devices.cpu import CpuDevice
+    from aotrt.runtime.devices.cpu import CpuDevice, LoadedLibrary
     from aotrt.runtime.tensor import Handle
 
 #: query rows and keys per block (the kernel's BM and BN)
@@ -258,14 +257,12 @@ class FusedAttention:
     def __init__(self, device: "CpuDevice") -> None:
         self._device = device
         self._lock = threading.Lock()
-        self._loaded: LoadedLibrary | None = None
+        self._loaded: "LoadedLibrary | None" = None
 
-    def _library(self) -> LoadedLibrary:
+    def _library(self) -> "LoadedLibrary":
         with self._lock:
             if self._loaded is None:
-                path = self._device.cache.build_so(SOURCE, [SYMBOL, "aotrt_error"], 1)
-                self._loaded = LoadedLibrary(path)
-                self._device.pin_openmp()
+                self._loaded = self._device.c_library(SOURCE, [SYMBOL])
             return self._loaded
 
     def work(self, out: "Handle", q: "Handle", k: "Handle", v: "Handle", is_causal: bool,
@@ -275,9 +272,7 @@ class FusedAttention:
         loaded = self._library()
         b, hq, lq, e = (1, *q.sizes) if q.ndim == 3 else q.sizes
         s, ev = k.sizes[-2], v.sizes[-1]
-        sp = -(-s // 16) * 16
-        floats = e * sp + ROWS * e + ROWS * KEYS + ROWS * ev + 2 * ROWS
-        per_thread = -(-floats * 4 // 64) * 64
+        per_thread = scratch_bytes(q, k, v, 1)
         params = np.zeros(_NPARAMS, np.int64)
         params[:8] = (b, hq, lq, s, e, ev, groups, int(is_causal))
         params[8:20] = (*_strides3(q), *_strides3(k), *_strides3(v), *_strides3(out))
@@ -305,7 +300,9 @@ class FusedAttention:
 
 
 def scratch_bytes(q: "Handle", k: "Handle", v: "Handle", threads: int) -> int:
-    """The per-run scratch the kernel takes on `threads` threads."""
+    """The scratch the kernel takes on `threads` threads: per thread, a head's keys packed
+    transposed, a block's queries, scores and output rows, and the rows' running max and
+    sum, each 64-byte aligned as the kernel's vector loads and stores need."""
     e, s, ev = q.sizes[-1], k.sizes[-2], v.sizes[-1]
     floats = e * (-(-s // 16) * 16) + ROWS * e + ROWS * KEYS + ROWS * ev + 2 * ROWS
     return threads * -(-floats * 4 // 64) * 64
