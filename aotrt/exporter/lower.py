@@ -47,6 +47,7 @@ from aotrt.exporter.rules.fold import (const_view, fold_batch_norms, propagate_c
 from aotrt.exporter.rules.fused import lower_group
 from aotrt.exporter.rules.library import (cast_gemm_operands, fold_query_scales,
                                           transpose_gemm_weights)
+from aotrt.exporter.rules.stem import space_to_depth_stems
 from aotrt.exporter.tview import Buf, Instr, TView, is_injective
 from aotrt.kernels import ir
 from aotrt.program import Program
@@ -94,6 +95,8 @@ class Lowering:
         n = cast_gemm_operands(self.graph)
         log.debug("%d GEMM operands cast to their result's dtype", n)
         fold_batch_norms(self)
+        n = space_to_depth_stems(self)
+        log.debug("%d stem convolutions take their input's space-to-depth", n)
         n = fold_query_scales(self.graph)
         log.debug("%d query scales folded into attention's scale", n)
         self.graph.eliminate_dead_code()

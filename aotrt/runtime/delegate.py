@@ -11,6 +11,7 @@ compiled kernel functions and the library ops registry.
 
 from __future__ import annotations
 
+import ctypes
 import logging
 import os
 import threading
@@ -409,6 +410,13 @@ class Delegate:
             raise
         return p
 
+    def _copies_inputs_itself(self, args: list[Arg]) -> bool:
+        """Whether run() copies the inputs into the static buffers on its own thread: on a
+        host device, for caller arrays whose bytes are the spec's (no staging), and without
+        the hazard checker, which sees only what is queued."""
+        return (self.device.host_addressable and not self._stream.hazards.enabled
+                and all(a.kind in ("blob", "empty") for a in args))
+
     def _run_staged(self, ins: list[Handle], outs_static: list[Handle], args: list[Arg],
                     outs: list[Arg] | None, out: Any, launch: Callable[[], Any]
                     ) -> tuple[Any, ...]:
@@ -420,8 +428,16 @@ class Delegate:
         results: tuple[Any, ...] = ()
         try:
             with owner_scope(self._owner), dev.stream_guard(stream):
+                direct = self._copies_inputs_itself(args)
+                if direct:
+                    # Once the stream is idle (no run reads the static inputs), this thread
+                    # copies them in: queued, the copy and its waits took 0.8 of 17.5 ms.
+                    stream.commit_and_wait()
+                    for k, a in enumerate(args):
+                        if a.spec.nbytes:
+                            ctypes.memmove(ins[k].address, a.ptr, a.spec.nbytes)
                 for k, a in enumerate(args):
-                    if a.spec.nbytes:
+                    if a.spec.nbytes and not direct:
                         stream.copy(ins[k], self._bind(a, temps, output=False))
                 # The caller's input memory is released (a borrowed region's release waits
                 # for the work queued on it) before the replay, so run() waits for these

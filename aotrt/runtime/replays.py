@@ -14,6 +14,7 @@ from aotrt.errors import AotrtError
 from aotrt.runtime import shims
 from aotrt.runtime.arguments import Arg
 from aotrt.runtime.device import Command, Stream
+from aotrt.runtime.hazards import Access
 from aotrt.runtime.tensor import Handle
 
 log = logging.getLogger(__name__)
@@ -59,6 +60,7 @@ class StaticIO:
         self.outs: list[Handle] = []
         self.keep: list[Handle] = []        # every handle made for the plan, bases first
         self.steps: list[tuple[str, tuple[Command, ...]]] = []
+        self._whole: Command | None = None
 
     def delete(self) -> None:
         """Delete the plan's handles, views before their bases, once its work is done."""
@@ -73,8 +75,14 @@ class StaticIO:
         self.keep.clear()
 
     def queue(self) -> None:
-        """Queue every planned command again, each under its instruction's label."""
+        """Queue every planned command again: as one command without the hazard checker,
+        else each under its instruction's label, so that the checker sees each one."""
         stream = self.stream
+        if not stream.hazards.enabled:
+            if self._whole is None:
+                self._whole = _whole(self.steps)
+            stream.replay(self._whole)
+            return
         try:
             for label, cmds in self.steps:
                 stream.label = label
@@ -82,6 +90,30 @@ class StaticIO:
                     stream.replay(cmd)
         finally:
             stream.label = ""
+
+
+def _whole(steps: Sequence[tuple[str, tuple[Command, ...]]]) -> Command:
+    """One command running every step's work in order, touching what they touch: recording
+    a command took about 20 us of run()'s Python, 1.5 ms of YOLOv8n's 82 (2 cores), and the
+    worker started only once 16 were recorded."""
+    works = [(label, cmd.work) for label, cmds in steps for cmd in cmds]
+    merged: dict[Any, tuple[int, int, bool]] = {}
+    for _, cmds in steps:
+        for cmd in cmds:
+            for acc in cmd.accesses:
+                lo, hi, write = merged.get(acc.alloc, (acc.start, acc.end, False))
+                merged[acc.alloc] = (min(lo, acc.start), max(hi, acc.end), write or acc.write)
+    accesses = tuple(Access(alloc, lo, hi, write) for alloc, (lo, hi, write) in merged.items())
+
+    def run_all() -> None:
+        label = ""
+        try:
+            for label, work in works:
+                work()
+        except BaseException as e:
+            e.add_note(f"in {label}")       # the instruction, as its own command's label
+            raise
+    return Command(accesses, run_all, "static-I/O plan")
 
 
 #: byte alignment of a static input placed in the arena (cuDNN and vector loads want 16)

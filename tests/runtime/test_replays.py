@@ -41,6 +41,67 @@ def test_queue_replays_every_command_under_its_label_in_order(stream) -> None:
     assert stream.label == ""
 
 
+@pytest.fixture
+def no_checker(monkeypatch):
+    """The checker off, as by default (tests/conftest.py turns it on for every test)."""
+    monkeypatch.setenv("AOTRT_CHECK_HAZARDS", "0")
+
+
+def test_without_the_checker_the_plan_is_queued_as_one_command(no_checker) -> None:
+    """No checker to see each command: one command runs every step's work in order."""
+    s = get_device("cpu").create_stream(StreamOptions(check_hazards=False))
+    try:
+        ran: list[tuple[str, int]] = []
+        p = StaticIO(s)
+        for label in ("instruction #0", "instruction #1"):
+            with s.planning() as cmds:
+                for k in range(2):
+                    s.record([], lambda label=label, k=k: ran.append((label, k)), "cmd")
+            p.steps.append((label, tuple(cmds)))
+        for _ in range(2):
+            before = s.recorded_seq
+            p.queue()
+            assert s.recorded_seq == before + 1
+        s.commit_and_wait()
+        assert ran == [("instruction #0", 0), ("instruction #0", 1), ("instruction #1", 0),
+                       ("instruction #1", 1)] * 2
+    finally:
+        s.close()
+
+
+def test_a_failing_step_of_the_one_command_is_named(no_checker) -> None:
+    s = get_device("cpu").create_stream(StreamOptions(check_hazards=False))
+    try:
+        def fail() -> None:
+            raise InvalidArgument("kernel k3: division by zero")
+        p = StaticIO(s)
+        for label, work in (("instruction #0", lambda: None), ("instruction #1", fail)):
+            with s.planning() as cmds:
+                s.record([], work, "cmd")
+            p.steps.append((label, tuple(cmds)))
+        p.queue()
+        with pytest.raises(InvalidArgument, match="division by zero") as e:
+            s.commit_and_wait()
+        assert "in instruction #1" in getattr(e.value, "__notes__", [])
+    finally:
+        s.close()
+
+
+@pytest.mark.parametrize("check_hazards", [False, True])
+def test_back_to_back_runs_each_read_their_own_input(monkeypatch, check_hazards: bool
+                                                     ) -> None:
+    """run() copies a host input into the static buffer itself (checker off) only once the
+    last run is done with it: runs queued back to back, never waited for, each match."""
+    monkeypatch.setenv("AOTRT_CHECK_HAZARDS", "1" if check_hazards else "0")
+    prog = seed_program()
+    with aotrt.load(prog, device="cpu", check_hazards=check_hazards) as m:
+        xs = [rand([12, 7], seed=s) for s in range(100, 106)]
+        outs = [m.run(x) for x in xs]
+        for x, o in zip(xs, outs):
+            for got, want in zip(o, seed_reference(prog, x)):
+                np.testing.assert_allclose(np.asarray(got), want, rtol=1e-5, atol=1e-5)
+
+
 def test_a_replayed_command_on_freed_memory_names_its_instruction() -> None:
     """The hazard checker sees each replayed command as a new one, under its label."""
     from aotrt.runtime.hazards import Access

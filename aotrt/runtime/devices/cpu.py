@@ -512,6 +512,7 @@ class CpuDevice(Device):
         self._softmaxes: Any = None
         self._softmaxes_lock = threading.Lock()
         self._pools: Any = None
+        self._attention: Any = None
         # Per thread: the kernel thread count of the stream whose worker it is (CpuStream).
         self.worker = threading.local()
         self._openmp: ctypes.CDLL | None = None
@@ -568,6 +569,24 @@ class CpuDevice(Device):
 
                 self._pools = PoolKernels(self)
             return self._pools
+
+    def c_library(self, source: str, symbols: Sequence[str]) -> LoadedLibrary:
+        """An op's own C source (ops/cpu_attention.py), built once through the kernel cache
+        and loaded; `symbols` are its kernels, each called as generated kernels are."""
+        path = self.cache.build_so(source, [*symbols, "aotrt_error"], len(symbols))
+        loaded = LoadedLibrary(path)
+        self.pin_openmp()
+        return loaded
+
+    @property
+    def attention(self) -> Any:
+        """The device's compiled fused attention (ops/cpu_attention.py), made on first use."""
+        with self._softmaxes_lock:
+            if self._attention is None:
+                from aotrt.runtime.ops.cpu_attention import FusedAttention
+
+                self._attention = FusedAttention(self)
+            return self._attention
 
     def openmp_threads(self, n: int) -> None:
         """Give the calling thread's OpenMP parallel regions (oneDNN's) `n` threads."""

@@ -21,6 +21,7 @@ from aotrt import dtypes
 from aotrt.errors import InvalidArgument, Unsupported
 from aotrt.runtime.device import Stream
 from aotrt.runtime.ops import _common as c
+from aotrt.runtime.ops import cpu_attention
 from aotrt.runtime.ops.cuda import sdpa as cuda_sdpa
 from aotrt.runtime.tensor import Handle
 
@@ -169,6 +170,10 @@ def _cpu_sdpa(out: Handle, q: Handle, k: Handle, v: Handle, mask: Handle | None,
               is_causal: bool, scale: float, groups: int) -> Callable[[], None]:
     from aotrt.runtime.devices.cpu import host_array
 
+    # Float32 attention without a mask: one fused kernel, no score matrix in memory.
+    fused = getattr(out.device, "attention", None)
+    if fused is not None and cpu_attention.takes(out, q, k, v, mask, groups):
+        return fused.work(out, q, k, v, is_causal, scale, groups)
     # The block loop, decided now (at load): the innermost batch dim is the group of query
     # heads sharing a key head, else the heads (as work() sees them, after its leading unit
     # dim); q, k and out broadcast to the same lengths.
