@@ -306,6 +306,9 @@ class Dnnl:
             buf, base = aligned(hi - lo, h.alloc.ptr + lo)
             copies[h] = (buf, base)
         sets: list[tuple[Any, Callable[[], int]]] = []   # (memory, its address at run time)
+        # Detached inputs' copies, taken again on each run; every other address is a view's
+        # own, fixed for the life of the closure, so the handles are set on its first run.
+        refresh: list[Callable[[], int]] = []
         pre: list[tuple[Any, Any]] = []                  # (reorder, args) before the conv
         post: list[tuple[Any, Any]] = []                 # (reorder, args) after it
         w_pre: list[tuple[Any, Any]] = []
@@ -356,6 +359,7 @@ class Dnnl:
                 # The input's bytes as they are now, at the same distance from 64-byte lines.
                 ctypes.memmove(base, src.alloc.ptr + lo, hi - lo)
                 return base + (src.address - (src.alloc.ptr + lo))
+            refresh.append(copied)
             return copied
 
         m_src = operand(prim.src, addr(x), True, pre, x)
@@ -396,10 +400,17 @@ class Dnnl:
 
         ncopies = len(np_pre) + len(np_post)
 
+        handles_set = []
+
         def work() -> None:
             st = self.stream()
-            for mem, where in sets:
-                check(set_handle(mem, where()), "memory_set_data_handle")
+            if handles_set:
+                for take in refresh:
+                    take()
+            else:
+                for mem, where in sets:
+                    check(set_handle(mem, where()), "memory_set_data_handle")
+                handles_set.append(True)
             steps = pre
             if packed is not None:
                 if not packed.filled:
