@@ -1,6 +1,6 @@
-"""Linear-time analyses of a program's kernels, for `Program.validate`: the bytes each
-instruction writes into an output (the coverage proof), affine store indices, and the loop and
-IR-node costs that the load-time budget counts.
+"""Linear-time analyses of a program, for `Program.validate` and the delegate: the bytes each
+instruction writes into an output (the coverage proof), affine store indices, the loop and
+IR-node costs that the load-time budget counts, and which instructions touch which tensors.
 """
 
 from __future__ import annotations
@@ -210,3 +210,24 @@ def tree_size(k: ir.Kernel, cap: int) -> int:
             continue
         size[id(node)] = min(1 + sum(size[id(c)] for c in kids), cap + 1)
     return min(sum(size[id(s)] for s in k.stores), cap + 1)
+
+
+def referenced(ins: dict) -> list[int]:
+    """The tensor ids one program instruction reads or writes."""
+    if ins["op"] == "kernel":
+        return list(ins["args"])
+    if ins["op"] == "library":
+        return [t for t in (*ins["outs"], *ins["ins"]) if t is not None]
+    return [ins["dst"], ins["src"]]
+
+
+def sole_read_constants(tensors: list[dict], instructions: list[dict]) -> set[int]:
+    """The indices of the constants that exactly one instruction touches (through any of
+    their views): that instruction's op may re-lay such a constant's bytes in place."""
+    readers: dict[int, set[int]] = {}
+    for i, ins in enumerate(instructions):
+        for tid in referenced(ins):
+            t = tensors[tid]
+            if t["root"] == "constant":
+                readers.setdefault(t["index"], set()).add(i)
+    return {c for c, who in readers.items() if len(who) == 1}

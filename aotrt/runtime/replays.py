@@ -9,6 +9,7 @@ import logging
 from dataclasses import dataclass
 from typing import Any, Sequence
 
+from aotrt.analysis import referenced
 from aotrt.dtypes import DType, as_dtype
 from aotrt.errors import AotrtError
 from aotrt.runtime import shims
@@ -120,15 +121,6 @@ def _whole(steps: Sequence[tuple[str, tuple[Command, ...]]]) -> Command:
 HOME_ALIGN = 256
 
 
-def _referenced(ins: dict) -> list[int]:
-    """The tensor ids one program instruction reads or writes."""
-    if ins["op"] == "kernel":
-        return list(ins["args"])
-    if ins["op"] == "library":
-        return [t for t in (*ins["outs"], *ins["ins"]) if t is not None]
-    return [ins["dst"], ins["src"]]
-
-
 def _extent(t: dict) -> tuple[int, int] | None:
     """The bytes [lo, hi) of a program tensor's view within its root; None when empty."""
     sizes, strides = t["sizes"], t["strides"]
@@ -154,7 +146,7 @@ def arena_homes(tensors: Sequence[dict], instructions: Sequence[dict], arena_nby
     """
     readers: dict[int, int] = {}
     for i, ins in enumerate(instructions):
-        for tid in _referenced(ins):
+        for tid in referenced(ins):
             t = tensors[tid]
             if t["root"] == "input":
                 readers[t["index"]] = i
@@ -164,7 +156,7 @@ def arena_homes(tensors: Sequence[dict], instructions: Sequence[dict], arena_nby
         last = readers.get(k, -1)
         busy = taken + _read_first(tensors, instructions, last)
         for ins in instructions[:last + 1]:
-            for tid in _referenced(ins):
+            for tid in referenced(ins):
                 t = tensors[tid]
                 ext = _extent(t) if t["root"] == "arena" else None
                 if ext is not None:

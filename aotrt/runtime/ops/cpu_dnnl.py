@@ -115,6 +115,9 @@ class Dnnl:
         self._lock = threading.Lock()
         # Convolutions and matmuls, by key (their keys are of different classes).
         self._prims: OrderedDict[Any, Primitive | None] = OrderedDict()
+        # Constants re-laid in place for one matmul: allocation -> byte offset -> its key.
+        self._relaid: weakref.WeakKeyDictionary[Any, dict[int, Any]] = \
+            weakref.WeakKeyDictionary()
         self._local = threading.local()
         self.stats = {"created": 0, "hits": 0, "refused": 0, "runs": 0, "epilogues": 0,
                       "packs": 0, "copies": 0, "numpy": 0, "array_runs": 0}
@@ -287,16 +290,54 @@ class Dnnl:
             self._keep(key, prim)
             return prim
 
+    def relaid(self, w: Handle) -> Any:
+        """The key of the matmul whose layout constant `w`'s bytes were re-laid into, or
+        None: such bytes are that matmul's alone."""
+        with self._lock:
+            return None if w.alloc is None else \
+                self._relaid.get(w.alloc, {}).get(w.byte_offset)
+
+    def _relay(self, prim: Primitive, w: Handle, run: _Run) -> None:
+        """Re-lay the constant weights `w` in place, once, into `prim`'s layout (of the same
+        size): through a scratch copy freed after, so no second copy of them is kept."""
+        lib = self.lib
+        with self._lock:
+            done = self._relaid.setdefault(w.alloc, {})
+            if w.byte_offset in done:
+                if done[w.byte_offset] != prim.key:
+                    raise DeviceError(f"oneDNN: constant at byte {w.byte_offset} was re-laid "
+                                      f"for {done[w.byte_offset]}, not {prim.key}")
+                return
+            w.alloc.settle(writes_only=True)
+            buf, a_impl = aligned(prim.w.bytes)
+            scratch, a_rs = aligned(max(prim.w.reorder_scratch_bytes, 1))
+            m_user, _ = run.memory(prim.w.user_md)
+            m_impl, _ = run.memory(prim.w.impl_md)
+            m_rs, _ = run.memory(prim.w.reorder_scratch_md)
+            for mem, where in ((m_user, w.address), (m_impl, a_impl), (m_rs, a_rs)):
+                check(lib.dnnl_memory_set_data_handle(mem, where), "memory_set_data_handle")
+            st = self.stream()
+            check(lib.dnnl_primitive_execute(prim.w.reorder, st, 3, _args(
+                [(ARG_SRC, m_user), (ARG_DST, m_impl), (ARG_SCRATCHPAD, m_rs)])),
+                "reorder execute")
+            check(lib.dnnl_stream_wait(st), "stream_wait")
+            ctypes.memmove(w.address, a_impl, prim.w.bytes)
+            del buf, scratch
+            done[w.byte_offset] = prim.key
+            self.stats["packs"] += 1
+
     def work(self, prim: Primitive, x: Handle, w: Handle, bias: Handle | None,
              out: Handle, detach: Sequence[Handle], keep_weights: bool,
-             residual: Handle | None = None) -> Callable[[], None]:
+             residual: Handle | None = None, in_place: bool = False) -> Callable[[], None]:
         """The work closure running `prim` on the views' memory, writing `out` in place
         (plus `residual`, for a primitive made with one).
 
         Inputs in `detach` share bytes with `out`: their bytes are copied to scratch first
         and read from there. With `keep_weights` (weights that never change, a delegate's
         constants) the weights are reordered once, into the primitive's kept copy for them
-        (`packed_weights`), which later closures over the same weights share.
+        (`packed_weights`), which later closures over the same weights share. With
+        `in_place` (constants only this instruction reads, of the packed layout's size) they
+        are re-laid where they lie, once (`_relay`), and read from there.
         """
         lib = self.lib
         run = _Run(lib, self.engine)
@@ -306,6 +347,9 @@ class Dnnl:
             buf, base = aligned(hi - lo, h.alloc.ptr + lo)
             copies[h] = (buf, base)
         sets: list[tuple[Any, Callable[[], int]]] = []   # (memory, its address at run time)
+        # Detached inputs' copies, taken again on each run; every other address is a view's
+        # own, fixed for the life of the closure, so the handles are set on its first run.
+        refresh: list[Callable[[], int]] = []
         pre: list[tuple[Any, Any]] = []                  # (reorder, args) before the conv
         post: list[tuple[Any, Any]] = []                 # (reorder, args) after it
         w_pre: list[tuple[Any, Any]] = []
@@ -356,11 +400,16 @@ class Dnnl:
                 # The input's bytes as they are now, at the same distance from 64-byte lines.
                 ctypes.memmove(base, src.alloc.ptr + lo, hi - lo)
                 return base + (src.address - (src.alloc.ptr + lo))
+            refresh.append(copied)
             return copied
 
         m_src = operand(prim.src, addr(x), True, pre, x)
         packed = None
-        if keep_weights and prim.w.reorder is not None:
+        if in_place and prim.w.reorder is not None:
+            self._relay(prim, w, run)
+            m_w, _ = run.memory(prim.w.impl_md)
+            sets.append((m_w, lambda: w.address))
+        elif keep_weights and prim.w.reorder is not None:
             packed = prim.packed_weights(w)
             m_user, _ = run.memory(prim.w.user_md)
             sets.append((m_user, addr(w)))
@@ -396,10 +445,17 @@ class Dnnl:
 
         ncopies = len(np_pre) + len(np_post)
 
+        handles_set = []
+
         def work() -> None:
             st = self.stream()
-            for mem, where in sets:
-                check(set_handle(mem, where()), "memory_set_data_handle")
+            if handles_set:
+                for take in refresh:
+                    take()
+            else:
+                for mem, where in sets:
+                    check(set_handle(mem, where()), "memory_set_data_handle")
+                handles_set.append(True)
             steps = pre
             if packed is not None:
                 if not packed.filled:
@@ -428,6 +484,15 @@ class Dnnl:
 
         work.keep = (run, copies, prim)  # type: ignore[attr-defined]  # live as the work
         return work
+
+
+def sole_read(w: Handle) -> bool:
+    """Whether `w` is the whole of a constant that one program instruction alone reads
+    (Allocation.sole_read, set by the delegate), dense, so that it may be re-laid in place."""
+    if w.alloc is None or w.alloc.kind != "constants" or not w.packed:
+        return False
+    lo, hi = w.byte_range()
+    return (lo, hi) in w.alloc.sole_read and hi - lo == w.numel * w.dtype.itemsize
 
 
 def _array_dims(a: np.ndarray) -> tuple[tuple[int, ...], tuple[int, ...]] | None:

@@ -10,12 +10,13 @@ thread where the device's GEMMs run on oneDNN's pool (`Dnnl.numpy_blas`).
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from typing import Any, Callable
 
 import numpy as np
 
-from aotrt.errors import InvalidArgument
+from aotrt.errors import DeviceError, InvalidArgument
 from aotrt.runtime.device import Stream
 from aotrt.runtime.ops import _common as c
 from aotrt.runtime.ops.cuda import gemm as cuda_gemm
@@ -238,22 +239,36 @@ def _dnnl_gemm(out: Handle, x: Handle, w: Handle, w_kn: tuple[tuple[int, ...], t
     ok, bias_stride = _bias_row(bias, w_kn[0][1])
     if xr is None or outr is None or not ok:
         return None
+    keep = w.alloc is not None and w.alloc.kind == "constants" and not c.overlaps(out, w)
+    # Weights only this instruction reads are re-laid into brgemm's blocked layout in place.
+    in_place = keep and cpu_dnnl.sole_read(w)
     key = cpu_dnnl.MatmulKey("float32", xr, w_kn, bias_stride, outr,
-                             cpu_dnnl.stream_threads(out.device))
+                             cpu_dnnl.stream_threads(out.device), packed=in_place)
     prim = dnnl.matmul(key)
-    if prim is None or not prim.impl.startswith(cpu_dnnl.FAST_MATMUL):
+    if in_place and (prim is None or prim.w.bytes not in (0, w.numel * 4)):
+        key = dataclasses.replace(key, packed=False)
+        prim, in_place = dnnl.matmul(key), False
+    relaid = dnnl.relaid(w)
+
+    def numpy_instead(why: str) -> None:
+        if relaid is not None:
+            # Its bytes are in another layout now: nothing may read them as a view.
+            raise DeviceError(f"linear: weights re-laid in place for {relaid}, but {why}")
+        log.debug("oneDNN matmul %s: %s; numpy runs it", key, why)
         dnnl.stats["numpy"] += 1
-        return None
+
+    if relaid is not None and relaid != key:
+        return numpy_instead(f"{key} asks for them")
+    if prim is None or not prim.impl.startswith(cpu_dnnl.FAST_MATMUL):
+        return numpy_instead("no brgemm implementation")
     detach = [h for h in (x, w, bias) if h is not None and c.overlaps(out, h)]
     extra = prim.extra_bytes() + sum(hi - lo + 128 for lo, hi in (h.byte_range() for h in detach))
+    if in_place:
+        extra -= prim.w.extra_bytes()       # re-laid where they lie: no copy is kept
     if extra > budget:
         # The check charged the numpy path's scratch: stay within it.
-        log.debug("oneDNN matmul %s needs %d scratch bytes, over the %d charged; numpy runs it",
-                  key, extra, budget)
-        dnnl.stats["numpy"] += 1
-        return None
-    keep = w.alloc is not None and w.alloc.kind == "constants" and not c.overlaps(out, w)
-    return dnnl.work(prim, x, w, bias, out, detach, keep)
+        return numpy_instead(f"{extra} scratch bytes are over the {budget} charged")
+    return dnnl.work(prim, x, w, bias, out, detach, keep, in_place=in_place)
 
 
 def _cpu_linear(out: Handle, x: Handle, w: Handle, bias: Handle | None,

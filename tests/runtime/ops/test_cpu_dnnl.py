@@ -156,3 +156,74 @@ def test_a_delegates_primitives_are_made_for_its_threads(dnnl, monkeypatch, thre
     kinds = {k for k, t in made if t == threads}
     assert {"ConvPrimitive", "MatmulPrimitive"} <= kinds, made
     np.testing.assert_allclose(got, ref, rtol=1e-4, atol=1e-5)
+
+
+class _Shared(object):
+    """Two linears of their own weights and one linear applied twice (a shared weight)."""
+
+    @staticmethod
+    def build():
+        import torch
+
+        class M(torch.nn.Module):
+            def __init__(self) -> None:
+                super().__init__()
+                self.a, self.b = torch.nn.Linear(256, 512), torch.nn.Linear(512, 256)
+                self.tied = torch.nn.Linear(256, 256)
+
+            def forward(self, x):
+                y = self.b(torch.relu(self.a(x)))
+                return self.tied(self.tied(y))
+        torch.manual_seed(3)
+        return M().eval()
+
+
+def test_weights_one_linear_alone_reads_are_re_laid_in_place_once(dnnl):
+    """Each weight only its linear reads is packed into brgemm's layout where it lies, at
+    load, once (a plan built again does not pack it twice); the tied weight, read by two
+    instructions, is read as it lies; every run matches eager."""
+    torch = pytest.importorskip("torch")
+    import aotrt
+
+    m = _Shared.build()
+    prog = aotrt.export(m, (torch.randn(16, 256),))
+    packs = dnnl.stats["packs"]
+    with aotrt.load(prog, device="cpu") as d:
+        relaid = None
+        for seed in range(3):
+            x = torch.randn(16, 256, generator=torch.Generator().manual_seed(seed))
+            got = np.asarray(d.run(x.numpy())[0])
+            with torch.no_grad():
+                ref = m.double()(x.double()).numpy()
+                m.float()
+            assert np.linalg.norm(got - ref) / np.linalg.norm(ref) < 1e-5
+            # (steps that read the input are built at the first run, the others at load)
+            relaid = dnnl.stats["packs"] - packs if relaid is None else relaid
+            if d._static_io is not None:       # noqa: SLF001 - a plan built again
+                plan, d._static_io = d._static_io, None
+                plan.delete()
+        assert dnnl.stats["packs"] - packs == relaid
+    if relaid == 0:
+        pytest.skip("oneDNN reads these weights without a reorder on this CPU")
+    assert relaid == 2, relaid
+
+
+def test_a_re_laid_weight_is_never_read_as_it_lies(dnnl, monkeypatch):
+    """Asked for by another path (here: its oneDNN matmul made unavailable after it was
+    re-laid), the weight is refused with an error, never read as a view."""
+    torch = pytest.importorskip("torch")
+    import aotrt
+    from aotrt.errors import AotrtError
+
+    m = torch.nn.Linear(256, 512).eval()
+    prog = aotrt.export(m, (torch.randn(16, 256),))
+    with aotrt.load(prog, device="cpu") as d:
+        d.run(torch.randn(16, 256).numpy())
+        if not dnnl._relaid:             # noqa: SLF001 - what was re-laid
+            pytest.skip("oneDNN reads these weights without a reorder on this CPU")
+        monkeypatch.setattr(cpu_dnnl, "FAST_MATMUL", ("no such implementation",))
+        plan, d._static_io = d._static_io, None     # noqa: SLF001 - built again
+        if plan is not None:
+            plan.delete()
+        with pytest.raises(AotrtError, match="re-laid"):
+            d.run(torch.randn(16, 256).numpy())
