@@ -39,6 +39,9 @@ def test_rewritten_and_matches(c, k, pad, hw):
     prog = check_shapes(Stem(c, k, pad, bias=False), hw, layout="channels_last")
     k2 = (k + 1) // 2
     assert _geometry(prog) == [((8, 4 * c, k2, k2), (1, 1))]
+    # its input is written channels-last, as the convolution reads it (no transposes)
+    conv = library_instrs(prog, "convolution")[0]
+    assert prog.tensors[conv["ins"][0]]["strides"][1] == 1
 
 
 @pytest.mark.parametrize("why,c,k,layout", [
