@@ -23,7 +23,13 @@ def stream():
     s.close()
 
 
-def test_queue_replays_every_command_under_its_label_in_order(stream) -> None:
+#: what `_two_steps` records, once
+ONCE = [("instruction #0", 0), ("instruction #0", 1), ("instruction #1", 0),
+        ("instruction #1", 1)]
+
+
+def _two_steps(stream) -> tuple[StaticIO, list[tuple[str, int]]]:
+    """A plan of two steps of two commands each, and the list their work appends to."""
     ran: list[tuple[str, int]] = []
     p = StaticIO(stream)
     for label in ("instruction #0", "instruction #1"):
@@ -31,13 +37,16 @@ def test_queue_replays_every_command_under_its_label_in_order(stream) -> None:
             for k in range(2):
                 stream.record([], lambda label=label, k=k: ran.append((label, k)), "cmd")
         p.steps.append((label, tuple(cmds)))
+    return p, ran
+
+
+def test_queue_replays_every_command_under_its_label_in_order(stream) -> None:
+    p, ran = _two_steps(stream)
     assert ran == []                    # planned, not run
     for _ in range(2):
         p.queue()
     stream.commit_and_wait()
-    once = [("instruction #0", 0), ("instruction #0", 1), ("instruction #1", 0),
-            ("instruction #1", 1)]
-    assert ran == once * 2
+    assert ran == ONCE * 2
     assert stream.label == ""
 
 
@@ -51,20 +60,13 @@ def test_without_the_checker_the_plan_is_queued_as_one_command(no_checker) -> No
     """No checker to see each command: one command runs every step's work in order."""
     s = get_device("cpu").create_stream(StreamOptions(check_hazards=False))
     try:
-        ran: list[tuple[str, int]] = []
-        p = StaticIO(s)
-        for label in ("instruction #0", "instruction #1"):
-            with s.planning() as cmds:
-                for k in range(2):
-                    s.record([], lambda label=label, k=k: ran.append((label, k)), "cmd")
-            p.steps.append((label, tuple(cmds)))
+        p, ran = _two_steps(s)
         for _ in range(2):
             before = s.recorded_seq
             p.queue()
             assert s.recorded_seq == before + 1
         s.commit_and_wait()
-        assert ran == [("instruction #0", 0), ("instruction #0", 1), ("instruction #1", 0),
-                       ("instruction #1", 1)] * 2
+        assert ran == ONCE * 2
     finally:
         s.close()
 
