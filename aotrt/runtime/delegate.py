@@ -434,11 +434,10 @@ class Delegate:
                 if direct:
                     # Once no run reads them (queued, the copy and its waits took 0.8 ms)
                     stream.commit_and_wait()
-                    for k, a in enumerate(args):
-                        if a.spec.nbytes:
-                            ctypes.memmove(ins[k].address, a.ptr, a.spec.nbytes)
                 for k, a in enumerate(args):
-                    if a.spec.nbytes and not direct:
+                    if a.spec.nbytes and direct:
+                        ctypes.memmove(ins[k].address, a.ptr, a.spec.nbytes)
+                    elif a.spec.nbytes:
                         stream.copy(ins[k], self._bind(a, temps, output=False))
                 # The caller's input memory is released (a borrowed region's release waits
                 # for the work queued on it) before the replay, so run() waits for these

@@ -510,7 +510,7 @@ class CpuDevice(Device):
         self._dnnl: Any = _UNSET
         self._dnnl_lock = threading.Lock()
         self._softmaxes: Any = None
-        self._softmaxes_lock = threading.Lock()
+        self._state_lock = threading.Lock()
         self._pools: Any = None
         self._attention: Any = None
         # Per thread: the kernel thread count of the stream whose worker it is (CpuStream).
@@ -553,7 +553,7 @@ class CpuDevice(Device):
     @property
     def softmaxes(self) -> Any:
         """The device's compiled row softmaxes (ops/cpu_softmax.py), made on first use."""
-        with self._softmaxes_lock:
+        with self._state_lock:
             if self._softmaxes is None:
                 from aotrt.runtime.ops.cpu_softmax import SoftmaxCache
 
@@ -563,7 +563,7 @@ class CpuDevice(Device):
     @property
     def pools(self) -> Any:
         """The device's compiled max pools (ops/cpu_pool.py), made on first use."""
-        with self._softmaxes_lock:
+        with self._state_lock:
             if self._pools is None:
                 from aotrt.runtime.ops.cpu_pool import PoolKernels
 
@@ -581,7 +581,7 @@ class CpuDevice(Device):
     @property
     def attention(self) -> Any:
         """The device's compiled fused attention (ops/cpu_attention.py), made on first use."""
-        with self._softmaxes_lock:
+        with self._state_lock:
             if self._attention is None:
                 from aotrt.runtime.ops.cpu_attention import FusedAttention
 

@@ -35,8 +35,8 @@ ROWS, KEYS = 64, 128
 #: the head dims the kernel takes: value head dims in whole vectors of 16 floats, at most
 #: MAX_EV (its accumulators are 4 rows x 4 vectors at a time)
 MAX_E, MAX_EV = 512, 256
-#: the int64 parameter block's length
-_NPARAMS = 26
+#: the int64 parameter block's length (a[0] .. a[20] in the kernel)
+_NPARAMS = 21
 
 SYMBOL = "aot_attention_f32"
 

@@ -245,7 +245,7 @@ def _dnnl_gemm(out: Handle, x: Handle, w: Handle, w_kn: tuple[tuple[int, ...], t
     key = cpu_dnnl.MatmulKey("float32", xr, w_kn, bias_stride, outr,
                              cpu_dnnl.stream_threads(out.device), packed=in_place)
     prim = dnnl.matmul(key)
-    if in_place and (prim is None or prim.w.bytes not in (0, w.numel * 4)):
+    if in_place and (prim is None or prim.w.bytes not in (0, w.numel * w.dtype.itemsize)):
         key = dataclasses.replace(key, packed=False)
         prim, in_place = dnnl.matmul(key), False
     relaid = dnnl.relaid(w)
