@@ -60,6 +60,30 @@ class Arguments:
         self.inputs = inputs
         self.outputs = outputs
         self.name = name
+        self._whats = [f"input {k} '{spec.name}'" for k, spec in enumerate(inputs)]
+        # Per input, what a host array bound where it lies has: (numpy dtype, shape, byte
+        # strides); None where the spec has no such array (empty, or not dense ascending).
+        self._plain: list[tuple[Any, tuple, tuple] | None] = [
+            (spec.dtype.np, spec.shape, tuple(st * spec.dtype.itemsize for st in spec.strides))
+            if device.host_addressable and spec.nbytes and all(st > 0 for st in spec.strides)
+            else None for spec in inputs]
+
+    def classify_inputs(self, inputs: Sequence[Any]) -> list[Arg]:
+        """Every input of one run, checked and classified (their count checked already).
+
+        A host array of exactly the spec's dtype, shape and strides takes a short check:
+        run() spends most of its Python time where the caches are cold after the last run
+        (a full classify took 90-180 us there against 9 hot, MobileNet-v2, 2 cores)."""
+        args = []
+        for x, spec, what, plain in zip(inputs, self.inputs, self._whats, self._plain):
+            if (plain is not None and type(x) is np.ndarray and x.dtype == plain[0]
+                    and x.shape == plain[1] and x.strides == plain[2] and x.flags.aligned):
+                ptr = x.__array_interface__["data"][0]
+                args.append(Arg(what, spec, "blob", ptr=ptr, array=x, keep=[x],
+                                span=(ptr, ptr + spec.nbytes)))
+            else:
+                args.append(self.classify(x, spec, what, False))
+        return args
 
     def classify_out(self, out: Any, args: list[Arg]) -> list[Arg] | None:
         """The `out=` tensors of one run, checked and classified (None: no out=)."""

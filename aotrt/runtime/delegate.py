@@ -34,7 +34,7 @@ from aotrt.runtime.hazards import Access
 from aotrt.runtime.memory import PROCESS_OWNER, Allocation, Owner, owner_scope
 from aotrt.runtime.options import Fp32Math, StreamOptions, check_threads
 from aotrt.runtime.public import Tensor
-from aotrt.runtime.replays import GraphReplay, StaticIO, static_inputs
+from aotrt.runtime.replays import GraphReplay, StaticIO, lean_ok, output_views, static_inputs
 from aotrt.runtime.teardown import Resources, teardown
 from aotrt.runtime.tensor import Handle
 
@@ -243,8 +243,7 @@ class Delegate:
                 names = ", ".join(s.name for s in self.inputs)
                 raise InvalidArgument(f"inputs: {self.name} takes {len(self.inputs)} inputs "
                                       f"({names}), got {len(inputs)}")
-            args = [self._args.classify(x, spec, f"input {k} '{spec.name}'", False)
-                    for k, (x, spec) in enumerate(zip(inputs, self.inputs))]
+            args = self._args.classify_inputs(inputs)
             outs = self._args.classify_out(out, args)
             if self._graph_mode:
                 return self._run_graph(args, outs, out)
@@ -329,11 +328,7 @@ class Delegate:
         allocs = {h.alloc for h in [*self._static, *ins, *outs]
                   if h is not None and h.alloc is not None}
         accesses = [Access(a, 0, a.nbytes, True) for a in allocs]
-        # Each program output's view, as (output root, sizes, strides, offset, dtype): the
-        # lean replay makes exactly these over fresh memory.
-        where = {tid: (k, *view) for k in range(len(outs))
-                 for tid, *view in self._per_run.get(("output", k), ())}
-        out_views = [where[t] for t in self.program.outputs_tensors]
+        out_views = output_views(self._per_run, len(outs), self.program.outputs_tensors)
         return GraphReplay(graph, ins, outs, keep, accesses, [h.address for h in ins], out_views)
 
     def _static_buffers(self, keep: list[Handle]
@@ -384,6 +379,9 @@ class Delegate:
                 self._static_io = self._plan_static_io()
         p = self._static_io
         try:
+            if lean_ok(self._stream, args, outs):
+                with owner_scope(self._owner), self.device.stream_guard(self._stream):
+                    return p.run_lean(args)
             return self._run_staged(p.ins, p.outs, args, outs, out, p.queue)
         except BaseException:
             # A failed run leaves no plan behind: the next run builds its steps anew.
@@ -397,6 +395,8 @@ class Delegate:
         p = StaticIO(stream)
         try:
             p.ins, p.outs, handles = self._static_buffers(p.keep)
+            p.set_outputs(output_views(self._per_run, len(p.outs), self.program.outputs_tensors),
+                          [s.nbytes for s in self.outputs])
             for step in self._steps:
                 if step.planned is None:
                     with stream.planning() as cmds:
@@ -413,12 +413,6 @@ class Delegate:
             raise
         return p
 
-    def _copies_inputs_itself(self, args: list[Arg]) -> bool:
-        """Whether run() copies host arrays (no staging) into the static buffers itself: not
-        under the hazard checker, which sees only what is queued."""
-        return (self.device.host_addressable and not self._stream.hazards.enabled
-                and all(a.kind in ("blob", "empty") for a in args))
-
     def _run_staged(self, ins: list[Handle], outs_static: list[Handle], args: list[Arg],
                     outs: list[Arg] | None, out: Any, launch: Callable[[], Any]
                     ) -> tuple[Any, ...]:
@@ -430,7 +424,8 @@ class Delegate:
         results: tuple[Any, ...] = ()
         try:
             with owner_scope(self._owner), dev.stream_guard(stream):
-                direct = self._copies_inputs_itself(args)
+                # Host arrays the runtime does not know are copied in by run() itself
+                direct = dev.host_addressable and lean_ok(stream, args, None)
                 if direct:
                     # Once no run reads them (queued, the copy and its waits took 0.8 ms)
                     stream.commit_and_wait()

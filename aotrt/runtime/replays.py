@@ -5,9 +5,10 @@ where it has room for them (`arena_homes`)."""
 
 from __future__ import annotations
 
+import ctypes
 import logging
 from dataclasses import dataclass
-from typing import Any, Sequence
+from typing import Any, Callable, Mapping, Sequence
 
 from aotrt.analysis import referenced
 from aotrt.dtypes import DType, as_dtype
@@ -16,6 +17,8 @@ from aotrt.runtime import shims
 from aotrt.runtime.arguments import Arg
 from aotrt.runtime.device import Command, Stream
 from aotrt.runtime.hazards import Access
+from aotrt.runtime.memory import PROCESS_OWNER, owner_scope
+from aotrt.runtime.public import Tensor
 from aotrt.runtime.tensor import Handle
 
 log = logging.getLogger(__name__)
@@ -35,21 +38,39 @@ class GraphReplay:
     out_views: list[tuple[int, tuple, tuple, int, DType]]
 
     def direct_ok(self, stream: Stream, args: list[Arg], outs: list[Arg] | None) -> bool:
-        """Whether a run can take the lean replay: no out= tensors, the hazard checker off
-        (it keeps its full checks), work enqueued at once, and every input a device tensor
-        bound where it lies whose memory the runtime does not know (the general path
-        handles aotrt memory, staging and overlaps)."""
-        if outs is not None or stream.hazards.enabled or stream.options.deferred:
+        """Whether a run can take the lean replay (`lean_ok`)."""
+        return lean_ok(stream, args, outs)
+
+
+def lean_ok(stream: Stream, args: list[Arg], outs: list[Arg] | None) -> bool:
+    """Whether a run can take a lean replay: no out= tensors, the hazard checker off (it
+    keeps its full checks), work enqueued at once, and every input bound where it lies in
+    memory the runtime does not know (the general path handles aotrt memory, staging and
+    overlaps)."""
+    if outs is not None or stream.hazards.enabled or stream.options.deferred:
+        return False
+    mem = stream.device.memory
+    for a in args:
+        if a.kind == "empty":
+            continue
+        if a.kind != "blob" or a.span is None:
             return False
-        mem = stream.device.memory
-        for a in args:
-            if a.kind == "empty":
-                continue
-            if a.kind != "blob" or a.span is None:
-                return False
-            if mem.knows(*a.span):
-                return False
-        return True
+        if mem.knows(*a.span):
+            return False
+    return True
+
+
+#: One program output's view over its output root k: (k, sizes, strides, offset, dtype).
+OutView = tuple[int, tuple, tuple, int, DType]
+
+
+def output_views(per_run: Mapping[tuple[str, int], Sequence[tuple]], n_roots: int,
+                 outputs_tensors: Sequence[int]) -> list[OutView]:
+    """Each program output's view, as (output root, sizes, strides, offset, dtype): a lean
+    replay makes exactly these over fresh memory."""
+    where = {tid: (k, *view) for k in range(n_roots)
+             for tid, *view in per_run.get(("output", k), ())}
+    return [where[t] for t in outputs_tensors]
 
 
 class StaticIO:
@@ -62,6 +83,11 @@ class StaticIO:
         self.keep: list[Handle] = []        # every handle made for the plan, bases first
         self.steps: list[tuple[str, tuple[Command, ...]]] = []
         self._whole: Command | None = None
+        self.out_views: list[OutView] = []
+        # The output roots' byte offsets in one fresh allocation per lean run (64-aligned).
+        self._out_at: list[int] = []
+        self._out_nbytes: list[int] = []
+        self._out_bytes = 1
 
     def delete(self) -> None:
         """Delete the plan's handles, views before their bases, once its work is done."""
@@ -74,6 +100,50 @@ class StaticIO:
             if h.state == "live":
                 shims.delete_tensor_object(h)
         self.keep.clear()
+
+    def set_outputs(self, views: list[OutView], nbytes: Sequence[int]) -> None:
+        """The program outputs' views over the static output roots (of `nbytes` each)."""
+        self.out_views = views
+        self._out_nbytes = list(nbytes)
+        at = 0
+        for n in nbytes:
+            self._out_at.append(at)
+            at += -(-n // 64) * 64
+        self._out_bytes = max(at, 1)
+
+    def run_lean(self, args: list[Arg]) -> tuple[Tensor, ...]:
+        """One run in a few tens of microseconds of Python: the inputs copied in once the
+        last run is done with them, the plan and one copy of every output root queued, and
+        the results made as views of one fresh allocation (a run's outputs share it).
+
+        run() took 0.4-0.5 ms before the worker started (MobileNet-v2, ResNet-18; 1.0-1.3 ms
+        for YOLOv8n's six outputs): 2-4 handles made and deleted per output, and a command
+        per output copy (2 cores, 2026-12-04)."""
+        stream, dev = self.stream, self.stream.device
+        stream.commit_and_wait()
+        for dst, a in zip(self.ins, args):
+            if a.spec.nbytes:
+                ctypes.memmove(dst.address, a.ptr, a.spec.nbytes)
+        self.queue()
+        results: list[Tensor] = []
+        with owner_scope(PROCESS_OWNER):
+            base = shims.empty_strided([self._out_bytes], [1], as_dtype("uint8"), dev)
+            try:
+                moves = [(base.address + at, src.address, n)
+                         for at, src, n in zip(self._out_at, self.outs, self._out_nbytes) if n]
+                stream.record([*(h.access(write=False) for h in self.outs),
+                               base.access(write=True)], _memmoves(moves), "outputs")
+                stream.commit()
+                for k, sizes, strides, off, dt in self.out_views:
+                    results.append(Tensor(shims.reinterpret_tensor(
+                        base, sizes, strides, self._out_at[k] // dt.itemsize + off, dtype=dt)))
+            except BaseException:
+                for t in results:
+                    t.release()
+                raise
+            finally:
+                shims.delete_tensor_object(base)      # the results keep the memory alive
+        return tuple(results)
 
     def queue(self) -> None:
         """Queue every planned command again: as one command without the hazard checker,
@@ -91,6 +161,13 @@ class StaticIO:
                     stream.replay(cmd)
         finally:
             stream.label = ""
+
+
+def _memmoves(moves: list[tuple[int, int, int]]) -> Callable[[], None]:
+    def work() -> None:
+        for dst, src, n in moves:
+            ctypes.memmove(dst, src, n)
+    return work
 
 
 def _whole(steps: Sequence[tuple[str, tuple[Command, ...]]]) -> Command:

@@ -12,7 +12,7 @@ from aotrt import dtypes
 from aotrt.errors import HazardError, InvalidArgument
 from aotrt.runtime import shims
 from aotrt.runtime.device import StreamOptions, get_device
-from aotrt.runtime.replays import StaticIO
+from aotrt.runtime.replays import StaticIO, lean_ok
 from tests.runtime.test_delegate import rand, seed_program, seed_reference
 
 
@@ -102,6 +102,52 @@ def test_back_to_back_runs_each_read_their_own_input(monkeypatch, check_hazards:
         for x, o in zip(xs, outs):
             for got, want in zip(o, seed_reference(prog, x)):
                 np.testing.assert_allclose(np.asarray(got), want, rtol=1e-5, atol=1e-5)
+
+
+def test_a_lean_run_puts_every_output_in_one_fresh_allocation(no_checker) -> None:
+    """Without the checker a run of host arrays takes the lean path: its four outputs are
+    views of one fresh allocation, each matches, one released leaves the others readable,
+    and the memory goes with the last of them."""
+    prog = seed_program()
+    with aotrt.load(prog, device="cpu") as m:
+        x = rand([12, 7], seed=31)
+        m.run(x)                       # the plan is built on the first run
+        m.stream.commit_and_wait()
+        outs = m.run(x)
+        allocs = {o.handle.alloc for o in outs}
+        assert len(outs) == 4 and len(allocs) == 1
+        alloc = allocs.pop()
+        ref = seed_reference(prog, x)
+        outs[0].release()
+        for got, want in zip(outs[1:], ref[1:]):
+            np.testing.assert_allclose(np.asarray(got), want, rtol=1e-5, atol=1e-5)
+        assert not alloc.freed
+        for o in outs[1:]:
+            o.release()
+        assert alloc.freed
+
+
+def test_a_lean_run_is_taken_only_where_the_general_path_is_not_needed(no_checker) -> None:
+    """out= tensors, the checker, and an input in memory the runtime knows (a view of an
+    aotrt Tensor) each keep the general path; every run still matches."""
+    prog = seed_program()
+    with aotrt.load(prog, device="cpu") as m:
+        x = rand([12, 7], seed=32)
+        args = [m._args.classify(x, m.inputs[0], "input 0", False)]   # noqa: SLF001
+        assert lean_ok(m.stream, args, None)
+        assert not lean_ok(m.stream, args, [])
+        t = aotrt.Tensor.from_numpy(x)
+        view = np.from_dlpack(t)
+        known = [m._args.classify(view, m.inputs[0], "input 0", False)]  # noqa: SLF001
+        assert not lean_ok(m.stream, known, None)
+        ref = seed_reference(prog, x)
+        for got, want in zip(m.run(view), ref):
+            np.testing.assert_allclose(np.asarray(got), want, rtol=1e-5, atol=1e-5)
+        del view
+        t.release()
+    with aotrt.load(prog, device="cpu", check_hazards=True) as m:
+        args = [m._args.classify(x, m.inputs[0], "input 0", False)]   # noqa: SLF001
+        assert not lean_ok(m.stream, args, None)
 
 
 def test_a_replayed_command_on_freed_memory_names_its_instruction() -> None:
