@@ -86,9 +86,11 @@ class Report:
 def check_module(model: torch.nn.Module, make_inputs: MakeInputs, dtype: torch.dtype,
                  tol: float | None = None, runs: int = 2, seed: int = 0,
                  roundtrip: bool = True, prepare: Callable[[torch.nn.Module], None] | None = None,
-                 device: str = "cpu", layout: str = "auto") -> Report:
+                 device: str = "cpu", layout: str = "auto", check_hazards: bool = True
+                 ) -> Report:
     """Export `model` in `dtype` (with `layout`), run it `runs` times on `device` on fresh
-    inputs, compare with eager.
+    inputs, compare with eager. Without `check_hazards` (and its variable unset) the runs
+    take the paths users get by default: the lean run, the native plan from the second.
 
     Raises AssertionError (pytest's failure) naming the output and the error.
     """
@@ -107,7 +109,7 @@ def check_module(model: torch.nn.Module, make_inputs: MakeInputs, dtype: torch.d
             prog = aotrt.Program.load(path)
     ref_model = copy.deepcopy(model).double()
     report = Report(prog)
-    with aotrt.load(prog, device=device, check_hazards=True) as dlg:
+    with aotrt.load(prog, device=device, check_hazards=check_hazards) as dlg:
         for _ in range(runs):
             inputs = make_inputs(gen, dtype)
             with torch.no_grad():

@@ -43,6 +43,18 @@ def test_registry(case: M.Case, dtype: torch.dtype, device: str) -> None:
 
 
 @pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("case", M.REGISTRY + M.SEEDS + M.YOLO_BLOCKS, ids=lambda c: c.name)
+def test_default_paths_without_the_checker(case: M.Case, device: str,
+                                           monkeypatch: pytest.MonkeyPatch) -> None:
+    """The paths a user gets by default (no checker): a lean run, then the plan replayed
+    (on cpu from the native plan runner), four runs each matching eager in float32."""
+    monkeypatch.setenv("AOTRT_CHECK_HAZARDS", "0")
+    torch.manual_seed(0)
+    check_module(case.build(), case.make_inputs, torch.float32,
+                 tol=_tol(case, torch.float32), device=device, runs=4, check_hazards=False)
+
+
+@pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("case", M.SEEDS, ids=lambda c: c.name)
 def test_seed_repros(case: M.Case, dtype: torch.dtype, device: str) -> None:

@@ -127,6 +127,34 @@ def test_a_lean_run_puts_every_output_in_one_fresh_allocation(no_checker) -> Non
         assert alloc.freed
 
 
+def test_a_wholly_native_plan_runs_on_the_calling_thread(no_checker) -> None:
+    """From the second run an MLP's plan is native throughout (its oneDNN matmuls and
+    kernels), so a lean run records nothing on the stream: it runs in run() itself, and
+    each run still matches eager."""
+    import torch
+
+    torch.manual_seed(0)
+    mlp = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.GELU(),
+                              torch.nn.Linear(32, 8)).eval()
+    prog = aotrt.export(mlp, (torch.randn(4, 16),))
+    with aotrt.load(prog, device="cpu") as m:
+        if m.device.dnnl is None or not m.device.dnnl.gemm_pool:
+            pytest.skip("no oneDNN matmul here: the GEMMs run in numpy")
+        m.run(rand([4, 16], seed=40))
+        m.stream.commit_and_wait()
+        p = m._static_io                                   # noqa: SLF001
+        assert p.native is not None and p.native.whole
+        for seed in (41, 42):
+            x = rand([4, 16], seed=seed)
+            before = m.stream.recorded_seq
+            (out,) = m.run(x)
+            assert m.stream.recorded_seq == before
+            with torch.no_grad():
+                want = mlp.double()(torch.from_numpy(x).double()).numpy()
+                mlp.float()
+            np.testing.assert_allclose(np.asarray(out), want, rtol=1e-4, atol=1e-5)
+
+
 def test_a_lean_run_is_taken_only_where_the_general_path_is_not_needed(no_checker) -> None:
     """out= tensors, the checker, and an input in memory the runtime knows (a view of an
     aotrt Tensor) each keep the general path; every run still matches."""

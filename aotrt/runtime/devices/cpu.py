@@ -5,7 +5,6 @@ for library ops.
 
 from __future__ import annotations
 
-import _ctypes
 import contextlib
 import ctypes
 import hashlib
@@ -32,6 +31,8 @@ from aotrt.runtime import finalize, hazards
 from aotrt.runtime.device import (Block, Device, KernelFunction, KernelLibrary, Stream,
                                   StreamOptions)
 # host_array lives beside Handle; the ops import it from here, as they always have.
+from aotrt.runtime.devices import cpu_native
+from aotrt.runtime.devices.cpu_loaded import LoadedLibrary  # noqa: F401 - its home was here
 from aotrt.runtime.tensor import Handle, host_array, physical_memory  # noqa: F401
 
 log = logging.getLogger(__name__)
@@ -145,6 +146,9 @@ class CpuStream(Stream):
     def _copy_work(self, dst: Handle, src: Handle) -> Any:
         def work() -> None:
             np.copyto(host_array(dst), host_array(src))
+
+        work.native = lambda: cpu_native.copies(  # type: ignore[attr-defined]
+            [(host_array(dst), host_array(src))])
         return work
 
     def _fill_work(self, view: Handle, byte: int) -> Any:
@@ -176,126 +180,10 @@ class CpuKernelFunction(KernelFunction):
 
         def work() -> None:
             library.loaded.call(symbol, label, ptrs, n, getattr(worker, "threads", 1))
+
+        work.native = lambda: cpu_native.kernel(  # type: ignore[attr-defined]
+            library.loaded, symbol, label, ptrs, n, getattr(worker, "threads", 1))
         return work
-
-
-#: seconds `close` waits for a kernel that is still running before it leaves the library
-#: mapped (a running kernel's code must never be unmapped)
-CLOSE_TIMEOUT = 60.0
-
-
-class LoadedLibrary:
-    """One dlopen handle of a compiled library, its function objects and its error flag.
-
-    Calls count themselves in and out, so `close` unmaps the code only when no kernel of
-    it runs; after `close` every call is refused.
-    """
-
-    def __init__(self, path: Path) -> None:
-        self.path = path
-        self._dll: ctypes.CDLL | None = ctypes.CDLL(str(path))
-        self._fns: dict[str, Any] = {}
-        try:
-            self._flag: ctypes.c_int32 | None = ctypes.c_int32.in_dll(self._dll, "aotrt_error")
-        except ValueError:
-            # Contract C2: every rendered library defines it; without it a kernel's error
-            # (a division by zero) would go unreported.
-            handle, self._dll = self._dll._handle, None
-            _ctypes.dlclose(handle)
-            raise CompileError(f"{path.name} defines no aotrt_error flag") from None
-        self._cv = threading.Condition()
-        self._busy = 0
-        self._inside = threading.local()    # per thread: how many calls of ours it is in
-        self._unmap_on_exit = False
-        self.closed = False
-
-    def function(self, symbol: str) -> Any:
-        """The ctypes function `symbol` (looked up by item, never as an attribute)."""
-        with self._cv:
-            if self._dll is None:
-                raise InvalidArgument(f"library {self.path.name} is closed")
-            fn = self._fns.get(symbol)
-            if fn is None:
-                try:
-                    fn = self._dll[symbol]
-                except AttributeError:
-                    raise CompileError(f"{self.path.name} has no symbol {symbol!r}") from None
-                fn.restype = None
-                fn.argtypes = [ctypes.POINTER(ctypes.c_void_p), ctypes.c_int64, ctypes.c_int64,
-                               ctypes.c_int64]
-                self._fns[symbol] = fn
-            return fn
-
-    def call(self, symbol: str, label: str, ptrs: Any, n: int, threads: int = 1) -> None:
-        """Run kernel `symbol` over [0, n) on up to `threads` threads; raise InvalidArgument
-        if it (any of its threads) set the error flag."""
-        fn = self.function(symbol) if symbol not in self._fns else None
-        with self._cv:
-            if self.closed:
-                raise InvalidArgument(f"kernel {label}: its library is closed")
-            fn = self._fns[symbol]
-            flag = self._flag
-            if flag is None:
-                raise InvalidArgument(f"kernel {label}: its library is closed")
-            self._busy += 1
-            self._inside.depth = getattr(self._inside, "depth", 0) + 1
-        handle = None
-        try:
-            # The flag is read after the kernel's parallel region has joined: a store by any
-            # of its threads is visible here.
-            fn(ptrs, 0, n, threads)
-            code = flag.value
-            if code:
-                flag.value = 0
-        finally:
-            with self._cv:
-                self._busy -= 1
-                self._inside.depth -= 1
-                if self._unmap_on_exit and self._busy == 0:
-                    handle = self._release_locked()
-                self._cv.notify_all()
-            if handle is not None:
-                _ctypes.dlclose(handle)
-        if code:
-            raise InvalidArgument(f"kernel {label}: {_kernel_error(code)}")
-
-    def close(self, timeout: float | None = None) -> bool:
-        """dlclose the handle once no call runs; False (and still mapped) after `timeout`."""
-        timeout = CLOSE_TIMEOUT if timeout is None else timeout
-        with self._cv:
-            if self._dll is None:
-                return True
-            self.closed = True
-            if getattr(self._inside, "depth", 0):
-                # Closed from inside one of our own calls (a finalizer that ran there):
-                # waiting would wait for ourselves, so the last call out unmaps instead.
-                self._unmap_on_exit = True
-                return False
-            if not self._cv.wait_for(lambda: self._busy == 0, timeout=timeout):
-                log.warning("%s: a kernel still runs after %.0f s; the library stays mapped",
-                            self.path.name, timeout)
-                self._unmap_on_exit = True      # the last call out unmaps it
-                return False
-            if self._dll is None:
-                return True                     # the last call out already unmapped it
-            handle = self._release_locked()
-        _ctypes.dlclose(handle)
-        return True
-
-    def _release_locked(self) -> int:
-        """Forget every ctypes object of the library (its code is about to go); the handle."""
-        handle = self._dll._handle
-        self._fns.clear()
-        self._flag = None
-        self._dll = None
-        self._unmap_on_exit = False
-        return handle
-
-
-def _kernel_error(code: int) -> str:
-    from aotrt.kernels.render_c import KERNEL_ERRORS
-
-    return KERNEL_ERRORS.get(code, f"error code {code}")
 
 
 class CpuKernelLibrary(KernelLibrary):
@@ -513,6 +401,7 @@ class CpuDevice(Device):
         self._state_lock = threading.Lock()
         self._pools: Any = None
         self._attention: Any = None
+        self._native: Any = None
         # Per thread: the kernel thread count of the stream whose worker it is (CpuStream).
         self.worker = threading.local()
         self._openmp: ctypes.CDLL | None = None
@@ -587,6 +476,16 @@ class CpuDevice(Device):
 
                 self._attention = FusedAttention(self)
             return self._attention
+
+    def native_plan(self, works: Sequence[tuple[str, Callable[[], None]]]) -> Any:
+        """A runner of a static plan's works (label, work) that calls the ones with a
+        native form from one C loop (devices/cpu_native.py); None where none has one."""
+        with self._state_lock:
+            if self._native is None:
+                self._native = self.c_library(cpu_native.SOURCE, [cpu_native.SYMBOL])
+        plan = cpu_native.NativePlan(self, self._native, works)
+        log.debug("native plan: %d steps in %d segments", plan.steps, plan.segments)
+        return plan if plan.steps else None
 
     def openmp_threads(self, n: int) -> None:
         """Give the calling thread's OpenMP parallel regions (oneDNN's) `n` threads."""

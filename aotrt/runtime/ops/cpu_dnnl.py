@@ -23,6 +23,7 @@ from typing import Any, Callable, Sequence
 import numpy as np
 
 from aotrt.errors import DeviceError
+from aotrt.runtime.devices import cpu_native
 from aotrt.runtime.ops.cpu_dnnl_api import ExecArg as _ExecArg, VoidP as _p
 # Re-exported: callers ask this module whether oneDNN is there.
 from aotrt.runtime.ops.cpu_dnnl_api import DIST, find_library, library  # noqa: F401
@@ -46,14 +47,19 @@ MAX_ARRAY_RUNS = 64
 FAST_MATMUL = ("brg",)
 
 
-def _copy(dst: np.ndarray, src: np.ndarray) -> None:
-    """dst[...] = src, where one of them may lack the leading batch dim of 1 (an unbatched
-    view against the primitive's batched geometry)."""
+def _pair(dst: np.ndarray, src: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(dst, src) of equal rank, where one of them may lack the leading batch dim of 1 (an
+    unbatched view against the primitive's batched geometry)."""
     if dst.ndim > src.ndim:
         dst = dst[0]
     elif src.ndim > dst.ndim:
         src = src[0]
-    np.copyto(dst, src)
+    return dst, src
+
+
+def _copy(dst: np.ndarray, src: np.ndarray) -> None:
+    """dst[...] = src, of ranks as `_pair` takes them."""
+    np.copyto(*_pair(dst, src))
 
 
 class _Run:
@@ -389,14 +395,17 @@ class Dnnl:
                                                  (ARG_SCRATCHPAD, m_rs)])))
             return m_impl
 
+        moves: list[tuple[int, int, int]] = []    # refresh's copies: (dst, src, bytes)
+
         def addr(h: Handle) -> Callable[[], int]:
             c = copies.get(h)
             if c is None:
                 return lambda: h.address
             src, base = h, c[1]          # c[0], the buffer, lives in work.keep
+            lo, hi = src.byte_range()
+            moves.append((base, src.alloc.ptr + lo, hi - lo))
 
             def copied() -> int:
-                lo, hi = src.byte_range()
                 # The input's bytes as they are now, at the same distance from 64-byte lines.
                 ctypes.memmove(base, src.alloc.ptr + lo, hi - lo)
                 return base + (src.address - (src.alloc.ptr + lo))
@@ -482,8 +491,34 @@ class Dnnl:
             stats["epilogues"] += epilogue
             stats["copies"] += ncopies
 
+        execute_at = cpu_native.address(execute)
+
+        def native() -> cpu_native.Native | None:
+            # Once the first run has set the handles and filled the kept weights
+            if not handles_set or (packed is not None and not packed.filled):
+                return None
+            keep: list[Any] = [work]
+            steps: list[Any] = [(cpu_native.MOVE, 0, d, s, n, 0, 0, 0) for d, s, n in moves]
+            for h, arr in np_pre:
+                steps.append(cpu_native.strided_copy(*_pair(arr, host_array(h)), keep))
+            calls = [*(pre if packed is not None else w_pre + pre), (prim.prim, conv_args),
+                     *post]
+            steps += [(cpu_native.DNNL, execute_at, cpu_native.address(p), ctypes.addressof(a),
+                       len(pairs) if a is conv_args else 3, 0, 0, 0) for p, a in calls]
+            for h, arr in np_post:
+                steps.append(cpu_native.strided_copy(*_pair(host_array(h), arr), keep))
+            if any(st is None for st in steps):
+                return None
+            return cpu_native.Native(steps, keep=keep, dnnl=self, counts={
+                "runs": 1, "epilogues": epilogue, "copies": ncopies})
+
+        work.native = native  # type: ignore[attr-defined]
         work.keep = (run, copies, prim)  # type: ignore[attr-defined]  # live as the work
         return work
+
+    def wait(self) -> None:
+        """Wait for the calling thread's dnnl stream (after a native plan's oneDNN calls)."""
+        check(self.lib.dnnl_stream_wait(self.stream()), "stream_wait")
 
 
 def sole_read(w: Handle) -> bool:

@@ -18,6 +18,7 @@ import threading
 from typing import TYPE_CHECKING, Callable
 
 from aotrt.kernels import ir
+from aotrt.runtime.devices import cpu_native
 from aotrt.runtime.device import KernelLibrary, arg_bounds
 from aotrt.runtime.ops import _common as c
 from aotrt.runtime.tensor import Handle
@@ -136,6 +137,10 @@ def compiled_max_pool(out: Handle, x: Handle, p: "PoolParams") -> Callable[[], N
     def work() -> None:
         ptrs = (ctypes.c_void_p * 2)(x.address, out.address)
         library.loaded.call(symbol, label, ptrs, n, getattr(worker, "threads", 1))
+
+    work.native = lambda: cpu_native.kernel(  # type: ignore[attr-defined]
+        library.loaded, symbol, label, (ctypes.c_void_p * 2)(x.address, out.address), n,
+        getattr(worker, "threads", 1))
 
     work.keep = library  # type: ignore[attr-defined]  # the code lives as long as the work
     return work

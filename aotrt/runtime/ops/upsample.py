@@ -17,6 +17,7 @@ import numpy as np
 from aotrt import dtypes
 from aotrt.errors import InvalidArgument
 from aotrt.runtime.device import Stream
+from aotrt.runtime.devices import cpu_native
 from aotrt.runtime.ops import _common as c
 from aotrt.runtime.ops.cuda import upsample as cuda_upsample
 from aotrt.runtime.tensor import Handle
@@ -115,10 +116,33 @@ def _cpu_upsample(out: Handle, x: Handle, rows: np.ndarray,
                   cols: np.ndarray) -> Callable[[], None]:
     from aotrt.runtime.devices.cpu import host_array
 
+    fh, fw = _integer_factor(rows, x.sizes[2]), _integer_factor(cols, x.sizes[3])
+    if fh and fw and out.dtype is x.dtype and not c.overlaps(out, x):
+        def pairs() -> list[tuple[np.ndarray, np.ndarray]]:
+            o, xa = host_array(out), host_array(x)
+            return [(o[:, :, a::fh, b::fw], xa) for a in range(fh) for b in range(fw)]
+
+        def copies() -> None:
+            # An integer factor is fh x fw strided copies of x: no index grid, no gather
+            # (YOLOv8n's two 2x upsamples: 0.36 ms a run through fancy indexing).
+            for dst, src in pairs():
+                np.copyto(dst, src)
+        copies.native = lambda: cpu_native.copies(pairs())  # type: ignore[attr-defined]
+        return copies
+
     def work() -> None:
         # Fancy indexing gathers into a fresh array, so an out overlapping x is still right.
         c.store(host_array(out), host_array(x)[:, :, rows[:, None], cols[None, :]])
     return work
+
+
+def _integer_factor(index: np.ndarray, n: int) -> int:
+    """f where `index` maps n * f outputs to n inputs as i // f (nearest, integer scale);
+    else 0."""
+    f = len(index) // n if n else 0
+    if f < 1 or len(index) != n * f:
+        return 0
+    return f if np.array_equal(index, np.arange(n * f) // f) else 0
 
 
 _UPSAMPLE: dict[str, Callable[..., Any]] = {"cpu": _cpu_upsample,
