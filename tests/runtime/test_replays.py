@@ -127,10 +127,10 @@ def test_a_lean_run_puts_every_output_in_one_fresh_allocation(no_checker) -> Non
         assert alloc.freed
 
 
-def test_a_wholly_native_plan_runs_on_the_calling_thread(no_checker) -> None:
+def test_a_lean_run_is_two_commands_and_an_mlp_plan_is_wholly_native(no_checker) -> None:
     """From the second run an MLP's plan is native throughout (its oneDNN matmuls and
-    kernels), so a lean run records nothing on the stream: it runs in run() itself, and
-    each run still matches eager."""
+    kernels); a lean run records two commands (the plan, the outputs' copy), and each run
+    still matches eager."""
     import torch
 
     torch.manual_seed(0)
@@ -148,7 +148,7 @@ def test_a_wholly_native_plan_runs_on_the_calling_thread(no_checker) -> None:
             x = rand([4, 16], seed=seed)
             before = m.stream.recorded_seq
             (out,) = m.run(x)
-            assert m.stream.recorded_seq == before
+            assert m.stream.recorded_seq == before + 2
             with torch.no_grad():
                 want = mlp.double()(torch.from_numpy(x).double()).numpy()
                 mlp.float()

@@ -483,7 +483,7 @@ class CpuDevice(Device):
         with self._state_lock:
             if self._native is None:
                 self._native = self.c_library(cpu_native.SOURCE, [cpu_native.SYMBOL])
-        plan = cpu_native.NativePlan(self, self._native, works)
+        plan = cpu_native.NativePlan(self._native, works)
         log.debug("native plan: %d steps in %d segments", plan.steps, plan.segments)
         return plan if plan.steps else None
 

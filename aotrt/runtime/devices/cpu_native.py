@@ -239,9 +239,7 @@ class _Segment:
 class NativePlan:
     """A plan's works, run in order: native ones from the C loop, the rest in Python."""
 
-    def __init__(self, device: Any, runner: Any,
-                 works: Sequence[tuple[str, Callable[[], None]]]) -> None:
-        self.device = device
+    def __init__(self, runner: Any, works: Sequence[tuple[str, Callable[[], None]]]) -> None:
         self._parts: list[Any] = []         # a _Segment, or (label, work)
         seg: _Segment | None = None
         for label, work in works:
@@ -260,16 +258,8 @@ class NativePlan:
                 part.seal()
         self.segments = sum(isinstance(p, _Segment) for p in self._parts)
         self.steps = sum(p.n for p in self._parts if isinstance(p, _Segment))
-        #: every work runs natively: the plan may run on any thread (`run_here`)
+        #: every work runs natively
         self.whole = self.segments > 0 and self.segments == len(self._parts)
-
-    def run_here(self, threads: int) -> None:
-        """Run a `whole` plan on the calling thread, its OpenMP regions (oneDNN's) on
-        `threads` threads as on the stream's worker."""
-        if not self.whole:
-            raise DeviceError("native plan: Python works run on their stream's worker only")
-        with self.device.openmp_scope(threads):
-            self()
 
     def __call__(self) -> None:
         for part in self._parts:

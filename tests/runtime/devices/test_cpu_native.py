@@ -51,7 +51,7 @@ def _plan(runner, natives_or_works) -> cpu_native.NativePlan:
             works.append((f"instruction #{i}", work))
         else:
             works.append((f"instruction #{i}", w))
-    return cpu_native.NativePlan(get_device("cpu"), runner, works)
+    return cpu_native.NativePlan(runner, works)
 
 
 @pytest.mark.parametrize("case", ["nhwc_slice_in_nchw_order", "transpose", "rows", "strided_1d",
