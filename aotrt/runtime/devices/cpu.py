@@ -483,7 +483,8 @@ class CpuDevice(Device):
         with self._state_lock:
             if self._native is None:
                 self._native = self.c_library(cpu_native.SOURCE, [cpu_native.SYMBOL])
-        plan = cpu_native.NativePlan(self._native, works)
+        plan = cpu_native.NativePlan(self._native, works,
+                                     lambda: getattr(self.worker, "threads", 1))
         log.debug("native plan: %d steps in %d segments", plan.steps, plan.segments)
         return plan if plan.steps else None
 

@@ -50,24 +50,30 @@ typedef struct {
     const int64_t *geo;  /* a copy: itemsize, sizes[4], dst strides[4], src strides[4] */
 } aotrt_step;
 
-static void strided_copy(const aotrt_step *t) {
+static void copy_row(const aotrt_step *t, int64_t r) {
     const int64_t *g = t->geo, *sz = g + 1, *ds = g + 5, *ss = g + 9;
-    int64_t isz = g[0];
-    for (int64_t i0 = 0; i0 < sz[0]; i0++)
-    for (int64_t i1 = 0; i1 < sz[1]; i1++)
-    for (int64_t i2 = 0; i2 < sz[2]; i2++) {
-        char *d = (char *)t->a + i0 * ds[0] + i1 * ds[1] + i2 * ds[2];
-        const char *s = (const char *)t->b + i0 * ss[0] + i1 * ss[1] + i2 * ss[2];
-        if (ds[3] == isz && ss[3] == isz) {
-            memcpy(d, s, (size_t)(sz[3] * isz));
-        } else if (isz == 4) {
-            for (int64_t i3 = 0; i3 < sz[3]; i3++)
-                *(int32_t *)(d + i3 * ds[3]) = *(const int32_t *)(s + i3 * ss[3]);
-        } else {
-            for (int64_t i3 = 0; i3 < sz[3]; i3++)
-                memcpy(d + i3 * ds[3], s + i3 * ss[3], (size_t)isz);
-        }
+    int64_t isz = g[0], i2 = r % sz[2], q = r / sz[2], i1 = q % sz[1], i0 = q / sz[1];
+    char *d = (char *)t->a + i0 * ds[0] + i1 * ds[1] + i2 * ds[2];
+    const char *s = (const char *)t->b + i0 * ss[0] + i1 * ss[1] + i2 * ss[2];
+    if (ds[3] == isz && ss[3] == isz) {
+        memcpy(d, s, (size_t)(sz[3] * isz));
+    } else if (isz == 4) {
+        for (int64_t i3 = 0; i3 < sz[3]; i3++)
+            *(int32_t *)(d + i3 * ds[3]) = *(const int32_t *)(s + i3 * ss[3]);
+    } else {
+        for (int64_t i3 = 0; i3 < sz[3]; i3++)
+            memcpy(d + i3 * ds[3], s + i3 * ss[3], (size_t)isz);
     }
+}
+
+/* Rows split over the threads from 256 KiB up: one core's copy bandwidth was the limit. */
+static void strided_copy(const aotrt_step *t, int64_t threads) {
+    const int64_t *sz = t->geo + 1;
+    int64_t rows = sz[0] * sz[1] * sz[2];
+    int nt = (threads > 1 && rows > 1 && rows * sz[3] * t->geo[0] >= (1 << 18))
+        ? (int)threads : 1;
+    #pragma omp parallel for num_threads(nt) schedule(static) if (nt > 1)
+    for (int64_t r = 0; r < rows; r++) copy_row(t, r);
 }
 
 /* P[0]: the steps, P[1]: the calling thread's dnnl stream, P[2]: int64 out, the failed
@@ -75,7 +81,6 @@ static void strided_copy(const aotrt_step *t) {
 void aotrt_run_steps(void **P, int64_t begin, int64_t end, int64_t threads) {
     const aotrt_step *steps = (const aotrt_step *)P[0];
     int64_t *failed = (int64_t *)P[2], *code = (int64_t *)P[3];
-    (void)threads;
     for (int64_t i = begin; i < end; i++) {
         const aotrt_step *t = &steps[i];
         int64_t c = 0;
@@ -86,7 +91,7 @@ void aotrt_run_steps(void **P, int64_t begin, int64_t end, int64_t threads) {
             c = *t->flag;  /* read after the kernel's parallel region joined */
             break;
         case 3: memmove(t->a, t->b, (size_t)t->n); break;
-        case 4: strided_copy(t); break;
+        case 4: strided_copy(t, threads); break;
         default: c = -1;
         }
         if (c) { *failed = i + 1; *code = c; return; }
@@ -175,8 +180,9 @@ def copies(pairs: Sequence[tuple[np.ndarray, np.ndarray]]) -> Native | None:
 class _Segment:
     """Works in a row that all have a native form: one call of the C loop."""
 
-    def __init__(self, runner: Any) -> None:
+    def __init__(self, runner: Any, threads: Callable[[], int]) -> None:
         self.runner = runner
+        self.threads = threads
         self.natives: list[Native] = []
         self.owners: list[tuple[str, Native]] = []   # per step: (instruction, its work's)
 
@@ -213,7 +219,7 @@ class _Segment:
         with contextlib.ExitStack() as pins:
             for lib in self.libraries:
                 pins.enter_context(lib.pinned("native plan"))
-            self.runner.call(SYMBOL, "native plan", self.ptrs, self.n, 1)
+            self.runner.call(SYMBOL, "native plan", self.ptrs, self.n, self.threads())
         failed, code = int(self.out[0]), int(self.out[1])
         if failed:
             label, nat = self.owners[failed - 1]
@@ -239,7 +245,10 @@ class _Segment:
 class NativePlan:
     """A plan's works, run in order: native ones from the C loop, the rest in Python."""
 
-    def __init__(self, runner: Any, works: Sequence[tuple[str, Callable[[], None]]]) -> None:
+    def __init__(self, runner: Any, works: Sequence[tuple[str, Callable[[], None]]],
+                 threads: Callable[[], int] = lambda: 1) -> None:
+        """`threads`: the calling thread's kernel thread count, read at each run (copies
+        split their rows over them)."""
         self._parts: list[Any] = []         # a _Segment, or (label, work)
         seg: _Segment | None = None
         for label, work in works:
@@ -250,7 +259,7 @@ class NativePlan:
                 self._parts.append((label, work))
                 continue
             if seg is None:
-                seg = _Segment(runner)
+                seg = _Segment(runner, threads)
                 self._parts.append(seg)
             seg.add(label, nat)
         for part in self._parts:

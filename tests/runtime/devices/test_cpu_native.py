@@ -41,7 +41,7 @@ def _copy(dst: np.ndarray, src: np.ndarray) -> cpu_native.Native:
     return nat
 
 
-def _plan(runner, natives_or_works) -> cpu_native.NativePlan:
+def _plan(runner, natives_or_works, threads: int = 1) -> cpu_native.NativePlan:
     works = []
     for i, w in enumerate(natives_or_works):
         if isinstance(w, cpu_native.Native):
@@ -51,7 +51,7 @@ def _plan(runner, natives_or_works) -> cpu_native.NativePlan:
             works.append((f"instruction #{i}", work))
         else:
             works.append((f"instruction #{i}", w))
-    return cpu_native.NativePlan(runner, works)
+    return cpu_native.NativePlan(runner, works, lambda: threads)
 
 
 @pytest.mark.parametrize("case", ["nhwc_slice_in_nchw_order", "transpose", "rows", "strided_1d",
@@ -77,6 +77,17 @@ def test_a_strided_copy_matches_numpy(runner, case: str) -> None:
     want = np.array(src, copy=True)
     _plan(runner, [_copy(dst, src)])()
     np.testing.assert_array_equal(dst, want)
+
+
+@pytest.mark.parametrize("threads", [1, 2, 3])
+def test_a_large_copy_split_over_threads_matches_numpy(runner, threads: int) -> None:
+    """From 256 KiB a copy's rows are split over the threads (a C2f slice of YOLOv8n)."""
+    big = np.random.default_rng(4).standard_normal((1, 80, 81, 48), dtype=np.float32)
+    src = big[..., 16:48].transpose(0, 3, 1, 2)
+    dst = np.zeros((1, 80, 81, 32), np.float32).transpose(0, 3, 1, 2)
+    assert dst.nbytes >= 1 << 18
+    _plan(runner, [_copy(dst, src)], threads)()
+    np.testing.assert_array_equal(dst, src)
 
 
 def test_a_copy_the_loop_cannot_do_in_order_is_refused() -> None:
