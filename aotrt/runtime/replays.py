@@ -113,10 +113,9 @@ class StaticIO:
         self._out_bytes = max(at, 1)
 
     def run_lean(self, args: list[Arg]) -> tuple[Tensor, ...]:
-        """One run in a few tens of microseconds of Python: the inputs copied in once the
-        last run is done with them, the plan queued and submitted, one command copying every
-        output root into one fresh allocation, and the results made as views of it (a run's
-        outputs share it).
+        """One run with little Python: the inputs copied in once the last run is done with
+        them, the plan queued and submitted, one command copying every output root into one
+        fresh allocation, and the results made as views of it (a run's outputs share it).
 
         The plan stays on the stream's worker even where it is wholly native: run on the
         calling thread, its oneDNN calls made a second OpenMP team, and with more pool
@@ -193,38 +192,34 @@ def _whole(steps: Sequence[tuple[str, tuple[Command, ...]]], device: Any,
                 lo, hi, write = merged.get(acc.alloc, (acc.start, acc.end, False))
                 merged[acc.alloc] = (min(lo, acc.start), max(hi, acc.end), write or acc.write)
     accesses = tuple(Access(alloc, lo, hi, write) for alloc, (lo, hi, write) in merged.items())
-    runs: list[Callable[[], None]] = []      # the native plan, once made
+    in_python = _python(works)
+    runs: list[Callable[[], None]] = []      # how later runs run them, once the first ran
 
     def run_all() -> None:
         if runs:
             runs[0]()
             return
-        label = ""
-        try:
-            for label, work in works:
-                work()
-        except BaseException as e:
-            e.add_note(f"in {label}")       # the instruction, as its own command's label
-            raise
+        in_python()
         try:
             plan = device.native_plan(works)
-        except AotrtError as e:
+        except (AotrtError, OSError) as e:
             log.debug("static-I/O plan: no native plan (%s); its works run from Python", e)
             plan = None
-        runs.append(plan if plan is not None else _python(works))
+        runs.append(plan if plan is not None else in_python)
         if plan is not None:
             made(plan)
     return Command(accesses, run_all, "static-I/O plan")
 
 
 def _python(works: Sequence[tuple[str, Callable[[], None]]]) -> Callable[[], None]:
+    """The works run one by one from Python; a failure names its instruction."""
     def run_all() -> None:
         label = ""
         try:
             for label, work in works:
                 work()
         except BaseException as e:
-            e.add_note(f"in {label}")
+            e.add_note(f"in {label}")       # the instruction, as its own command's label
             raise
     return run_all
 

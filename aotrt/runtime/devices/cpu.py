@@ -30,9 +30,9 @@ from aotrt.kernels.render_c import CRenderer
 from aotrt.runtime import finalize, hazards
 from aotrt.runtime.device import (Block, Device, KernelFunction, KernelLibrary, Stream,
                                   StreamOptions)
-# host_array lives beside Handle; the ops import it from here, as they always have.
 from aotrt.runtime.devices import cpu_native
 from aotrt.runtime.devices.cpu_loaded import LoadedLibrary  # noqa: F401 - its home was here
+# host_array lives beside Handle; the ops import it from here, as they always have.
 from aotrt.runtime.tensor import Handle, host_array, physical_memory  # noqa: F401
 
 log = logging.getLogger(__name__)
