@@ -14,15 +14,12 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
-import logging
 from dataclasses import dataclass, field
 from typing import Any, Callable, Sequence
 
 import numpy as np
 
 from aotrt.errors import DeviceError
-
-log = logging.getLogger(__name__)
 
 #: step kinds (the C loop's switch)
 DNNL, KERNEL, MOVE, COPY = 1, 2, 3, 4
