@@ -363,7 +363,7 @@ class Delegate:
                     return self._run(args, outs, out)
                 self._res.graph = self._graph.graph
         g = self._graph
-        if g.direct_ok(stream, args, outs):
+        if lean_ok(stream, args, outs):
             with owner_scope(self._owner), dev.stream_guard(stream):
                 return self._replay_direct(g, args)
         graph = g.graph

@@ -37,10 +37,6 @@ class GraphReplay:
     in_ptrs: list[int]
     out_views: list[tuple[int, tuple, tuple, int, DType]]
 
-    def direct_ok(self, stream: Stream, args: list[Arg], outs: list[Arg] | None) -> bool:
-        """Whether a run can take the lean replay (`lean_ok`)."""
-        return lean_ok(stream, args, outs)
-
 
 def lean_ok(stream: Stream, args: list[Arg], outs: list[Arg] | None) -> bool:
     """Whether a run can take a lean replay: no out= tensors, the hazard checker off (it

@@ -439,25 +439,26 @@ class CpuDevice(Device):
                 self._dnnl = cpu_dnnl.create(self)
             return self._dnnl
 
+    def _once(self, attr: str, make: Callable[[], Any]) -> Any:
+        """The op state held in `attr`, made by `make` on first use (one lock for all)."""
+        with self._state_lock:
+            if getattr(self, attr) is None:
+                setattr(self, attr, make())
+            return getattr(self, attr)
+
     @property
     def softmaxes(self) -> Any:
         """The device's compiled row softmaxes (ops/cpu_softmax.py), made on first use."""
-        with self._state_lock:
-            if self._softmaxes is None:
-                from aotrt.runtime.ops.cpu_softmax import SoftmaxCache
+        from aotrt.runtime.ops.cpu_softmax import SoftmaxCache
 
-                self._softmaxes = SoftmaxCache(self)
-            return self._softmaxes
+        return self._once("_softmaxes", lambda: SoftmaxCache(self))
 
     @property
     def pools(self) -> Any:
         """The device's compiled max pools (ops/cpu_pool.py), made on first use."""
-        with self._state_lock:
-            if self._pools is None:
-                from aotrt.runtime.ops.cpu_pool import PoolKernels
+        from aotrt.runtime.ops.cpu_pool import PoolKernels
 
-                self._pools = PoolKernels(self)
-            return self._pools
+        return self._once("_pools", lambda: PoolKernels(self))
 
     def c_library(self, source: str, symbols: Sequence[str]) -> LoadedLibrary:
         """An op's own C source (ops/cpu_attention.py), built once through the kernel cache
@@ -470,20 +471,16 @@ class CpuDevice(Device):
     @property
     def attention(self) -> Any:
         """The device's compiled fused attention (ops/cpu_attention.py), made on first use."""
-        with self._state_lock:
-            if self._attention is None:
-                from aotrt.runtime.ops.cpu_attention import FusedAttention
+        from aotrt.runtime.ops.cpu_attention import FusedAttention
 
-                self._attention = FusedAttention(self)
-            return self._attention
+        return self._once("_attention", lambda: FusedAttention(self))
 
     def native_plan(self, works: Sequence[tuple[str, Callable[[], None]]]) -> Any:
         """A runner of a static plan's works (label, work) that calls the ones with a
         native form from one C loop (devices/cpu_native.py); None where none has one."""
-        with self._state_lock:
-            if self._native is None:
-                self._native = self.c_library(cpu_native.SOURCE, [cpu_native.SYMBOL])
-        plan = cpu_native.NativePlan(self._native, works,
+        runner = self._once("_native", lambda: self.c_library(cpu_native.SOURCE,
+                                                               [cpu_native.SYMBOL]))
+        plan = cpu_native.NativePlan(runner, works,
                                      lambda: getattr(self.worker, "threads", 1))
         log.debug("native plan: %d steps in %d segments", plan.steps, plan.segments)
         return plan if plan.steps else None
