@@ -539,6 +539,12 @@ class Device(ABC):
         by one from Python, or None where the device has no such runner."""
         return None
 
+    def native_moves(self, slot: Any, moves: Sequence[tuple[int, int, int]]) -> Any:
+        """The native form (for `native_plan`) of memmoves (dst offset, src address, bytes)
+        to the address held in the one-element uint64 array `slot`; None where the device
+        has none."""
+        return None
+
     def create_stream(self, options: StreamOptions | None = None) -> Stream:
         """A new stream on this device."""
         options = options or StreamOptions.from_env()

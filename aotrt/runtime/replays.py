@@ -10,6 +10,8 @@ import logging
 from dataclasses import dataclass
 from typing import Any, Callable, Mapping, Sequence
 
+import numpy as np
+
 from aotrt.analysis import referenced
 from aotrt.dtypes import DType, as_dtype
 from aotrt.errors import AotrtError
@@ -84,6 +86,9 @@ class StaticIO:
         self._out_at: list[int] = []
         self._out_nbytes: list[int] = []
         self._out_bytes = 1
+        # Where a lean run's outputs go, and the command copying them there, made once.
+        self._out_slot = np.zeros(1, np.uint64)
+        self._out_moves: Callable[[], None] | None = None
         self.native: Any = None     # the device's native plan of the steps, once made
 
     def delete(self) -> None:
@@ -128,10 +133,14 @@ class StaticIO:
         with owner_scope(PROCESS_OWNER):
             base = shims.empty_strided([self._out_bytes], [1], as_dtype("uint8"), dev)
             try:
-                moves = [(base.address + at, src.address, n)
-                         for at, src, n in zip(self._out_at, self.outs, self._out_nbytes) if n]
+                if self._out_moves is None:
+                    moves = [(at, src.address, n) for at, src, n
+                             in zip(self._out_at, self.outs, self._out_nbytes) if n]
+                    self._out_moves = _moves_to(self._out_slot, moves, dev)
+                # The last run's outputs were copied out before its wait returned.
+                self._out_slot[0] = base.address
                 stream.record([*(h.access(write=False) for h in self.outs),
-                               base.access(write=True)], _memmoves(moves), "outputs")
+                               base.access(write=True)], self._out_moves, "outputs")
                 stream.commit()
                 for k, sizes, strides, off, dt in self.out_views:
                     results.append(Tensor(shims.reinterpret_tensor(
@@ -165,10 +174,23 @@ class StaticIO:
             stream.label = ""
 
 
-def _memmoves(moves: list[tuple[int, int, int]]) -> Callable[[], None]:
+def _moves_to(slot: np.ndarray, moves: list[tuple[int, int, int]], device: Any
+              ) -> Callable[[], None]:
+    """memmoves (dst offset, src address, bytes) to the address `slot` holds at the time
+    they run; through the device's native plan where it has one."""
     def work() -> None:
-        for dst, src, n in moves:
-            ctypes.memmove(dst, src, n)
+        base = int(slot[0])
+        for off, src, n in moves:
+            ctypes.memmove(base + off, src, n)
+
+    work.native = lambda: device.native_moves(slot, moves)  # type: ignore[attr-defined]
+    try:
+        plan = device.native_plan([("outputs", work)])
+    except (AotrtError, OSError) as e:
+        log.debug("lean run: its outputs are copied from Python (%s)", e)
+        plan = None
+    if plan is not None:
+        work.native_jobs = lambda: plan.jobs  # type: ignore[attr-defined]
     return work
 
 
@@ -204,6 +226,11 @@ def _whole(steps: Sequence[tuple[str, tuple[Command, ...]]], device: Any,
         runs.append(plan if plan is not None else in_python)
         if plan is not None:
             made(plan)
+
+    # A stream with its queue in C runs the plan's native segments itself (cpu_queue.py).
+    def native_jobs() -> list[Any] | None:
+        return getattr(runs[0], "jobs", None) if runs else None
+    run_all.native_jobs = native_jobs  # type: ignore[attr-defined]
     return Command(accesses, run_all, "static-I/O plan")
 
 

@@ -10,7 +10,6 @@ import ctypes
 import hashlib
 import logging
 import os
-import queue
 import re
 import shutil
 import subprocess
@@ -24,14 +23,15 @@ import numpy as np
 
 from aotrt import settings
 from aotrt import progress
-from aotrt.errors import AotrtError, CompileError, DeviceError, InvalidArgument, OutOfMemory
+from aotrt.errors import AotrtError, CompileError, InvalidArgument, OutOfMemory
 from aotrt.kernels import ir
 from aotrt.kernels.render_c import CRenderer
 from aotrt.runtime import finalize, hazards
 from aotrt.runtime.device import (Block, Device, KernelFunction, KernelLibrary, Stream,
                                   StreamOptions)
-from aotrt.runtime.devices import cpu_native
+from aotrt.runtime.devices import cpu_native, cpu_queue
 from aotrt.runtime.devices.cpu_loaded import LoadedLibrary  # noqa: F401 - its home was here
+from aotrt.runtime.devices.cpu_stream import CpuStream
 # host_array lives beside Handle; the ops import it from here, as they always have.
 from aotrt.runtime.tensor import Handle, host_array, physical_memory  # noqa: F401
 
@@ -71,92 +71,6 @@ def cache_dir() -> Path:
     root = settings.env().cache_dir or os.path.join(os.path.expanduser("~"), ".cache",
                                                     "aotrt")
     return Path(root)
-
-
-class CpuStream(Stream):
-    """Recorded work runs in order on a worker thread once committed.
-
-    In deferred mode nothing runs until a wait, so a missing wait shows up every time.
-    A kernel call on the worker may use `options.threads` threads (default: every core).
-    """
-
-    def __init__(self, device: "CpuDevice", options: StreamOptions) -> None:
-        super().__init__(device, options)
-        self.threads = options.kernel_threads
-        self._open: list[Callable[[], None]] = []
-        self._deferred: list[list[Callable[[], None]]] = []
-        self._queue: queue.Queue = queue.Queue()
-        self._error: BaseException | None = None
-        self._worker = threading.Thread(target=self._run, name=f"aotrt-cpu-stream-{self.id}",
-                                        daemon=True)
-        self._worker.start()
-
-    def _run(self) -> None:
-        # Finalizers the collector starts here go to the reaper (runtime/finalize.py).
-        finalize.mark_worker_thread()
-        # Kernel work reads its thread count from the thread it runs on (the work objects
-        # are built without a stream, and a prepared one serves every stream).
-        self.device.worker.threads = self.threads
-        # oneDNN (GNU OpenMP build) sizes its parallel regions from the calling thread's
-        # OpenMP thread count, not from ours: without this, threads=1 still ran its
-        # convolutions and matmuls on every core.
-        self.device.openmp_threads(self.threads)
-        while True:
-            batch = self._queue.get()
-            try:
-                if batch is None:
-                    return
-                if self._error is None:
-                    for work in batch:
-                        work()
-            except BaseException as e:  # noqa: BLE001 - reported to the waiter
-                self._error = e
-            finally:
-                self._queue.task_done()
-
-    def _record(self, work: Any) -> None:
-        self._open.append(work)
-
-    def _submit(self) -> None:
-        batch, self._open = self._open, []
-        if self.options.deferred:
-            self._deferred.append(batch)
-        else:
-            self._queue.put(batch)
-
-    def _wait(self) -> None:
-        for batch in self._deferred:
-            self._queue.put(batch)
-        self._deferred.clear()
-        self._queue.join()
-        if self._error is not None:
-            err, self._error = self._error, None
-            if isinstance(err, AotrtError):
-                raise err       # a kernel's own error (contract C2), as it was raised
-            raise DeviceError(f"cpu stream {self.id}: queued work failed: {err!r}") from err
-
-    def _close(self) -> None:
-        self._queue.put(None)
-        self._worker.join(timeout=10)
-        if self._worker.is_alive():
-            # Only work that outlived the close's own wait can keep it: the daemon thread is
-            # left to finish it, and the libraries it runs stay mapped (LoadedLibrary.close).
-            log.warning("cpu stream %d: worker still busy after close; left running", self.id)
-
-    def _copy_work(self, dst: Handle, src: Handle) -> Any:
-        def work() -> None:
-            np.copyto(host_array(dst), host_array(src))
-
-        work.native = lambda: cpu_native.copies(  # type: ignore[attr-defined]
-            [(host_array(dst), host_array(src))])
-        return work
-
-    def _fill_work(self, view: Handle, byte: int) -> Any:
-        value = np.frombuffer(bytes([byte]) * view.dtype.itemsize, dtype=view.dtype.np)[0]
-
-        def work() -> None:
-            host_array(view)[...] = value
-        return work
 
 
 class CpuKernelFunction(KernelFunction):
@@ -475,15 +389,33 @@ class CpuDevice(Device):
 
         return self._once("_attention", lambda: FusedAttention(self))
 
+    def native_runner(self) -> LoadedLibrary:
+        """The C loop of native plans and the streams' queues (cpu_native.py, cpu_queue.py),
+        built and loaded on first use."""
+        return self._once("_native", lambda: self.c_library(
+            cpu_native.SOURCE + cpu_queue.SOURCE, [cpu_native.SYMBOL, *cpu_queue.SYMBOLS]))
+
+    def native_queue(self) -> cpu_queue.NativeQueue | None:
+        """A new stream queue in C; None where the runner cannot be built (no compiler):
+        the stream then keeps a Python queue."""
+        try:
+            return cpu_queue.NativeQueue(self.native_runner())
+        except (AotrtError, OSError) as e:
+            log.debug("cpu stream: no native queue (%s); a Python one", e)
+            return None
+
     def native_plan(self, works: Sequence[tuple[str, Callable[[], None]]]) -> Any:
         """A runner of a static plan's works (label, work) that calls the ones with a
         native form from one C loop (devices/cpu_native.py); None where none has one."""
-        runner = self._once("_native", lambda: self.c_library(cpu_native.SOURCE,
-                                                               [cpu_native.SYMBOL]))
+        runner = self.native_runner()
         plan = cpu_native.NativePlan(runner, works,
                                      lambda: getattr(self.worker, "threads", 1))
         log.debug("native plan: %d steps in %d segments", plan.steps, plan.segments)
         return plan if plan.steps else None
+
+    def native_moves(self, slot: Any, moves: Sequence[tuple[int, int, int]]) -> Any:
+        """The memmoves' native form: MOVE_AT steps of the C loop."""
+        return cpu_native.moves_to(slot, moves)
 
     def openmp_threads(self, n: int) -> None:
         """Give the calling thread's OpenMP parallel regions (oneDNN's) `n` threads."""

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import threading
 from dataclasses import dataclass, field
 from typing import Any, Callable, Sequence
 
@@ -21,8 +22,8 @@ import numpy as np
 
 from aotrt.errors import DeviceError
 
-#: step kinds (the C loop's switch)
-DNNL, KERNEL, MOVE, COPY = 1, 2, 3, 4
+#: step kinds (the C loop's switch); MOVE_AT: a memmove to the address held in `a`, plus `m`
+DNNL, KERNEL, MOVE, COPY, MOVE_AT = 1, 2, 3, 4, 5
 #: dims a strided copy step takes (more go to numpy)
 COPY_DIMS = 4
 SYMBOL = "aotrt_run_steps"
@@ -39,10 +40,10 @@ typedef void (*kernel_t)(void **, int64_t, int64_t, int64_t);
 typedef struct {
     int64_t kind;
     void *fn;            /* dnnl_primitive_execute, or the kernel */
-    void *a;             /* the primitive | the kernel's pointers | dst */
+    void *a;             /* the primitive | the kernel's pointers | dst | where dst is */
     void *b;             /* the primitive's arguments | - | src */
     int64_t n;           /* arguments | the kernel's range | bytes */
-    int64_t m;           /* - | threads | - */
+    int64_t m;           /* - | threads | - | dst's offset from there */
     int32_t *flag;       /* the kernel library's error flag */
     const int64_t *geo;  /* a copy: itemsize, sizes[4], dst strides[4], src strides[4] */
 } aotrt_step;
@@ -89,6 +90,7 @@ void aotrt_run_steps(void **P, int64_t begin, int64_t end, int64_t threads) {
             break;
         case 3: memmove(t->a, t->b, (size_t)t->n); break;
         case 4: strided_copy(t, threads); break;
+        case 5: memmove(*(char **)t->a + t->m, t->b, (size_t)t->n); break;
         default: c = -1;
         }
         if (c) { *failed = i + 1; *code = c; return; }
@@ -174,8 +176,17 @@ def copies(pairs: Sequence[tuple[np.ndarray, np.ndarray]]) -> Native | None:
     return Native(steps, keep=keep)  # type: ignore[arg-type]
 
 
-class _Segment:
-    """Works in a row that all have a native form: one call of the C loop."""
+def moves_to(slot: Any, moves: Sequence[tuple[int, int, int]]) -> Native:
+    """memmoves (dst offset, src address, bytes) to the address the one-pointer array `slot`
+    holds when they run (a lean run's outputs go to a fresh allocation each time)."""
+    at = slot.ctypes.data
+    return Native([(MOVE_AT, 0, at, src, n, off, 0, 0) for off, src, n in moves if n],
+                  keep=[slot])
+
+
+class Segment:
+    """Works in a row that all have a native form: one call of the C loop, made from this
+    thread (`run`) or by the stream's queue in C (devices/cpu_queue.py)."""
 
     def __init__(self, runner: Any, threads: Callable[[], int]) -> None:
         self.runner = runner
@@ -184,11 +195,13 @@ class _Segment:
         self.owners: list[tuple[str, Native]] = []   # per step: (instruction, its work's)
 
     def add(self, label: str, nat: Native) -> None:
+        """Append one work's steps."""
         self.natives.append(nat)
         self.owners += [(label, nat)] * len(nat.steps)
 
     def seal(self) -> None:
-        """Lay the steps out for the C loop, once."""
+        """Lay the steps out for the C loop, once, for the oneDNN stream of the thread that
+        makes it (the stream's worker)."""
         steps = [s for nat in self.natives for s in nat.steps]
         self.n = len(steps)
         self.array = (Step * self.n)(*(Step(*s) for s in steps))
@@ -201,6 +214,12 @@ class _Segment:
                 libraries.append(nat.library)
         self.libraries = libraries
         self.dnnl = next((n.dnnl for n in self.natives if n.dnnl is not None), None)
+        self.thread = threading.get_ident()
+        #: the dnnl stream wait's address, called after the steps (0: no oneDNN step)
+        self.wait_fn = 0
+        if self.dnnl is not None:
+            self.ptrs[1] = self.dnnl.stream()
+            self.wait_fn = address(self.dnnl.lib.dnnl_stream_wait)
         counts: dict[str, int] = {}
         for nat in self.natives:
             for k, v in nat.counts.items():
@@ -208,17 +227,55 @@ class _Segment:
         self.counts = list(counts.items())
 
     def run(self) -> None:
-        """One call of the C loop over the steps; a failed step's error names its
-        instruction, as the work's own would have."""
+        """One call of the C loop over the steps, on this thread; a failed step's error
+        names its instruction, as the work's own would have."""
         if self.dnnl is not None:
             self.ptrs[1] = self.dnnl.stream()
         self.out[:] = 0
-        with contextlib.ExitStack() as pins:
+        with self.pinned() or contextlib.nullcontext():
+            self.runner.call(SYMBOL, "native plan", self.ptrs, self.n, self.threads())
+        self.check()
+        if self.dnnl is not None:
+            self.dnnl.wait()
+        self.account()
+
+    def runs_on(self, thread: int) -> bool:
+        """Whether thread `thread` may run the steps from C as laid out (their oneDNN
+        stream is its own)."""
+        return self.dnnl is None or self.thread == thread
+
+    def pinned(self) -> contextlib.ExitStack | None:
+        """The libraries the steps call, pinned (mapped) until the stack closes; None where
+        they call none."""
+        if not self.libraries:
+            return None
+        pins = contextlib.ExitStack()
+        try:
             for lib in self.libraries:
                 pins.enter_context(lib.pinned("native plan"))
-            self.runner.call(SYMBOL, "native plan", self.ptrs, self.n, self.threads())
+        except BaseException:
+            pins.close()
+            raise
+        return pins
+
+    def account(self) -> None:
+        """Count one run's oneDNN calls in the device's stats."""
+        if self.dnnl is not None:
+            stats = self.dnnl.stats
+            for k, v in self.counts:
+                stats[k] += v
+
+    def check(self) -> None:
+        """Raise the error of the step that failed in the last run, if one did."""
         failed, code = int(self.out[0]), int(self.out[1])
-        if failed:
+        if not failed:
+            return
+        try:
+            if failed > self.n:
+                from aotrt.runtime.ops.cpu_dnnl_primitives import check
+
+                check(code, "stream wait")
+                raise DeviceError(f"native plan: the oneDNN stream's wait failed ({code})")
             label, nat = self.owners[failed - 1]
             try:
                 kind = self.array[failed - 1].kind
@@ -232,11 +289,8 @@ class _Segment:
             except BaseException as e:
                 e.add_note(f"in {label}")
                 raise
-        if self.dnnl is not None:
-            self.dnnl.wait()
-            stats = self.dnnl.stats
-            for k, v in self.counts:
-                stats[k] += v
+        finally:
+            self.out[:] = 0
 
 
 class NativePlan:
@@ -246,35 +300,41 @@ class NativePlan:
                  threads: Callable[[], int] = lambda: 1) -> None:
         """`threads`: the calling thread's kernel thread count, read at each run (copies
         split their rows over them)."""
-        self._parts: list[Any] = []         # a _Segment, or (label, work)
-        seg: _Segment | None = None
+        #: in order: a Segment, or a work run from Python (its error names its instruction)
+        self.jobs: list[Any] = []
+        seg: Segment | None = None
         for label, work in works:
             make = getattr(work, "native", None)
             nat = make() if make is not None else None
             if nat is None:
                 seg = None
-                self._parts.append((label, work))
+                self.jobs.append(_labelled(label, work))
                 continue
             if seg is None:
-                seg = _Segment(runner, threads)
-                self._parts.append(seg)
+                seg = Segment(runner, threads)
+                self.jobs.append(seg)
             seg.add(label, nat)
-        for part in self._parts:
-            if isinstance(part, _Segment):
-                part.seal()
-        self.segments = sum(isinstance(p, _Segment) for p in self._parts)
-        self.steps = sum(p.n for p in self._parts if isinstance(p, _Segment))
+        segments = [j for j in self.jobs if isinstance(j, Segment)]
+        for seg in segments:
+            seg.seal()
+        self.segments = len(segments)
+        self.steps = sum(seg.n for seg in segments)
         #: every work runs natively
-        self.whole = self.segments > 0 and self.segments == len(self._parts)
+        self.whole = self.segments > 0 and self.segments == len(self.jobs)
 
     def __call__(self) -> None:
-        for part in self._parts:
-            if isinstance(part, _Segment):
-                part.run()
-                continue
-            label, work = part
-            try:
-                work()
-            except BaseException as e:
-                e.add_note(f"in {label}")       # the instruction, as its own command's label
-                raise
+        for job in self.jobs:
+            if isinstance(job, Segment):
+                job.run()
+            else:
+                job()
+
+
+def _labelled(label: str, work: Callable[[], None]) -> Callable[[], None]:
+    def run() -> None:
+        try:
+            work()
+        except BaseException as e:
+            e.add_note(f"in {label}")       # the instruction, as its own command's label
+            raise
+    return run

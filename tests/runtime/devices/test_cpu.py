@@ -1,4 +1,4 @@
-"""aotrt/runtime/devices/cpu.py: aligned host memory, host_array, the worker-thread stream,
+"""aotrt/runtime/devices/cpu.py: aligned host memory, host_array,
 and the kernel compiler with its on-disk cache."""
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from aotrt.errors import CompileError, InvalidArgument, OutOfMemory
 from aotrt.runtime import shims
 from aotrt.runtime.device import StreamOptions, get_device
 from aotrt.runtime.devices import cpu as cpu_mod
-from aotrt.runtime.devices.cpu import CpuStream, cache_dir, host_array
+from aotrt.runtime.devices.cpu import cache_dir, host_array
 from aotrt.runtime.memory import Owner, owner_scope
 from tests.conftest import make_stream
 from tests.support import iota, iota_kernel, kernel_fn, upload
@@ -94,36 +94,6 @@ def test_read_and_write_copy_in_and_out(cpu, ctx):
     got[:] = 0
     assert cpu.read(h)[0, 0] == 1.5
     shims.delete_tensor_object(h)
-
-
-# -- stream -----------------------------------------------------------------------------------
-
-
-def test_stream_runs_on_its_own_worker_thread(cpu):
-    s = make_stream(cpu, "async")
-    assert isinstance(s, CpuStream)
-    seen = []
-    s.record([], lambda: seen.append(threading.current_thread().name))
-    s.commit_and_wait()
-    assert seen == [f"aotrt-cpu-stream-{s.id}"]
-    worker = s._worker
-    s.close()
-    assert not worker.is_alive()
-
-
-def test_work_after_a_failure_in_the_same_wait_is_skipped(cpu):
-    from aotrt.errors import DeviceError
-
-    s = make_stream(cpu, "deferred")
-    log = []
-    s.record([], lambda: log.append(1))
-    s.record([], lambda: (_ for _ in ()).throw(RuntimeError("bad")))
-    s.commit()
-    s.record([], lambda: log.append(3))
-    with pytest.raises(DeviceError, match="bad"):
-        s.commit_and_wait()
-    assert log == [1]
-    s.close()
 
 
 @pytest.mark.parametrize("dtype,byte,expect", [

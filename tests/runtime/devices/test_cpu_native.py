@@ -12,7 +12,7 @@ import torch
 import aotrt
 from aotrt.errors import DeviceError, InvalidArgument
 from aotrt.runtime.device import get_device
-from aotrt.runtime.devices import cpu_native
+from aotrt.runtime.devices import cpu_native, cpu_queue
 
 FLAG_SOURCE = """#include <stdint.h>
 int32_t aotrt_error = 0;
@@ -146,9 +146,11 @@ def test_a_closed_kernel_library_refuses_the_plan(cpu, runner) -> None:
         plan()
 
 
-def test_a_convnet_runs_its_plan_natively_from_the_second_run(monkeypatch) -> None:
+@pytest.mark.parametrize("queue", ["c", "python"])
+def test_a_convnet_runs_its_plan_natively_from_the_second_run(monkeypatch, queue: str) -> None:
     """No checker: from the second run the plan's oneDNN calls, kernels and copies run from
-    the C loop, each run matches eager, and oneDNN's counters count every call."""
+    the C loop (called by the stream's queue in C, or from its Python worker), each run
+    matches eager, and oneDNN's counters count every call."""
     monkeypatch.setenv("AOTRT_CHECK_HAZARDS", "0")
     calls: list[int] = []
     real = cpu_native.NativePlan.__call__
@@ -157,6 +159,15 @@ def test_a_convnet_runs_its_plan_natively_from_the_second_run(monkeypatch) -> No
         calls.append(self.steps)
         real(self)
     monkeypatch.setattr(cpu_native.NativePlan, "__call__", counted)
+    pushed: list[tuple[int, int]] = []
+    real_push = cpu_queue.NativeQueue.push
+
+    def push(self, kind, ptrs=None, n=0, threads=1, wait=0):
+        pushed.append((kind, n))
+        return real_push(self, kind, ptrs, n, threads, wait)
+    monkeypatch.setattr(cpu_queue.NativeQueue, "push", push)
+    if queue == "python":
+        monkeypatch.setattr(get_device("cpu"), "native_queue", lambda: None)
     torch.manual_seed(0)
     m = torch.nn.Sequential(torch.nn.Conv2d(3, 8, 3, padding=1), torch.nn.SiLU(),
                             torch.nn.Upsample(scale_factor=2), torch.nn.Conv2d(8, 4, 1),
@@ -165,15 +176,30 @@ def test_a_convnet_runs_its_plan_natively_from_the_second_run(monkeypatch) -> No
     prog = aotrt.export(m, (x,), layout="channels_last")
     with aotrt.load(prog, device="cpu") as d:
         dnnl = d.device.dnnl
+        per_run = []
         for i in range(3):
             xi = torch.randn(1, 3, 8, 8)
             before = None if dnnl is None else dnnl.stats["runs"]
+            del pushed[:]
             (out,) = d.run(xi.numpy())
             got = np.asarray(out)
+            per_run.append(list(pushed))
             with torch.no_grad():
                 ref = m.double()(xi.double()).numpy()
                 m.float()
             np.testing.assert_allclose(got, ref, rtol=1e-4, atol=1e-4)
             if dnnl is not None:
                 assert dnnl.stats["runs"] - before >= 2     # two convolutions at least
-    assert len(calls) == 2 and calls[0] > 0
+        plan = d._static_io.native
+    assert plan.steps > 0
+    if queue == "python":
+        assert calls == [plan.steps, plan.steps] and per_run == [[], [], []]
+        return
+    # The first run sets up in Python; later runs queue the plan's segments as native jobs
+    # (its small linear is numpy's, a Python job), then the output copy as one more.
+    jobs = [(cpu_queue.NATIVE, j.n) if isinstance(j, cpu_native.Segment)
+            else (cpu_queue.PYTHON, 0) for j in plan.jobs]
+    assert calls == []
+    assert (cpu_queue.PYTHON, 0) in per_run[0]
+    assert jobs[0] == (cpu_queue.NATIVE, plan.steps)
+    assert per_run[1] == per_run[2] == [*jobs, (cpu_queue.NATIVE, 1)]
