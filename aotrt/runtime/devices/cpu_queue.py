@@ -23,28 +23,13 @@ log = logging.getLogger(__name__)
 NATIVE, PYTHON, STOP = 1, 2, 3
 #: jobs the ring holds; a submit into a full ring waits for room (with the GIL released)
 RING = 1024
-#: how long the idle worker polls for the next job before it sleeps: a sleeping worker took
-#: 0.15 ms to wake here (a virtual CPU halts when idle), 4% of MobileNet-v2's run, and the
-#: next run's plan comes 0.1-0.2 ms after a run returns when runs follow each other. The
-#: OpenMP pool threads spin likewise after each parallel region (GOMP_SPINCOUNT).
-SPIN_US = 1000
 
 SOURCE = r"""
 #include <pthread.h>
 #include <stdint.h>
 #include <stdlib.h>
-#include <time.h>
 
 #define AOTRT_RING %(ring)d
-#define AOTRT_SPIN_NS %(spin)dLL
-
-#if defined(__x86_64__) || defined(__i386__)
-#define AOTRT_PAUSE() __builtin_ia32_pause()
-#elif defined(__aarch64__)
-#define AOTRT_PAUSE() __asm__ __volatile__("yield")
-#else
-#define AOTRT_PAUSE() ((void)0)
-#endif
 
 typedef struct {
     int64_t kind;        /* 1: native steps, 2: Python, 3: stop */
@@ -85,8 +70,7 @@ int64_t aotrt_queue_push(void *p, int64_t kind, void **P, int64_t n, int64_t thr
     if (q->pushed - q->taken >= AOTRT_RING) { pthread_mutex_unlock(&q->mu); return 0; }
     aotrt_job *j = &q->ring[q->pushed %% AOTRT_RING];
     j->kind = kind; j->P = P; j->n = n; j->threads = threads; j->wait = wait;
-    int64_t seq = q->pushed + 1;
-    __atomic_store_n(&q->pushed, seq, __ATOMIC_RELEASE);    /* the worker may poll it */
+    int64_t seq = ++q->pushed;
     pthread_cond_broadcast(&q->cv);
     pthread_mutex_unlock(&q->mu);
     return seq;
@@ -99,31 +83,12 @@ void aotrt_queue_room(void *p) {
     pthread_mutex_unlock(&q->mu);
 }
 
-static int64_t mono_ns(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (int64_t)ts.tv_sec * 1000000000LL + ts.tv_nsec;
-}
-
-/* Called with the lock held and the ring empty: poll for a job (lock released) for up to
-   AOTRT_SPIN_NS before the caller sleeps. */
-static void spin_for_work(aotrt_queue *q) {
-    int64_t taken = q->taken, t0 = mono_ns();
-    pthread_mutex_unlock(&q->mu);
-    for (int64_t i = 1; __atomic_load_n(&q->pushed, __ATOMIC_ACQUIRE) == taken; i++) {
-        AOTRT_PAUSE();
-        if ((i & 63) == 0 && mono_ns() - t0 > AOTRT_SPIN_NS) break;
-    }
-    pthread_mutex_lock(&q->mu);
-}
-
 /* The worker's loop: runs native jobs as they come, and returns the kind of the first
    other one (Python, stop), which the caller marks finished with aotrt_queue_finish. */
 int64_t aotrt_queue_next(void *p) {
     aotrt_queue *q = (aotrt_queue *)p;
     pthread_mutex_lock(&q->mu);
     for (;;) {
-        if (q->taken == q->pushed && AOTRT_SPIN_NS > 0) spin_for_work(q);
         while (q->taken == q->pushed) pthread_cond_wait(&q->cv, &q->mu);
         aotrt_job j = q->ring[q->taken %% AOTRT_RING];
         q->taken++;
@@ -190,7 +155,7 @@ int64_t aotrt_queue_failed(void *p) {
     pthread_mutex_unlock(&q->mu);
     return f;
 }
-""" % {"ring": RING, "spin": SPIN_US * 1000}
+""" % {"ring": RING}
 
 _P, _I = ctypes.c_void_p, ctypes.c_int64
 #: symbol: (restype, argtypes, releases the GIL): a call that may block releases it; one

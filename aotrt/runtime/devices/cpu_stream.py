@@ -133,15 +133,19 @@ class CpuStream(Stream):
             for job in jobs:
                 if not isinstance(job, cpu_native.Segment):
                     python.append(job)
-                elif not job.runs_on(self._worker.ident):
+                    continue
+                try:
+                    pins = job.pinned() if job.runs_on(self._worker.ident) else False
+                except AotrtError:
+                    pins = False    # a closed library: its run on the worker reports it
+                if pins is False:
                     python.append(job.run)
-                else:
-                    if python:
-                        self._push_python(python)
-                        python = []
-                    pins = job.pinned()
-                    seq = q.push(cpu_queue.NATIVE, job.ptrs, job.n, self.threads, job.wait_fn)
-                    self._segments.append((seq, job, pins))
+                    continue
+                if python:
+                    self._push_python(python)
+                    python = []
+                seq = q.push(cpu_queue.NATIVE, job.ptrs, job.n, self.threads, job.wait_fn)
+                self._segments.append((seq, job, pins))
         if python:
             self._push_python(python)
 

@@ -181,11 +181,51 @@ def test_a_full_ring_waits_for_room_and_keeps_the_order():
     for i in range(n):
         s.record([], _offering(plan) if i % 2 else (lambda i=i: seen.append(i)))
         s.commit()
-    assert len(s._segments) <= PRUNE_AT + 1 + n // 2       # finished ones are let go
     s.commit_and_wait()
     s.close()
     assert seen == list(range(0, n, 2))
     assert gate.is_set()
+
+
+def test_finished_native_jobs_are_let_go_without_a_wait():
+    """A stream that queues native jobs and never waits does not keep them (and their
+    pins) past PRUNE_AT."""
+    src = np.ones(4, np.float32)
+    dst = np.zeros(4, np.float32)
+    plan = _copy_plan(dst, src)
+    s = _stream()
+    longest = 0
+    for _ in range(3 * PRUNE_AT):
+        s.record([], _offering(plan))
+        s.commit()
+        longest = max(longest, len(s._segments))
+        deadline = time.monotonic() + 30
+        while s._native.done < s._native.pushed and time.monotonic() < deadline:
+            time.sleep(0.001)
+    assert longest == PRUNE_AT + 1
+    s.commit_and_wait()
+    assert s._segments == [] and dst.all()
+    s.close()
+
+
+def test_a_segment_of_a_closed_library_is_refused_at_the_wait(queue_kind):
+    """A queued plan whose kernel library was closed is not run: the wait reports it."""
+    dev = get_device("cpu")
+    lib = dev.c_library(FLAG_SOURCE, ["k_flag"])
+    x = np.array([0, 0], np.int64)
+    ptrs = (cpu_native.ctypes.c_void_p * 1)(x.ctypes.data)
+
+    def work() -> None:
+        raise AssertionError("a native work ran from Python")
+    work.native = lambda: cpu_native.kernel(lib, "k_flag", "k_flag", ptrs, 1, 1)
+    plan = cpu_native.NativePlan(dev.native_runner(), [("instruction #2 (flag)", work)])
+    lib.close()
+    s = _stream()
+    s.record([], _offering(plan))
+    with pytest.raises(InvalidArgument, match="closed"):
+        s.commit_and_wait()
+    s.close()
+    assert x[1] == 0
 
 
 def test_a_worker_that_stops_fails_every_wait_instead_of_hanging(monkeypatch):
