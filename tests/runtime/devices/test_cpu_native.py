@@ -90,6 +90,42 @@ def test_a_large_copy_split_over_threads_matches_numpy(runner, threads: int) -> 
     np.testing.assert_array_equal(dst, src)
 
 
+@pytest.mark.parametrize("case", ["2d_tails", "outer_dims", "int64", "nhwc_to_nchw_slice",
+                                  "large_threaded"])
+def test_a_transpose_goes_by_tiles_and_matches_numpy(runner, case: str) -> None:
+    """dst contiguous along one dim and src along another: tile by tile, tails (sizes not a
+    multiple of the tile) included."""
+    rng = np.random.default_rng(5)
+    threads = 1
+    if case == "2d_tails":
+        src = rng.standard_normal((37, 53), dtype=np.float32).T
+        dst = np.zeros((53, 37), np.float32)
+    elif case == "outer_dims":
+        src = rng.standard_normal((3, 20, 33), dtype=np.float32).transpose(0, 2, 1)
+        dst = np.zeros((3, 33, 20), np.float32)
+    elif case == "int64":
+        src = rng.integers(-9, 9, (19, 22)).T
+        dst = np.zeros((22, 19), np.int64)
+    elif case == "nhwc_to_nchw_slice":
+        # YOLOv8n's head: an NHWC map into its channel-major slice of the output
+        src = rng.standard_normal((1, 40, 40, 64), dtype=np.float32).transpose(0, 3, 1, 2)
+        out = np.zeros((1, 144, 2100), np.float32)
+        dst = out[:, :64, :1600].reshape(1, 64, 40, 40)
+        assert np.shares_memory(dst, out)
+    else:
+        src = rng.standard_normal((300, 400), dtype=np.float32).T
+        dst = np.zeros((400, 300), np.float32)
+        threads = 2
+    nat = _copy(dst, src)
+    geo = np.ctypeslib.as_array((ctypes.c_int64 * 14).from_address(nat.steps[0][7]))
+    assert geo[13] >= 0, geo            # taken as a transpose
+    want = np.array(src, copy=True)
+    _plan(runner, [nat], threads)()
+    np.testing.assert_array_equal(dst, want)
+    if case == "nhwc_to_nchw_slice":
+        assert not out[:, 64:].any() and not out[:, :, 1600:].any()
+
+
 def test_a_copy_the_loop_cannot_do_in_order_is_refused() -> None:
     """Overlapping bytes (numpy orders such a copy), negative strides, more than four dims
     after merging, mismatched shapes: None, the work stays in Python."""
