@@ -84,3 +84,15 @@ def rel_err(got: Any, ref: Any) -> float:
     if r.size == 0:
         return 0.0
     return float(np.max(np.abs(g - r)) / max(float(np.max(np.abs(r))), 1e-30))
+
+
+#: a compiled library's kernel `k_flag` (devices/cpu_native.py, cpu_stream.py tests)
+FLAG_SOURCE = """#include <stdint.h>
+int32_t aotrt_error = 0;
+/* sets the error flag to P[0][0] where it is not 0; else writes 7 to P[0][1] */
+void k_flag(char **P, int64_t b, int64_t e, int64_t t) {
+  int64_t *x = (int64_t *)P[0];
+  if (x[0]) __atomic_store_n(&aotrt_error, (int32_t)x[0], __ATOMIC_RELAXED);
+  else x[1] = 7;
+}
+"""

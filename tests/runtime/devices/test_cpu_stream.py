@@ -16,6 +16,7 @@ from aotrt.runtime.device import StreamOptions, get_device
 from aotrt.runtime.devices import cpu_native, cpu_queue
 from aotrt.runtime.devices.cpu_stream import PRUNE_AT, CpuStream
 from tests.conftest import make_stream
+from tests.support import FLAG_SOURCE
 
 
 @pytest.fixture(params=["c", "python"])
@@ -256,14 +257,3 @@ def test_close_stops_the_worker_and_frees_the_queue(queue_kind):
     assert not worker.is_alive()
     if queue_kind == "c":
         assert s._native._q is None
-
-
-FLAG_SOURCE = """#include <stdint.h>
-int32_t aotrt_error = 0;
-/* sets the error flag to P[0][0] where it is not 0; else writes 7 to P[0][1] */
-void k_flag(char **P, int64_t b, int64_t e, int64_t t) {
-  int64_t *x = (int64_t *)P[0];
-  if (x[0]) __atomic_store_n(&aotrt_error, (int32_t)x[0], __ATOMIC_RELAXED);
-  else x[1] = 7;
-}
-"""
