@@ -435,6 +435,9 @@ def main() -> int:
     ap.add_argument("--threads", type=int, default=2, help="threads for every runner")
     ap.add_argument("--iters", type=int, default=20, help="timed runs (at most)")
     ap.add_argument("--warmup", type=int, default=3)
+    ap.add_argument("--passes", type=int, default=1,
+                    help="measure every (model, runner) this many times, the runners in "
+                         "turn; the table gives the median pass")
     ap.add_argument("--max-timed-s", type=float, default=15.0,
                     help="cap on the timed runs of one (model, runner); at least 5 runs")
     ap.add_argument("--layout", default="convnets-nhwc",
@@ -492,6 +495,7 @@ def main() -> int:
         "loadavg_start": os.getloadavg(), "other_processes_start": other_load(),
         "env": child(["--env"], env, 120),
         "iters": args.iters, "warmup": args.warmup, "max_timed_s": args.max_timed_s,
+        "passes": args.passes,
         "models": {}}
     sub = ["--workdir", args.workdir, "--iters", str(args.iters), "--warmup",
            str(args.warmup), "--max-timed-s", str(args.max_timed_s), "--threads",
@@ -509,22 +513,42 @@ def main() -> int:
                                            else "FAILED " + p["error"]), flush=True)
         if not entry["prepare"]["aotrt"].get("ok"):
             continue        # no references: nothing to check the runners against
-        for runner in runners:
-            art = ARTEFACT.get(runner)
-            if art and not entry["prepare"][art].get("ok"):
-                r = {"ok": False, "error": "export failed: " + entry["prepare"][art]["error"]}
-            else:
-                r = child(["--measure", name, "--runner", runner, *sub], env,
-                          args.child_timeout)
-            entry["runners"][runner] = r
-            print(f"  {runner:10s} " + (
-                f"{r['ms']:9.2f} ms ({r['runs']} runs) load {r['load_s']:.2f} s "
-                f"rel err {r['rel_err_vs_eager_fp32']:.1e}" if r.get("ok")
-                else "FAILED " + r["error"]), flush=True)
+        passes: dict[str, list[dict]] = {r: [] for r in runners}
+        for k in range(args.passes):
+            # Pass by pass, every runner in turn: a slow spell of the machine (seconds to
+            # minutes long here) then falls on all of them, not on one.
+            for runner in runners:
+                art = ARTEFACT.get(runner)
+                if art and not entry["prepare"][art].get("ok"):
+                    r = {"ok": False,
+                         "error": "export failed: " + entry["prepare"][art]["error"]}
+                else:
+                    r = child(["--measure", name, "--runner", runner, *sub], env,
+                              args.child_timeout)
+                passes[runner].append(r)
+                entry["runners"][runner] = combine(passes[runner])
+                print(f"  {runner:10s} " + (
+                    f"{r['ms']:9.2f} ms ({r['runs']} runs) load {r['load_s']:.2f} s "
+                    f"rel err {r['rel_err_vs_eager_fp32']:.1e}" if r.get("ok")
+                    else "FAILED " + r["error"])
+                    + (f"  (pass {k + 1})" if args.passes > 1 else ""), flush=True)
         save(doc, args, date, t_start)     # after every model: a cut-short run keeps its rows
     save(doc, args, date, t_start)
     print(markdown(doc))
     return 0
+
+
+def combine(results: list[dict]) -> dict:
+    """One runner's passes as one result: the median pass's figures, its ms the median of
+    the passes' (each pass's ms kept in passes_ms); a failed pass fails the runner."""
+    bad = [r for r in results if not r.get("ok")]
+    if bad:
+        return bad[0]
+    ranked = sorted(results, key=lambda r: r["ms"])
+    out = dict(ranked[(len(ranked) - 1) // 2])
+    out["ms"] = statistics.median(r["ms"] for r in results)
+    out["passes_ms"] = [r["ms"] for r in results]
+    return out
 
 
 def save(doc: dict, args: argparse.Namespace, date: str, t_start: float) -> None:
@@ -575,7 +599,10 @@ def markdown(doc: dict) -> str:
         "",
         f"Median ms of one finished forward (up to {doc['iters']} runs, at most "
         f"{doc['max_timed_s']:.0f} s of them, at least 5, after {doc['warmup']} warm-ups), "
-        "one fresh process per (model, runner). \"fails\": see the errors below.",
+        "one fresh process per (model, runner)"
+        + (f"; the median of {doc['passes']} passes, the runners in turn in each (every "
+           "pass below)" if doc.get("passes", 1) > 1 else "")
+        + ". \"fails\": see the errors below.",
         "",
         "| model | " + " | ".join(TITLES[r] for r in runners) + " |",
         "|---|" + "--:|" * len(runners),
@@ -583,6 +610,15 @@ def markdown(doc: dict) -> str:
     for name, m in doc["models"].items():
         lines.append(f"| {name} | " + " | ".join(
             cell(m["runners"].get(r), "ms", ".1f") for r in runners) + " |")
+    if doc.get("passes", 1) > 1:
+        lines += ["", "Every pass, ms:", "",
+                  "| model | " + " | ".join(TITLES[r] for r in runners) + " |",
+                  "|---|" + "--:|" * len(runners)]
+        for name, m in doc["models"].items():
+            lines.append(f"| {name} | " + " | ".join(
+                " / ".join(f"{x:.1f}" for x in m["runners"][r].get("passes_ms", []))
+                if r in m["runners"] and m["runners"][r].get("ok") else "-"
+                for r in runners) + " |")
     for title, key, spec, scale in (
             ("Output error vs eager fp32 (max norm-wise relative error over the outputs)",
              "rel_err_vs_eager_fp32", ".1e", 1.0),
