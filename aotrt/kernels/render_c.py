@@ -671,23 +671,39 @@ static inline int64_t aot_nthreads(int64_t n, int64_t cost, int64_t threads) {
     def _loops(self, k: ir.Kernel, body: str) -> str:
         """The loops over outer elements [begin, end) around `body`.
 
-        Rank >= 1: per row of the last outer dim, the leading coordinates once, then a loop
-        over the last coordinate itself, so that indices are affine in the loop variable
-        (no division per element) and the compiler can vectorise the row. The elements are
-        visited in the same order as a flat loop, each computed the same way.
+        Rank >= 1: a loop over the last coordinate itself, so that indices are affine in the
+        loop variable and the compiler can vectorise the row; the leading coordinates are
+        divided out once, at `begin`, and then stepped row by row with carries. Dividing
+        them out per row cost more than the row when rows are short (ResNet's stem
+        space-to-depth, rows of 2: 0.22 ms a run). The elements are visited in the same
+        order as a flat loop, each computed the same way.
         """
         if not k.shape:
             inner = "\n".join("  " + line for line in body.splitlines())
             return f"  for (int64_t it = begin; it < end; it++) {{\n{inner}\n  }}\n"
         last = len(k.shape) - 1
         n = k.shape[last]
-        lead = "".join(f"    {line}\n" for line in self.decompose("q", k.shape[:last], 0))
         inner = "\n".join("    " + line for line in body.splitlines())
-        return (f"  int64_t it = begin;\n"
+        lead = step = ""
+        if last:
+            # An empty range returns before dividing (a dim of size 0 has no elements).
+            lead = (f"  if (begin >= end) return;\n"
+                    f"  int64_t {', '.join(f'd{j}' for j in range(last))};\n"
+                    f"  {{\n    int64_t q = begin / {n}LL;\n")
+            for j in range(last - 1, 0, -1):
+                lead += f"    d{j} = q % {k.shape[j]}LL; q /= {k.shape[j]}LL;\n"
+            lead += "    d0 = q;\n  }\n"
+            # d_j wraps into d_{j-1}; d0 only grows (the loop ends before it passes its size)
+            step = "d0++;"
+            for j in range(1, last):
+                step = f"if (++d{j} == {k.shape[j]}LL) {{ d{j} = 0; {step} }}"
+            step = f"    {step}\n"
+        return (f"{lead}"
+                f"  int64_t it = begin, lo = begin % {n}LL;\n"
                 f"  while (it < end) {{\n"
-                f"    const int64_t q = it / {n}LL, lo = it % {n}LL;\n"
                 f"    const int64_t hi = end - it < {n}LL - lo ? lo + (end - it) : {n}LL;\n"
-                f"{lead}"
                 f"    for (int64_t d{last} = lo; d{last} < hi; d{last}++) {{\n{inner}\n    }}\n"
                 f"    it += hi - lo;\n"
+                f"    lo = 0;\n"
+                f"{step}"
                 f"  }}\n")

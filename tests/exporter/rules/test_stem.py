@@ -42,6 +42,8 @@ def test_rewritten_and_matches(c, k, pad, hw):
     # its input is written channels-last, as the convolution reads it (no transposes)
     conv = library_instrs(prog, "convolution")[0]
     assert prog.tensors[conv["ins"][0]]["strides"][1] == 1
+    # and by one gather from the input (no padded copy of it first)
+    assert len(prog.kernels) == 1, [k.name for k in prog.kernels]
 
 
 @pytest.mark.parametrize("why,c,k,layout", [
