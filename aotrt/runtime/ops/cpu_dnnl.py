@@ -69,7 +69,8 @@ class _Run:
         self.lib, self.engine = lib, engine
         self.objs: list[Any] = []
         self.bufs: list[np.ndarray] = []
-        weakref.finalize(self, _destroy_memories, lib, self.objs)
+        # At exit a daemon stream may still run a primitive on them: freeing buys nothing.
+        weakref.finalize(self, _destroy_memories, lib, self.objs).atexit = False
 
     def memory(self, md: Any, nbytes: int = 0) -> tuple[Any, int]:
         """A memory object of `md`, and a scratch address of `nbytes` for it (0: none)."""
@@ -126,7 +127,8 @@ class Dnnl:
             weakref.WeakKeyDictionary()
         self._local = threading.local()
         self.stats = {"created": 0, "hits": 0, "refused": 0, "runs": 0, "epilogues": 0,
-                      "packs": 0, "copies": 0, "numpy": 0, "array_runs": 0}
+                      "packs": 0, "copies": 0, "numpy": 0, "array_runs": 0,
+                      "winograd": 0}
         self._probe_impl: str | None = None   # the implementation of a probe matmul
         self._blas: Any = None      # threadpoolctl's controller of numpy's BLAS, or False
 
@@ -273,6 +275,23 @@ class Dnnl:
                       (ARG_SCRATCHPAD, m_scr)])
         self.stats["array_runs"] += 1
         return prim, mems, args, run
+
+    def fixed_matmul(self, a: np.ndarray, b: np.ndarray, out: np.ndarray,
+                     threads: int) -> "FixedMatmul | None":
+        """out = a @ b through oneDNN over these arrays, always these (a work's own buffers:
+        the handles are set once), for a stream of `threads` threads; None where no
+        FAST_MATMUL implementation takes them."""
+        dims = [_array_dims(x) for x in (a, b, out)]
+        if any(d is None for d in dims) or not a.ndim == b.ndim == out.ndim:
+            return None
+        entry = self._array_run(MatmulKey("float32", dims[0], dims[1], None, dims[2], threads))
+        if entry is None:
+            return None
+        prim, mems, args, run = entry
+        for mem, arr in zip(mems, (a, b, out)):
+            check(self.lib.dnnl_memory_set_data_handle(mem, arr.ctypes.data),
+                  "memory_set_data_handle")
+        return FixedMatmul(self, prim, args, (run, a, b, out))
 
     def convolution(self, key: ConvKey) -> ConvPrimitive | None:
         """The cached primitive for `key`, created now; None where oneDNN refuses it.
@@ -521,6 +540,27 @@ class Dnnl:
         check(self.lib.dnnl_stream_wait(self.stream()), "stream_wait")
 
 
+class FixedMatmul:
+    """A matmul over fixed buffers (Dnnl.fixed_matmul): run from Python, or as a native
+    plan's step."""
+
+    def __init__(self, dnnl: Dnnl, prim: MatmulPrimitive, args: Any, keep: Any) -> None:
+        self.dnnl, self.prim, self.args = dnnl, prim, args
+        self.keep = keep        # the memory objects and the arrays their handles point into
+
+    def run(self) -> None:
+        """Run it on the calling thread's stream and wait."""
+        lib, st = self.dnnl.lib, self.dnnl.stream()
+        check(lib.dnnl_primitive_execute(self.prim.prim, st, 4, self.args), "primitive execute")
+        check(lib.dnnl_stream_wait(st), "stream_wait")
+        self.dnnl.stats["runs"] += 1
+
+    def step(self) -> tuple[int, int, int, int, int, int, int, int]:
+        """Its native plan step (the plan's segment waits for the stream after its steps)."""
+        return (cpu_native.DNNL, cpu_native.address(self.dnnl.lib.dnnl_primitive_execute),
+                cpu_native.address(self.prim.prim), ctypes.addressof(self.args), 4, 0, 0, 0)
+
+
 def sole_read(w: Handle) -> bool:
     """Whether `w` is the whole of a constant that one program instruction alone reads
     (Allocation.sole_read, set by the delegate), dense, so that it may be re-laid in place."""
@@ -551,7 +591,7 @@ class _StreamHolder:
     """Destroys a thread's dnnl stream when the thread's local storage goes."""
 
     def __init__(self, lib: ctypes.CDLL, stream: Any) -> None:
-        weakref.finalize(self, lib.dnnl_stream_destroy, stream)
+        weakref.finalize(self, lib.dnnl_stream_destroy, stream).atexit = False
 
 
 def create(device: Any) -> Dnnl | None:

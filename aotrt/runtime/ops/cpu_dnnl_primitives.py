@@ -138,6 +138,8 @@ class Primitive:
         # Freed with the last work closure or cache entry that holds it.
         self._free = weakref.finalize(self, _destroy_objects, lib, self._owned_prim,
                                       self._owned_pd, self._owned_md)
+        # At exit a daemon stream may still run it (as a kernel library's code stays mapped).
+        self._free.atexit = False
         # Reordered copies of constant weights, by the constants' allocation and the view's
         # byte offset: a step rebuilt on every run (one that touches the run's inputs or
         # outputs) reorders its weights once, not on each run. An entry goes with its

@@ -227,3 +227,52 @@ def test_a_re_laid_weight_is_never_read_as_it_lies(dnnl, monkeypatch):
             plan.delete()
         with pytest.raises(AotrtError, match="re-laid"):
             d.run(torch.randn(16, 256).numpy())
+
+
+def test_fixed_matmul_runs_on_its_buffers(dnnl):
+    a, b = _rng(3, 9, 16), _rng(3, 16, 5)
+    out = np.full((3, 9, 5), np.nan, np.float32)
+    mm = dnnl.fixed_matmul(a, b, out, 1)
+    assert mm is not None
+    runs = dnnl.stats["runs"]
+    mm.run()
+    np.testing.assert_allclose(out, a @ b, rtol=1e-5, atol=1e-5)
+    assert dnnl.stats["runs"] == runs + 1
+    a[...] = _rng(3, 9, 16) + 1.0      # the same buffers, new contents: read again
+    mm.run()
+    np.testing.assert_allclose(out, a @ b, rtol=1e-5, atol=1e-5)
+    assert mm.step()[0] == cpu_dnnl.cpu_native.DNNL
+
+
+def test_fixed_matmul_refuses_what_onednn_cannot_describe(dnnl):
+    a, b = _rng(2, 4, 4), _rng(2, 4, 4)
+    assert dnnl.fixed_matmul(a.astype(np.float64), b, np.empty((2, 4, 4), np.float32), 1) is None
+    assert dnnl.fixed_matmul(a, b[0], np.empty((2, 4, 4), np.float32), 1) is None
+
+
+# A run still in flight when the interpreter exits: the delegate's teardown is a finalizer
+# like the oneDNN objects' own, and exit runs the newest first, so the primitives and their
+# memory objects were destroyed under the running work (a segfault on every try).
+_EXIT_SCRIPT = """
+import numpy as np, torch, aotrt
+m = torch.nn.Sequential(torch.nn.Conv2d(64, 64, 1), torch.nn.Conv2d(64, 64, 3, padding=1))
+x = torch.randn(1, 64, 56, 56)
+d = aotrt.load(aotrt.export(m.eval(), (x,)), device="cpu", threads=2)
+d.run(x.numpy())
+print("ok")
+"""
+
+
+def test_exit_with_a_run_in_flight_does_not_crash(dnnl, tmp_path):
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    pytest.importorskip("torch")
+    script = tmp_path / "exit_in_flight.py"
+    script.write_text(_EXIT_SCRIPT)
+    repo = Path(__file__).resolve().parents[3]
+    r = subprocess.run([sys.executable, str(script)], cwd=repo, capture_output=True, text=True,
+                       timeout=300, env={"PYTHONPATH": str(repo), "PATH": "/usr/bin"})
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert r.stdout.strip() == "ok"
