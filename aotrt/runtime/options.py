@@ -39,12 +39,20 @@ class Fp32Math:
 
     conv_tf32: bool = False
     matmul_tf32: bool = False
+    #: the largest output tile m of the cpu's Winograd F(m x m, 3 x 3) for 3x3 stride-1
+    #: convolutions (ops/cpu_winograd.py): 4 (ResNet-18 15% faster a run; one layer's error
+    #: 12 to 16 times the direct convolution's, about 1e-6 relative), 2 (within 2.5 times),
+    #: or 0 for none
+    conv_winograd: int = 4
 
     def __post_init__(self) -> None:
         for name in ("conv_tf32", "matmul_tf32"):
             if not isinstance(getattr(self, name), bool):
                 raise InvalidArgument(f"Fp32Math.{name}: expected a bool, got "
                                       f"{getattr(self, name)!r}")
+        if isinstance(self.conv_winograd, bool) or self.conv_winograd not in (0, 2, 4):
+            raise InvalidArgument(f"Fp32Math.conv_winograd: expected 0, 2 or 4, got "
+                                  f"{self.conv_winograd!r}")
 
 
 @dataclass(frozen=True)

@@ -315,6 +315,7 @@ class CpuDevice(Device):
         self._state_lock = threading.Lock()
         self._pools: Any = None
         self._attention: Any = None
+        self._winograd: Any = None
         self._native: Any = None
         # Per thread: the kernel thread count of the stream whose worker it is (CpuStream).
         self.worker = threading.local()
@@ -388,6 +389,13 @@ class CpuDevice(Device):
         from aotrt.runtime.ops.cpu_attention import FusedAttention
 
         return self._once("_attention", lambda: FusedAttention(self))
+
+    @property
+    def winograd(self) -> Any:
+        """The device's compiled Winograd transforms (ops/cpu_winograd.py), made on first use."""
+        from aotrt.runtime.ops.cpu_winograd import Winograd
+
+        return self._once("_winograd", lambda: Winograd(self))
 
     def native_runner(self) -> LoadedLibrary:
         """The C loop of native plans and the streams' queues (cpu_native.py, cpu_queue.py),

@@ -24,7 +24,8 @@ from numpy.lib.stride_tricks import as_strided
 
 from aotrt.errors import InvalidArgument
 from aotrt.runtime.device import Stream
-from aotrt.runtime.ops import _common as c
+from aotrt.runtime.ops import _common as c, cpu_winograd
+from aotrt.runtime.options import Fp32Math
 from aotrt.runtime.ops.cuda import conv as cuda_conv
 from aotrt.runtime.tensor import Handle
 
@@ -222,7 +223,7 @@ def convolution(stream: Stream, out: Handle, x: Handle, w: Handle, bias: Handle 
     p, _ = check_convolution(out, x, w, bias, stride, padding, dilation, transposed,
                              output_padding, groups, residual, activation)
     return c.launch(op, stream, [out], [x, w, bias, residual], _CONV, out, x, w, bias, p,
-                    residual, stream.options.fp32_math.conv_tf32)
+                    residual, stream.options.fp32_math)
 
 
 # -- cpu ----------------------------------------------------------------------------------------
@@ -376,11 +377,14 @@ def apply_epilogue(o: np.ndarray, res: np.ndarray | None, activation: str) -> No
 
 
 def _cpu_conv(out: Handle, x: Handle, w: Handle, bias: Handle | None, p: ConvParams,
-              residual: Handle | None = None, tf32: bool = False) -> Callable[[], None]:
+              residual: Handle | None = None, fp32: Fp32Math = Fp32Math()
+              ) -> Callable[[], None]:
     from aotrt.runtime.devices.cpu import host_array
 
-    del tf32    # the cpu has no TF32: float32 stays float32
-
+    # The cpu has no TF32; its float32 trade is Winograd's (ops/cpu_winograd.py).
+    wino = _winograd(out, x, w, bias, p, residual, fp32.conv_winograd)
+    if wino is not None:
+        return wino
     if residual is not None or p.activation != "none":
         # oneDNN applies the epilogue as post-ops of the convolution itself: one pass over
         # the output instead of three (ResNet's residual adds and ReLUs, YOLO's SiLUs)
@@ -401,6 +405,26 @@ def _cpu_conv(out: Handle, x: Handle, w: Handle, bias: Handle | None, p: ConvPar
         base()
         apply_epilogue(host_array(out), res, p.activation)
     return work
+
+
+def _winograd(out: Handle, x: Handle, w: Handle, bias: Handle | None, p: ConvParams,
+              residual: Handle | None, tile: int) -> Callable[[], None] | None:
+    """The Winograd work of a convolution it takes, or None."""
+    if not cpu_winograd.takes(out, x, w, bias, p, residual, tile):
+        return None
+    tile = cpu_winograd.tile_for(out, tile)
+    if not tile:
+        return None
+    budget = conv_cost(out, x, w, bias, p).scratch_bytes
+    from aotrt.runtime.ops.cpu_dnnl import stream_threads
+
+    return out.device.winograd.work(out, x, w, bias, p, residual, tile,
+                                    stream_threads(out.device), budget)
+
+
+def _cuda_conv(out: Handle, x: Handle, w: Handle, bias: Handle | None, p: ConvParams,
+               residual: Handle | None, fp32: Fp32Math) -> Any:
+    return cuda_conv.make_conv(out, x, w, bias, p, residual, fp32.conv_tf32)
 
 
 def _cpu_conv_only(out: Handle, x: Handle, w: Handle, bias: Handle | None,
@@ -436,4 +460,4 @@ def _cpu_conv_only(out: Handle, x: Handle, w: Handle, bias: Handle | None,
     return work
 
 
-_CONV: dict[str, Callable[..., Any]] = {"cpu": _cpu_conv, "cuda": cuda_conv.make_conv}
+_CONV: dict[str, Callable[..., Any]] = {"cpu": _cpu_conv, "cuda": _cuda_conv}

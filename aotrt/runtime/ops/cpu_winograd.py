@@ -1,0 +1,358 @@
+"""Winograd convolution for the cpu device: a float32 3x3, stride-1, undilated, ungrouped
+channels-last convolution as F(m x m, 3 x 3) (Lavin and Gray, 2015), m = 2 or 4.
+
+    V[xi, t, c] = (B^T d B)[xi]      d: the (m + 2)^2 input patch of tile t (0 outside)
+    U[xi, c, o] = (G g G^T)[xi]      g: the 3 x 3 kernel; made once, from constant weights
+    M[xi]       = V[xi] @ U[xi]      (m + 2)^2 GEMMs of tiles x C by C x O: oneDNN's matmul
+    out         = act(A^T M A + bias + residual)   per tile, written into the output view
+
+Two C kernels beside this file's Python do the transforms, 16 channels a vector; the GEMMs
+are one batched oneDNN matmul. F(2, 3) multiplies 2.25 times less than the direct
+convolution and F(4, 3) 4 times less. oneDNN 3.2 has no Winograd implementation on x64,
+and its direct brgemm convolution runs ResNet's 3x3 layers at about 220 GFLOP/s on two
+AVX-512 cores, where the batched GEMMs of F(4, 3) at 56 x 56 x 64 take a third of its time.
+
+Rounding: F(2, 3)'s transforms are exact in binary (0, +-1, +-1/2), and its error against
+float64 was 1.7 to 2.5 times the direct convolution's (2.8e-7 against 1.6e-7, 64 to 512
+channels); F(4, 3)'s transforms round (1/6, 1/24), and its error was 12 to 16 times the
+direct one's (1.9e-6 to 4.8e-6). Which one runs is Fp32Math.conv_winograd (0: none).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import logging
+import threading
+from typing import TYPE_CHECKING, Any, Callable
+
+import numpy as np
+
+from aotrt.runtime.devices import cpu_native
+from aotrt.runtime.ops import _common as c
+from aotrt.runtime.tensor import Handle, host_array
+
+if TYPE_CHECKING:
+    from aotrt.runtime.devices.cpu import CpuDevice, LoadedLibrary
+    from aotrt.runtime.ops.conv import ConvParams
+
+log = logging.getLogger(__name__)
+
+#: the output tile sizes the kernels have (Fp32Math.conv_winograd)
+TILES = (2, 4)
+#: channels a vector (the kernels take input and output channels in whole vectors)
+LANES = 16
+#: the activation codes the output kernel applies (conv.ACTIVATIONS it has)
+ACTIVATION_CODES = {"none": 0, "relu": 1, "relu6": 2}
+#: the int64 parameter block's length
+_NPARAMS = 26
+SYMBOLS = ("aot_wino_input", "aot_wino_output")
+
+# The transforms (Lavin and Gray's matrices): B^T (alpha x alpha), G (alpha x 3), A^T.
+BT = {2: [[1, 0, -1, 0], [0, 1, 1, 0], [0, -1, 1, 0], [0, 1, 0, -1]],
+       4: [[4, 0, -5, 0, 1, 0], [0, -4, -4, 1, 1, 0], [0, 4, -4, -1, 1, 0],
+           [0, -2, -1, 2, 1, 0], [0, 2, -1, -2, 1, 0], [0, 4, 0, -5, 0, 1]]}
+G = {2: [[1, 0, 0], [.5, .5, .5], [.5, -.5, .5], [0, 0, 1]],
+      4: [[1 / 4, 0, 0], [-1 / 6, -1 / 6, -1 / 6], [-1 / 6, 1 / 6, -1 / 6],
+          [1 / 24, 1 / 12, 1 / 6], [1 / 24, -1 / 12, 1 / 6], [0, 0, 1]]}
+AT = {2: [[1, 1, 1, 0], [0, 1, -1, -1]],
+       4: [[1, 1, 1, 1, 1, 0], [0, 1, -1, 2, -2, 0], [0, 1, 1, 4, 4, 0],
+           [0, 1, -1, 8, -8, 1]]}
+
+SOURCE = r"""
+#include <stdint.h>
+#include <string.h>
+int32_t aotrt_error = 0;
+
+typedef float v16 __attribute__((vector_size(64)));
+
+static inline v16 ld(const float *p) { v16 v; memcpy(&v, p, sizeof v); return v; }
+static inline void st(float *p, v16 v) { memcpy(p, &v, sizeof v); }
+
+/* The 1-D transforms, written out: a product by a 0 or a 1 is never taken, so a NaN or an
+   infinity in the input reaches exactly the outputs the matrices say. */
+static inline void bt4(const v16 *d, int s, v16 *r, int rs) {
+    r[0] = d[0] - d[2 * s];
+    r[rs] = d[s] + d[2 * s];
+    r[2 * rs] = d[2 * s] - d[s];
+    r[3 * rs] = d[s] - d[3 * s];
+}
+static inline void bt6(const v16 *d, int s, v16 *r, int rs) {
+    v16 d0 = d[0], d1 = d[s], d2 = d[2 * s], d3 = d[3 * s], d4 = d[4 * s], d5 = d[5 * s];
+    r[0] = 4.0f * d0 - 5.0f * d2 + d4;
+    r[rs] = -4.0f * d1 - 4.0f * d2 + d3 + d4;
+    r[2 * rs] = 4.0f * d1 - 4.0f * d2 - d3 + d4;
+    r[3 * rs] = -2.0f * d1 - d2 + 2.0f * d3 + d4;
+    r[4 * rs] = 2.0f * d1 - d2 - 2.0f * d3 + d4;
+    r[5 * rs] = 4.0f * d1 - 5.0f * d3 + d5;
+}
+static inline void at4(const v16 *m, int s, v16 *y, int ys) {
+    y[0] = m[0] + m[s] + m[2 * s];
+    y[ys] = m[s] - m[2 * s] - m[3 * s];
+}
+static inline void at6(const v16 *m, int s, v16 *y, int ys) {
+    v16 m1 = m[s], m2 = m[2 * s], m3 = m[3 * s], m4 = m[4 * s];
+    v16 a = m1 + m2, b = m1 - m2, e = m3 + m4, f = m3 - m4;
+    y[0] = m[0] + a + e;
+    y[ys] = b + 2.0f * f;
+    y[2 * ys] = a + 4.0f * e;
+    y[3 * ys] = b + 8.0f * f + m[5 * s];
+}
+
+/* p: 0 N, 1 H, 2 W, 3 C, 4 OH, 5 OW, 6 O, 7 pad top, 8 pad left, 9 tile rows, 10 tile cols,
+   11 tiles (T), 12-15 x's strides (n, c, h, w), 16-19 out's, 20-23 the residual's, 24 the
+   activation, 25 m. Elements; the channel strides are 1. */
+
+/* V[xi][t][c] for the tiles [t0, t1). */
+static void input_tiles(char **P, int64_t t0, int64_t t1) {
+    const float *x = (const float *)P[0];
+    float *V = (float *)P[1];
+    const int64_t *p = (const int64_t *)P[2];
+    const int64_t H = p[1], W = p[2], C = p[3], th = p[9], tw = p[10], T = p[11], m = p[25];
+    const int a = (int)m + 2;
+    const v16 zero = {0};
+    for (int64_t t = t0; t < t1; t++) {
+        int64_t n = t / (th * tw), r = t % (th * tw);
+        int64_t h0 = r / tw * m - p[7], w0 = r % tw * m - p[8];
+        for (int64_t c0 = 0; c0 < C; c0 += 16) {
+            v16 d[36], u[36];
+            for (int i = 0; i < a; i++)
+                for (int j = 0; j < a; j++) {
+                    int64_t h = h0 + i, w = w0 + j;
+                    d[i * a + j] = (h >= 0 && h < H && w >= 0 && w < W)
+                        ? ld(x + n * p[12] + h * p[14] + w * p[15] + c0) : zero;
+                }
+            if (a == 4) {
+                for (int j = 0; j < 4; j++) bt4(d + j, 4, u + j, 4);     /* B^T d */
+                for (int i = 0; i < 4; i++) bt4(u + 4 * i, 1, d + 4 * i, 1);  /* (.) B */
+            } else {
+                for (int j = 0; j < 6; j++) bt6(d + j, 6, u + j, 6);
+                for (int i = 0; i < 6; i++) bt6(u + 6 * i, 1, d + 6 * i, 1);
+            }
+            for (int xi = 0; xi < a * a; xi++) st(V + (xi * T + t) * C + c0, d[xi]);
+        }
+    }
+}
+
+/* out's tiles [t0, t1) from M[xi][t][o], with the bias, the residual and the activation. */
+static void output_tiles(char **P, int64_t t0, int64_t t1) {
+    const float *M = (const float *)P[0], *bias = (const float *)P[2];
+    const float *res = (const float *)P[3];
+    float *out = (float *)P[1];
+    const int64_t *p = (const int64_t *)P[4];
+    const int64_t OH = p[4], OW = p[5], O = p[6], th = p[9], tw = p[10], T = p[11];
+    const int64_t act = p[24], m = p[25];
+    const int a = (int)m + 2;
+    for (int64_t t = t0; t < t1; t++) {
+        int64_t n = t / (th * tw), r = t % (th * tw);
+        int64_t h0 = r / tw * m, w0 = r % tw * m;
+        for (int64_t o0 = 0; o0 < O; o0 += 16) {
+            v16 q[36], u[24], y[16];
+            for (int xi = 0; xi < a * a; xi++) q[xi] = ld(M + (xi * T + t) * O + o0);
+            if (a == 4) {
+                for (int j = 0; j < 4; j++) at4(q + j, 4, u + j, 4);      /* A^T q: 2 x 4 */
+                for (int i = 0; i < 2; i++) at4(u + 4 * i, 1, y + 2 * i, 1);  /* 2 x 2 */
+            } else {
+                for (int j = 0; j < 6; j++) at6(q + j, 6, u + j, 6);      /* 4 x 6 */
+                for (int i = 0; i < 4; i++) at6(u + 6 * i, 1, y + 4 * i, 1);  /* 4 x 4 */
+            }
+            v16 b = {0};
+            if (bias) b = ld(bias + o0);
+            for (int i = 0; i < m; i++) {
+                int64_t h = h0 + i;
+                if (h >= OH) break;
+                for (int j = 0; j < m; j++) {
+                    int64_t w = w0 + j;
+                    if (w >= OW) break;
+                    v16 v = y[i * m + j];
+                    if (bias) v += b;
+                    if (res) v += ld(res + n * p[20] + h * p[22] + w * p[23] + o0);
+                    /* NaN stays NaN, as in torch's relu and hardtanh */
+                    if (act == 1)
+                        for (int l = 0; l < 16; l++) v[l] = v[l] < 0.0f ? 0.0f : v[l];
+                    else if (act == 2)
+                        for (int l = 0; l < 16; l++)
+                            v[l] = v[l] < 0.0f ? 0.0f : (v[l] > 6.0f ? 6.0f : v[l]);
+                    st(out + n * p[16] + h * p[18] + w * p[19] + o0, v);
+                }
+            }
+        }
+    }
+}
+
+static void split(void (*range)(char **, int64_t, int64_t), char **P, int64_t begin,
+                  int64_t end, int64_t threads) {
+    const int64_t n = end - begin, nt = threads < n ? threads : n;
+    if (nt <= 1) { range(P, begin, end); return; }
+    const int64_t chunk = n / nt, rem = n % nt;
+    #pragma omp parallel for num_threads(nt) schedule(static, 1)
+    for (int64_t c = 0; c < nt; c++) {
+        const int64_t lo = begin + c * chunk + (c < rem ? c : rem);
+        range(P, lo, lo + chunk + (c < rem ? 1 : 0));
+    }
+}
+
+void aot_wino_input(char **P, int64_t begin, int64_t end, int64_t threads) {
+    split(input_tiles, P, begin, end, threads);
+}
+void aot_wino_output(char **P, int64_t begin, int64_t end, int64_t threads) {
+    split(output_tiles, P, begin, end, threads);
+}
+"""
+
+
+def takes(out: Handle, x: Handle, w: Handle, bias: Handle | None, p: "ConvParams",
+          residual: Handle | None, tile: int) -> bool:
+    """Whether the Winograd path takes this convolution: `tile` one of TILES, float32, 2-D,
+    3x3, stride 1, undilated, ungrouped, padding at most 2, channels-last activations
+    (channel stride 1) with channels in whole vectors, constant weights, a dense bias, and
+    an output that shares no bytes with what it reads."""
+    if tile not in TILES or p.transposed or p.groups != 1 or w.ndim != 4:
+        return False
+    if any(h is not None and h.dtype.name != "float32" for h in (out, x, w, bias, residual)):
+        return False
+    if tuple(w.sizes[2:]) != (3, 3) or p.stride != (1, 1) or p.dilation != (1, 1):
+        return False
+    if any(q > 2 for q in p.padding) or not p.batched or p.activation not in ACTIVATION_CODES:
+        return False
+    if w.alloc is None or w.alloc.kind != "constants":
+        return False
+    o, cin = w.sizes[:2]
+    if o % LANES or cin % LANES or 0 in x.sizes:
+        return False
+    acts = [h for h in (out, x, residual) if h is not None]
+    if any(h.alloc is None or h.strides[1] != 1 for h in acts):
+        return False
+    if bias is not None and bias.strides[0] != 1:
+        return False
+    return not any(c.overlaps(out, h) for h in (x, w, bias, residual) if h is not None)
+
+
+#: the fewest output tiles per image a tile size is used for: fewer tiles make the GEMMs
+#: too short for their transformed weights, (m + 2)^2 / 9 times the kernel's bytes, read
+#: on every run (set from ResNet-18's and -50's layers, 2 cores, 2026-12-05)
+MIN_TILES = {4: 49, 2: 49}
+
+
+def tile_for(out: Handle, tile: int) -> int:
+    """The output tile the convolution writing `out` is run with, at most `tile` (0: none)."""
+    oh, ow = out.sizes[-2:]
+    for m in (4, 2):
+        if m <= tile and -(-oh // m) * -(-ow // m) >= MIN_TILES[m]:
+            return m
+    return 0
+
+
+def transformed_weights(w: np.ndarray, tile: int) -> np.ndarray:
+    """U[xi, c, o] = (G g G^T) of the (O, C, 3, 3) weights, in float64, rounded once to
+    float32, laid out (alpha^2, C, O) as the GEMMs read it."""
+    g = np.asarray(G[tile], np.float64)
+    u = np.einsum("ia,ocab,jb->ijco", g, w.astype(np.float64), g)
+    a = tile + 2
+    return np.ascontiguousarray(u.reshape(a * a, w.shape[1], w.shape[0]), dtype=np.float32)
+
+
+def _aligned(shape: tuple[int, ...]) -> np.ndarray:
+    """A float32 array of `shape`, 64-byte aligned (the GEMMs' and the vectors' rows)."""
+    n = int(np.prod(shape))
+    raw = np.empty(n + 16, np.float32)
+    start = (-raw.ctypes.data % 64) // 4
+    return raw[start:start + n].reshape(shape)
+
+
+class Winograd:
+    """The cpu device's Winograd kernels (one library: every shape is a parameter)."""
+
+    def __init__(self, device: "CpuDevice") -> None:
+        self._device = device
+        self._lock = threading.Lock()
+        self._loaded: "LoadedLibrary | None" = None
+
+    def library(self) -> "LoadedLibrary":
+        """The compiled transforms, built on first use."""
+        with self._lock:
+            if self._loaded is None:
+                self._loaded = self._device.c_library(SOURCE, list(SYMBOLS))
+            return self._loaded
+
+    def work(self, out: Handle, x: Handle, w: Handle, bias: Handle | None, p: "ConvParams",
+             residual: Handle | None, tile: int, threads: int,
+             budget: int) -> Callable[[], None] | None:
+        """The work closure of the convolution (views checked by `takes`), or None where
+        oneDNN has no fast batched GEMM for it or its buffers would pass `budget` bytes.
+        Geometry, buffers and the GEMM are fixed now; the weights are transformed on the
+        first run, from the constant's bytes as they are then. `threads`: the stream's, which
+        the GEMM is made for; the transforms take the running worker's."""
+        dnnl = self._device.dnnl
+        if dnnl is None:
+            return None
+        n, cin, h, wd = x.sizes
+        o, oh, ow = out.sizes[1], out.sizes[2], out.sizes[3]
+        a = tile + 2
+        th, tw = -(-oh // tile), -(-ow // tile)
+        tiles = n * th * tw
+        if 4 * a * a * tiles * (cin + o) > budget:
+            log.debug("Winograd F(%d, 3) of %s needs more than %d scratch bytes", tile,
+                      list(out.sizes), budget)
+            return None
+        V, M = _aligned((a * a, tiles, cin)), _aligned((a * a, tiles, o))
+        U = _aligned((a * a, cin, o))
+        gemm = dnnl.fixed_matmul(V, U, M, threads)
+        if gemm is None:
+            return None
+        params = np.zeros(_NPARAMS, np.int64)
+        res_strides = residual.strides if residual is not None else (0, 0, 0, 0)
+        params[:12] = (n, h, wd, cin, oh, ow, o, p.padding[0], p.padding[1], th, tw, tiles)
+        params[12:24] = (*x.strides, *out.strides, *res_strides)
+        params[24:] = (ACTIVATION_CODES[p.activation], tile)
+        loaded = self.library()
+        label = f"winograd F({tile}, 3) {list(x.sizes)} -> {list(out.sizes)}"
+        filled: list[bool] = []
+        worker, stats = self._device.worker, dnnl.stats
+
+        def fill() -> None:
+            U[...] = transformed_weights(host_array(w), tile)
+            filled.append(True)
+
+        def pointers() -> tuple[Any, Any]:
+            zero = None
+            ins = (ctypes.c_void_p * 3)(x.address, V.ctypes.data, params.ctypes.data)
+            outs = (ctypes.c_void_p * 5)(
+                M.ctypes.data, out.address, zero if bias is None else bias.address,
+                zero if residual is None else residual.address, params.ctypes.data)
+            return ins, outs
+
+        def work() -> None:
+            if not filled:
+                fill()
+            ins, outs = pointers()
+            nt = getattr(worker, "threads", 1)
+            loaded.call(SYMBOLS[0], label, ins, tiles, nt)
+            gemm.run()
+            loaded.call(SYMBOLS[1], label, outs, tiles, nt)
+            stats["winograd"] += 1
+
+        def native() -> cpu_native.Native | None:
+            if not filled:
+                return None
+            ins, outs = pointers()
+            nt = getattr(worker, "threads", 1)
+            first = cpu_native.kernel(loaded, SYMBOLS[0], label, ins, tiles, nt)
+            last = cpu_native.kernel(loaded, SYMBOLS[1], label, outs, tiles, nt)
+            return cpu_native.Native(first.steps + [gemm.step()] + last.steps,
+                                     keep=[ins, outs, gemm], library=loaded, label=label,
+                                     dnnl=dnnl, counts={"runs": 1, "winograd": 1})
+
+        work.native = native  # type: ignore[attr-defined]
+        work.keep = (V, M, U, params, gemm, loaded)  # type: ignore[attr-defined]
+        return work
+
+    def close(self) -> None:
+        """Let the compiled library go."""
+        with self._lock:
+            if self._loaded is not None:
+                self._loaded.close()
+                self._loaded = None
+
+
+__all__ = ["ACTIVATION_CODES", "AT", "BT", "G", "LANES", "MIN_TILES", "SOURCE", "SYMBOLS", "TILES",
+           "Winograd", "takes", "tile_for", "transformed_weights"]

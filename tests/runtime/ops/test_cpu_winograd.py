@@ -1,0 +1,167 @@
+"""The cpu device's Winograd convolution (aotrt/runtime/ops/cpu_winograd.py): which
+convolutions it takes, the weight transform, and whole programs through it against float64
+torch, in the Python and the native plan paths."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import aotrt
+from aotrt.errors import InvalidArgument
+from aotrt.runtime.device import get_device
+from aotrt.runtime.ops import cpu_dnnl, cpu_winograd
+
+torch = pytest.importorskip("torch")
+
+
+@pytest.fixture
+def dnnl():
+    """The cpu device's oneDNN state (the GEMMs' library); skips without onednn-cpu-gomp."""
+    if cpu_dnnl.find_library() is None:
+        pytest.skip(f"{cpu_dnnl.DIST} is not installed")
+    d = get_device("cpu").dnnl
+    assert d is not None
+    return d
+
+
+class _Block(torch.nn.Module):
+    """A 1x1 convolution (so the 3x3 one reads a channels-last activation), then a 3x3 one
+    with the given padding and epilogue."""
+
+    def __init__(self, c: int, o: int, padding: int, bias: bool, epilogue: str) -> None:
+        super().__init__()
+        self.pre = torch.nn.Conv2d(c, c, 1)
+        self.conv = torch.nn.Conv2d(c, o, 3, padding=padding, bias=bias)
+        self.epilogue = epilogue
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = self.pre(x)
+        z = self.conv(y)
+        if self.epilogue in ("residual", "residual_relu"):
+            z = z + y
+        if self.epilogue in ("relu", "residual_relu"):
+            z = torch.relu(z)
+        if self.epilogue == "relu6":
+            z = torch.nn.functional.relu6(z)
+        return z
+
+
+def _rel(got: np.ndarray, ref: np.ndarray) -> float:
+    return float(np.linalg.norm(got - ref) / np.linalg.norm(ref))
+
+
+@pytest.mark.parametrize("tile", [2, 4])
+@pytest.mark.parametrize("case", [
+    # (channels in, out, size, batch, padding, bias, epilogue)
+    (16, 32, 28, 1, 1, True, "none"),
+    (32, 16, 29, 2, 1, False, "relu"),           # partial tiles at the edges, a batch
+    (16, 16, 30, 1, 0, True, "relu6"),           # no padding
+    (16, 16, 27, 1, 2, True, "relu"),            # padding 2
+    (16, 16, 27, 1, 1, True, "residual_relu"),   # the residual in the epilogue
+    (32, 32, 28, 1, 1, True, "residual"),
+])
+def test_programs_through_winograd_match_float64(dnnl, monkeypatch, tile, case) -> None:
+    monkeypatch.setattr(cpu_winograd, "MIN_TILES", {4: 1, 2: 1})
+    c, o, size, n, padding, bias, epilogue = case
+    if epilogue.startswith("residual"):
+        o = c
+    torch.manual_seed(sum(case[:4]) + tile)
+    m = _Block(c, o, padding, bias, epilogue).eval()
+    x = torch.randn(n, c, size, size)
+    prog = aotrt.export(m, (x,), layout="channels_last")
+    with torch.no_grad():
+        ref = m.double()(x.double()).numpy()
+        eager = m.float()(x).numpy()
+    before = dnnl.stats["winograd"]
+    with aotrt.load(prog, device="cpu", fp32_math=aotrt.Fp32Math(conv_winograd=tile)) as d:
+        for _ in range(2):
+            got = np.asarray(d.run(x.numpy())[0])
+    assert dnnl.stats["winograd"] - before == 2
+    # F(4, 3)'s transforms round: its error is about ten times the direct convolution's
+    bound = max(_rel(eager, ref), 1e-7) * (40 if tile == 4 else 10)
+    assert _rel(got, ref) <= bound
+
+
+def test_a_nan_reaches_exactly_the_outputs_whose_window_holds_it(dnnl, monkeypatch) -> None:
+    monkeypatch.setattr(cpu_winograd, "MIN_TILES", {4: 1, 2: 1})
+    torch.manual_seed(3)
+    conv = torch.nn.Conv2d(16, 16, 3, padding=1).eval()
+    m = torch.nn.Sequential(torch.nn.Conv2d(16, 16, 1), conv).eval()
+    x = torch.randn(1, 16, 12, 12)
+    prog = aotrt.export(m, (x,), layout="channels_last")
+    x[0, :, 5, 6] = float("nan")
+    with torch.no_grad():
+        ref = m(x).numpy()
+    for tile in (2, 4):
+        with aotrt.load(prog, device="cpu", fp32_math=aotrt.Fp32Math(conv_winograd=tile)) as d:
+            got = np.asarray(d.run(x.numpy())[0])
+        # A Winograd tile mixes its whole input patch: every output of a tile whose patch
+        # holds the NaN is NaN, a superset of the direct convolution's NaNs.
+        assert np.isnan(got[np.isnan(ref)]).all()
+        rows, cols = np.nonzero(np.isnan(got[0, 0]))
+        assert rows.min() >= 4 - tile and rows.max() <= 7 + tile
+        assert cols.min() >= 5 - tile and cols.max() <= 7 + tile
+        finite = ~np.isnan(got)
+        np.testing.assert_allclose(got[finite], ref[finite], rtol=1e-4, atol=1e-4)
+
+
+def test_the_direct_convolution_runs_where_winograd_is_off(dnnl) -> None:
+    m = _Block(16, 16, 1, True, "none").eval()
+    x = torch.randn(1, 16, 28, 28)
+    prog = aotrt.export(m, (x,), layout="channels_last")
+    before = dnnl.stats["winograd"]
+    with aotrt.load(prog, device="cpu", fp32_math=aotrt.Fp32Math(conv_winograd=0)) as d:
+        d.run(x.numpy())
+    assert dnnl.stats["winograd"] == before
+
+
+@pytest.mark.parametrize("what", ["stride", "groups", "channels", "nchw", "dilation"])
+def test_what_winograd_does_not_take(dnnl, what) -> None:
+    conv = {"stride": torch.nn.Conv2d(16, 16, 3, stride=2, padding=1),
+            "groups": torch.nn.Conv2d(16, 16, 3, padding=1, groups=2),
+            "channels": torch.nn.Conv2d(16, 24, 3, padding=1),
+            "nchw": torch.nn.Conv2d(16, 16, 3, padding=1),
+            "dilation": torch.nn.Conv2d(16, 16, 3, padding=2, dilation=2)}[what]
+    m = torch.nn.Sequential(torch.nn.Conv2d(16, 16, 1), conv).eval()
+    x = torch.randn(1, 16, 28, 28)
+    layout = "contiguous" if what == "nchw" else "channels_last"
+    prog = aotrt.export(m, (x,), layout=layout)
+    before = dnnl.stats["winograd"]
+    with aotrt.load(prog, device="cpu", fp32_math=aotrt.Fp32Math(conv_winograd=4)) as d:
+        got = np.asarray(d.run(x.numpy())[0])
+    assert dnnl.stats["winograd"] == before
+    with torch.no_grad():
+        np.testing.assert_allclose(got, m(x).numpy(), rtol=1e-4, atol=1e-4)
+
+
+def test_the_tile_follows_the_output_size() -> None:
+    class Out:
+        def __init__(self, h: int, w: int) -> None:
+            self.sizes = (1, 64, h, w)
+
+    assert cpu_winograd.tile_for(Out(56, 56), 4) == 4
+    assert cpu_winograd.tile_for(Out(56, 56), 2) == 2
+    assert cpu_winograd.tile_for(Out(14, 14), 4) == 2     # 16 tiles of 4: too few
+    assert cpu_winograd.tile_for(Out(7, 7), 4) == 0
+    assert cpu_winograd.tile_for(Out(56, 56), 0) == 0
+
+
+def test_transformed_weights_give_the_direct_convolution() -> None:
+    rng = np.random.default_rng(0)
+    w = rng.standard_normal((32, 16, 3, 3))
+    d = rng.standard_normal((16, 6, 6))
+    direct = np.stack([[np.einsum("ocab,cab->o", w, d[:, i:i + 3, j:j + 3])
+                        for j in range(4)] for i in range(4)])            # (4, 4, O)
+    bt, at = np.asarray(cpu_winograd.BT[4], float), np.asarray(cpu_winograd.AT[4], float)
+    u = cpu_winograd.transformed_weights(w, 4).astype(np.float64).reshape(6, 6, 16, 32)
+    v = np.einsum("ia,cab,jb->ijc", bt, d, bt)
+    y = np.einsum("ai,ijo,bj->abo", at, np.einsum("ijc,ijco->ijo", v, u), at)
+    # U is rounded to float32 once: the result is float32-close, not exact
+    assert np.linalg.norm(y - direct) <= 1e-6 * np.linalg.norm(direct)
+
+
+@pytest.mark.parametrize("bad", [3, 1, -2, True, "4", None])
+def test_fp32math_refuses_other_tiles(bad) -> None:
+    with pytest.raises(InvalidArgument, match="conv_winograd"):
+        aotrt.Fp32Math(conv_winograd=bad)
