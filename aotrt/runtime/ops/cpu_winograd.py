@@ -27,6 +27,7 @@ from typing import TYPE_CHECKING, Any, Callable
 
 import numpy as np
 
+from aotrt.kernels.math_c import MATH_C
 from aotrt.runtime.devices import cpu_native
 from aotrt.runtime.ops import _common as c
 from aotrt.runtime.tensor import Handle, host_array
@@ -42,7 +43,7 @@ TILES = (2, 4)
 #: channels a vector (the kernels take input and output channels in whole vectors)
 LANES = 16
 #: the activation codes the output kernel applies (conv.ACTIVATIONS it has)
-ACTIVATION_CODES = {"none": 0, "relu": 1, "relu6": 2}
+ACTIVATION_CODES = {"none": 0, "relu": 1, "relu6": 2, "silu": 3}
 #: the int64 parameter block's length
 _NPARAMS = 26
 SYMBOLS = ("aot_wino_input", "aot_wino_output")
@@ -61,7 +62,9 @@ AT = {2: [[1, 1, 1, 0], [0, 1, -1, -1]],
 SOURCE = r"""
 #include <stdint.h>
 #include <string.h>
+#include <math.h>
 int32_t aotrt_error = 0;
+""" + MATH_C + r"""
 
 typedef float v16 __attribute__((vector_size(64)));
 
@@ -172,6 +175,8 @@ static void output_tiles(char **P, int64_t t0, int64_t t1) {
                     else if (act == 2)
                         for (int l = 0; l < 16; l++)
                             v[l] = v[l] < 0.0f ? 0.0f : (v[l] > 6.0f ? 6.0f : v[l]);
+                    else if (act == 3)    /* x / (1 + exp(-x)), as the generated kernels */
+                        for (int l = 0; l < 16; l++) v[l] = v[l] / (1.0f + aot_expf(-v[l]));
                     st(out + n * p[16] + h * p[18] + w * p[19] + o0, v);
                 }
             }

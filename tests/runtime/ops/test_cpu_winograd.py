@@ -44,6 +44,8 @@ class _Block(torch.nn.Module):
             z = torch.relu(z)
         if self.epilogue == "relu6":
             z = torch.nn.functional.relu6(z)
+        if self.epilogue == "silu":
+            z = torch.nn.functional.silu(z)
         return z
 
 
@@ -60,6 +62,7 @@ def _rel(got: np.ndarray, ref: np.ndarray) -> float:
     (16, 16, 27, 1, 2, True, "relu"),            # padding 2
     (16, 16, 27, 1, 1, True, "residual_relu"),   # the residual in the epilogue
     (32, 32, 28, 1, 1, True, "residual"),
+    (16, 32, 20, 1, 1, True, "silu"),
 ])
 def test_programs_through_winograd_match_float64(dnnl, monkeypatch, tile, case) -> None:
     monkeypatch.setattr(cpu_winograd, "MIN_TILES", {4: 1, 2: 1})
