@@ -276,22 +276,45 @@ class Dnnl:
         self.stats["array_runs"] += 1
         return prim, mems, args, run
 
-    def fixed_matmul(self, a: np.ndarray, b: np.ndarray, out: np.ndarray,
-                     threads: int) -> "FixedMatmul | None":
+    def fixed_matmul(self, a: np.ndarray, b: np.ndarray, out: np.ndarray, threads: int,
+                     pack: bool = False) -> "FixedMatmul | None":
         """out = a @ b through oneDNN over these arrays, always these (a work's own buffers:
         the handles are set once), for a stream of `threads` threads; None where no
-        FAST_MATMUL implementation takes them."""
+        FAST_MATMUL implementation takes them. With `pack`, b is constant: where the
+        implementation chooses another layout for it, the matmul reads a copy in that
+        layout, which `FixedMatmul.pack` makes, and b itself is no longer needed."""
         dims = [_array_dims(x) for x in (a, b, out)]
         if any(d is None for d in dims) or not a.ndim == b.ndim == out.ndim:
             return None
-        entry = self._array_run(MatmulKey("float32", dims[0], dims[1], None, dims[2], threads))
-        if entry is None:
+        prim = self.matmul(MatmulKey("float32", dims[0], dims[1], None, dims[2], threads,
+                                     pack))
+        if prim is None or not prim.impl.startswith(FAST_MATMUL):
             return None
-        prim, mems, args, run = entry
-        for mem, arr in zip(mems, (a, b, out)):
-            check(self.lib.dnnl_memory_set_data_handle(mem, arr.ctypes.data),
-                  "memory_set_data_handle")
-        return FixedMatmul(self, prim, args, (run, a, b, out))
+        run = _Run(self.lib, self.engine)
+        m_src, m_w, m_dst = (run.memory(md)[0] for md in (prim.src.user_md, prim.w.impl_md,
+                                                           prim.dst.user_md))
+        m_scr, a_scr = run.memory(prim.scratch_md, prim.scratch_bytes)
+        packed = None
+        if prim.w.reorder is not None:
+            packed, a_w = aligned(prim.w.bytes)
+        sets = [(m_src, a.ctypes.data), (m_w, b.ctypes.data if packed is None else a_w),
+                (m_dst, out.ctypes.data)] + ([(m_scr, a_scr)] if a_scr else [])
+        for mem, where in sets:
+            check(self.lib.dnnl_memory_set_data_handle(mem, where), "memory_set_data_handle")
+        args = _args([(ARG_SRC, m_src), (ARG_WEIGHTS, m_w), (ARG_DST, m_dst),
+                      (ARG_SCRATCHPAD, m_scr)])
+        reorder = None
+        if packed is not None:
+            m_user, _ = run.memory(prim.w.user_md)
+            m_rs, a_rs = run.memory(prim.w.reorder_scratch_md, prim.w.reorder_scratch_bytes)
+            if a_rs:
+                check(self.lib.dnnl_memory_set_data_handle(m_rs, a_rs),
+                      "memory_set_data_handle")
+            reorder = (prim.w.reorder, m_user, _args([(ARG_SRC, m_user), (ARG_DST, m_w),
+                                                      (ARG_SCRATCHPAD, m_rs)]))
+        # b is read in place unless packed: then only its layout is kept, for `pack`
+        keep = (run, a, out, packed) if packed is not None else (run, a, b, out)
+        return FixedMatmul(self, prim, args, reorder, (b.shape, b.strides), keep)
 
     def convolution(self, key: ConvKey) -> ConvPrimitive | None:
         """The cached primitive for `key`, created now; None where oneDNN refuses it.
@@ -544,9 +567,33 @@ class FixedMatmul:
     """A matmul over fixed buffers (Dnnl.fixed_matmul): run from Python, or as a native
     plan's step."""
 
-    def __init__(self, dnnl: Dnnl, prim: MatmulPrimitive, args: Any, keep: Any) -> None:
+    def __init__(self, dnnl: Dnnl, prim: MatmulPrimitive, args: Any,
+                 reorder: tuple[Any, Any, Any] | None, b_layout: Any, keep: Any) -> None:
         self.dnnl, self.prim, self.args = dnnl, prim, args
+        # (reorder, b's memory object, its arguments): b into the packed copy
+        self._reorder = reorder
+        self._b_layout = b_layout
         self.keep = keep        # the memory objects and the arrays their handles point into
+
+    @property
+    def packed(self) -> bool:
+        """Whether the matmul reads a packed copy of b (made by `pack`), not b itself."""
+        return self._reorder is not None
+
+    def pack(self, b: np.ndarray) -> None:
+        """Lay `b` (b's shape and strides, its values now) into the packed copy; nothing
+        where the matmul reads b in place."""
+        if self._reorder is None:
+            return
+        if (b.shape, b.strides) != self._b_layout:
+            raise DeviceError(f"oneDNN: packing weights of shape {b.shape}, strides "
+                              f"{b.strides} for a matmul made for {self._b_layout}")
+        lib, st = self.dnnl.lib, self.dnnl.stream()
+        reorder, m_user, args = self._reorder
+        check(lib.dnnl_memory_set_data_handle(m_user, b.ctypes.data), "memory_set_data_handle")
+        check(lib.dnnl_primitive_execute(reorder, st, 3, args), "reorder execute")
+        check(lib.dnnl_stream_wait(st), "stream_wait")
+        self.dnnl.stats["packs"] += 1
 
     def run(self) -> None:
         """Run it on the calling thread's stream and wait."""

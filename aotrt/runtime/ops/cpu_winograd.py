@@ -300,10 +300,11 @@ class Winograd:
                       list(out.sizes), budget)
             return None
         V, M = _aligned((a * a, tiles, cin)), _aligned((a * a, tiles, o))
-        U = _aligned((a * a, cin, o))
-        gemm = dnnl.fixed_matmul(V, U, M, threads)
+        U = _aligned((a * a, cin, o))      # untouched (no pages) where the GEMM packs it
+        gemm = dnnl.fixed_matmul(V, U, M, threads, pack=True)
         if gemm is None:
             return None
+        weights = [U] if not gemm.packed else []
         params = np.zeros(_NPARAMS, np.int64)
         res_strides = residual.strides if residual is not None else (0, 0, 0, 0)
         params[:12] = (n, h, wd, cin, oh, ow, o, p.padding[0], p.padding[1], th, tw, tiles)
@@ -315,7 +316,11 @@ class Winograd:
         worker, stats = self._device.worker, dnnl.stats
 
         def fill() -> None:
-            U[...] = transformed_weights(host_array(w), tile)
+            u = transformed_weights(host_array(w), tile)
+            if gemm.packed:
+                gemm.pack(u)        # the GEMM's copy: u goes when this returns
+            else:
+                weights[0][...] = u
             filled.append(True)
 
         def pointers() -> tuple[Any, Any]:
@@ -348,7 +353,7 @@ class Winograd:
                                      dnnl=dnnl, counts={"runs": 1, "winograd": 1})
 
         work.native = native  # type: ignore[attr-defined]
-        work.keep = (V, M, U, params, gemm, loaded)  # type: ignore[attr-defined]
+        work.keep = (V, M, weights, params, gemm, loaded)  # type: ignore[attr-defined]
         return work
 
     def close(self) -> None:

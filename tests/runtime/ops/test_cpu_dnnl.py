@@ -244,6 +244,20 @@ def test_fixed_matmul_runs_on_its_buffers(dnnl):
     assert mm.step()[0] == cpu_dnnl.cpu_native.DNNL
 
 
+def test_a_fixed_matmul_with_packed_weights_reads_its_own_copy(dnnl):
+    a, b = _rng(16, 40, 64), _rng(16, 64, 64)
+    out = np.empty((16, 40, 64), np.float32)
+    mm = dnnl.fixed_matmul(a, np.empty_like(b), out, 1, pack=True)
+    assert mm is not None and mm.packed     # brgemm lays weights out in blocks of its own
+    mm.pack(b)
+    kept = b.copy()
+    b[...] = 0.0            # the matmul no longer reads b
+    mm.run()
+    np.testing.assert_allclose(out, a @ kept, rtol=1e-4, atol=1e-4)
+    with pytest.raises(cpu_dnnl.DeviceError, match="packing weights"):
+        mm.pack(np.empty((16, 64, 32), np.float32))
+
+
 def test_fixed_matmul_refuses_what_onednn_cannot_describe(dnnl):
     a, b = _rng(2, 4, 4), _rng(2, 4, 4)
     assert dnnl.fixed_matmul(a.astype(np.float64), b, np.empty((2, 4, 4), np.float32), 1) is None
