@@ -209,8 +209,8 @@ def takes(out: Handle, x: Handle, w: Handle, bias: Handle | None, p: "ConvParams
           residual: Handle | None, tile: int) -> bool:
     """Whether the Winograd path takes this convolution: `tile` one of TILES, float32, 2-D,
     3x3, stride 1, undilated, ungrouped, padding at most 2, channels-last activations
-    (channel stride 1) with channels in whole vectors, constant weights, a dense bias, and
-    an output that shares no bytes with what it reads."""
+    (channel stride 1; the output dense) with channels in whole vectors, constant weights,
+    a dense bias, and an output that shares no bytes with what it reads."""
     if tile not in TILES or p.transposed or p.groups != 1 or w.ndim != 4:
         return False
     if any(h is not None and h.dtype.name != "float32" for h in (out, x, w, bias, residual)):
@@ -227,6 +227,9 @@ def takes(out: Handle, x: Handle, w: Handle, bias: Handle | None, p: "ConvParams
     acts = [h for h in (out, x, residual) if h is not None]
     if any(h.alloc is None or h.strides[1] != 1 for h in acts):
         return False
+    oh, ow = out.sizes[2:]
+    if tuple(out.strides) != (oh * ow * o, 1, ow * o, o):
+        return False        # the threads' tiles must not share an output byte
     if bias is not None and bias.strides[0] != 1:
         return False
     return not any(c.overlaps(out, h) for h in (x, w, bias, residual) if h is not None)

@@ -25,6 +25,19 @@ def dnnl():
     return d
 
 
+class _IntoCat(torch.nn.Module):
+    """A 3x3 convolution whose output is a channel slice of a concatenation."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.pre = torch.nn.Conv2d(16, 16, 1)
+        self.conv = torch.nn.Conv2d(16, 16, 3, padding=1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = self.pre(x)
+        return torch.cat([self.conv(y), y], 1)
+
+
 class _Block(torch.nn.Module):
     """A 1x1 convolution (so the 3x3 one reads a channels-last activation), then a 3x3 one
     with the given padding and epilogue."""
@@ -119,14 +132,17 @@ def test_the_direct_convolution_runs_where_winograd_is_off(dnnl) -> None:
     assert dnnl.stats["winograd"] == before
 
 
-@pytest.mark.parametrize("what", ["stride", "groups", "channels", "nchw", "dilation"])
+@pytest.mark.parametrize("what", ["stride", "groups", "channels", "nchw", "dilation",
+                                  "cat_slice"])
 def test_what_winograd_does_not_take(dnnl, what) -> None:
     conv = {"stride": torch.nn.Conv2d(16, 16, 3, stride=2, padding=1),
             "groups": torch.nn.Conv2d(16, 16, 3, padding=1, groups=2),
             "channels": torch.nn.Conv2d(16, 24, 3, padding=1),
             "nchw": torch.nn.Conv2d(16, 16, 3, padding=1),
-            "dilation": torch.nn.Conv2d(16, 16, 3, padding=2, dilation=2)}[what]
-    m = torch.nn.Sequential(torch.nn.Conv2d(16, 16, 1), conv).eval()
+            "dilation": torch.nn.Conv2d(16, 16, 3, padding=2, dilation=2),
+            "cat_slice": None}[what]
+    m = (_IntoCat() if conv is None
+         else torch.nn.Sequential(torch.nn.Conv2d(16, 16, 1), conv)).eval()
     x = torch.randn(1, 16, 28, 28)
     layout = "contiguous" if what == "nchw" else "channels_last"
     prog = aotrt.export(m, (x,), layout=layout)
