@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 import aotrt
-from aotrt.errors import InvalidArgument
+from aotrt.errors import CompileError, InvalidArgument
 from aotrt.runtime.device import get_device
 from aotrt.runtime.ops import cpu_dnnl, cpu_winograd
 
@@ -130,6 +130,21 @@ def test_the_direct_convolution_runs_where_winograd_is_off(dnnl) -> None:
     with aotrt.load(prog, device="cpu", fp32_math=aotrt.Fp32Math(conv_winograd=0)) as d:
         d.run(x.numpy())
     assert dnnl.stats["winograd"] == before
+
+
+def test_without_a_compiler_the_direct_convolution_runs(dnnl, monkeypatch) -> None:
+    def no_compiler() -> None:
+        raise CompileError("cc: not found")
+    monkeypatch.setattr(get_device("cpu").winograd, "library", no_compiler)
+    m = _Block(16, 16, 1, True, "relu").eval()
+    x = torch.randn(1, 16, 28, 28)
+    prog = aotrt.export(m, (x,), layout="channels_last")
+    before = dnnl.stats["winograd"]
+    with aotrt.load(prog, device="cpu") as d:
+        got = np.asarray(d.run(x.numpy())[0])
+    assert dnnl.stats["winograd"] == before
+    with torch.no_grad():
+        np.testing.assert_allclose(got, m(x).numpy(), rtol=1e-4, atol=1e-4)
 
 
 @pytest.mark.parametrize("what", ["stride", "groups", "channels", "nchw", "dilation",
