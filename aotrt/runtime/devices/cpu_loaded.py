@@ -155,6 +155,31 @@ class LoadedLibrary:
         return handle
 
 
+class OpSource:
+    """An op's own C source (`CpuDevice.c_library`): built and loaded by its device on first
+    use, kept until `close` (one library: every shape is a kernel parameter)."""
+
+    def __init__(self, device: Any, source: str, symbols: list[str]) -> None:
+        self.device = device                # the CpuDevice that builds it
+        self._source, self._symbols = source, symbols
+        self._lock = threading.Lock()
+        self._loaded: LoadedLibrary | None = None
+
+    def library(self) -> LoadedLibrary:
+        """The loaded library, built on first use (CompileError without a compiler)."""
+        with self._lock:
+            if self._loaded is None:
+                self._loaded = self.device.c_library(self._source, self._symbols)
+            return self._loaded
+
+    def close(self) -> None:
+        """Let the compiled library go."""
+        with self._lock:
+            if self._loaded is not None:
+                self._loaded.close()
+                self._loaded = None
+
+
 def _kernel_error(code: int) -> str:
     from aotrt.kernels.render_c import KERNEL_ERRORS
 

@@ -18,16 +18,16 @@ score matrix (2 cores, AVX-512; bench/profile_cpu.py, 2026-12-04).
 from __future__ import annotations
 
 import ctypes
-import threading
 from typing import TYPE_CHECKING, Callable
 
 import numpy as np
 
 from aotrt.kernels.math_c import MATH_C
+from aotrt.runtime.devices.cpu_loaded import OpSource
 from aotrt.runtime.ops import _common as c
 
 if TYPE_CHECKING:
-    from aotrt.runtime.devices.cpu import CpuDevice, LoadedLibrary
+    from aotrt.runtime.devices.cpu import CpuDevice
     from aotrt.runtime.tensor import Handle
 
 #: query rows and keys per block (the kernel's BM and BN)
@@ -251,25 +251,17 @@ def _strides3(h: "Handle") -> tuple[int, int, int]:
     return (0, *h.strides[:2]) if h.ndim == 3 else tuple(h.strides[:3])
 
 
-class FusedAttention:
+class FusedAttention(OpSource):
     """The device's compiled attention kernel (one library: every shape is a parameter)."""
 
     def __init__(self, device: "CpuDevice") -> None:
-        self._device = device
-        self._lock = threading.Lock()
-        self._loaded: "LoadedLibrary | None" = None
-
-    def _library(self) -> "LoadedLibrary":
-        with self._lock:
-            if self._loaded is None:
-                self._loaded = self._device.c_library(SOURCE, [SYMBOL])
-            return self._loaded
+        super().__init__(device, SOURCE, [SYMBOL])
 
     def work(self, out: "Handle", q: "Handle", k: "Handle", v: "Handle", is_causal: bool,
              scale: float, groups: int) -> Callable[[], None]:
         """The work closure computing attention into `out` (views checked by `takes`);
         parameters and scratch sizes are fixed now, addresses read at each run."""
-        loaded = self._library()
+        loaded = self.library()
         b, hq, lq, e = (1, *q.sizes) if q.ndim == 3 else q.sizes
         s, ev = k.sizes[-2], v.sizes[-1]
         per_thread = scratch_bytes(q, k, v, 1)
@@ -280,7 +272,7 @@ class FusedAttention:
         fscale = np.array([scale], np.float64)
         items = b * hq * -(-lq // ROWS)
         label = f"attention {b}x{hq}x{lq}x{s}x{e}"
-        device = self._device
+        device = self.device
 
         def work() -> None:
             threads = max(1, getattr(device.worker, "threads", 1))
@@ -290,13 +282,6 @@ class FusedAttention:
                                          scratch.ctypes.data)
             loaded.call(SYMBOL, label, ptrs, items, threads)
         return work
-
-    def close(self) -> None:
-        """Let the compiled library go."""
-        with self._lock:
-            if self._loaded is not None:
-                self._loaded.close()
-                self._loaded = None
 
 
 def scratch_bytes(q: "Handle", k: "Handle", v: "Handle", threads: int) -> int:

@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import ctypes
 import logging
-import threading
 from typing import TYPE_CHECKING, Any, Callable
 
 import numpy as np
@@ -30,11 +29,12 @@ import numpy as np
 from aotrt.errors import CompileError
 from aotrt.kernels.math_c import MATH_C
 from aotrt.runtime.devices import cpu_native
+from aotrt.runtime.devices.cpu_loaded import OpSource
 from aotrt.runtime.ops import _common as c
 from aotrt.runtime.tensor import Handle, host_array
 
 if TYPE_CHECKING:
-    from aotrt.runtime.devices.cpu import CpuDevice, LoadedLibrary
+    from aotrt.runtime.devices.cpu import CpuDevice
     from aotrt.runtime.ops.conv import ConvParams
 
 log = logging.getLogger(__name__)
@@ -268,20 +268,11 @@ def _aligned(shape: tuple[int, ...]) -> np.ndarray:
     return raw[start:start + n].reshape(shape)
 
 
-class Winograd:
+class Winograd(OpSource):
     """The cpu device's Winograd kernels (one library: every shape is a parameter)."""
 
     def __init__(self, device: "CpuDevice") -> None:
-        self._device = device
-        self._lock = threading.Lock()
-        self._loaded: "LoadedLibrary | None" = None
-
-    def library(self) -> "LoadedLibrary":
-        """The compiled transforms, built on first use."""
-        with self._lock:
-            if self._loaded is None:
-                self._loaded = self._device.c_library(SOURCE, list(SYMBOLS))
-            return self._loaded
+        super().__init__(device, SOURCE, list(SYMBOLS))
 
     def work(self, out: Handle, x: Handle, w: Handle, bias: Handle | None, p: "ConvParams",
              residual: Handle | None, tile: int, threads: int,
@@ -291,7 +282,7 @@ class Winograd:
         Geometry, buffers and the GEMM are fixed now; the weights are transformed on the
         first run, from the constant's bytes as they are then. `threads`: the stream's, which
         the GEMM is made for; the transforms take the running worker's."""
-        dnnl = self._device.dnnl
+        dnnl = self.device.dnnl
         if dnnl is None:
             return None
         n, cin, h, wd = x.sizes
@@ -321,7 +312,7 @@ class Winograd:
             return None
         label = f"winograd F({tile}, 3) {list(x.sizes)} -> {list(out.sizes)}"
         filled: list[bool] = []
-        worker, stats = self._device.worker, dnnl.stats
+        worker, stats = self.device.worker, dnnl.stats
 
         def fill() -> None:
             u = transformed_weights(host_array(w), tile)
@@ -363,13 +354,6 @@ class Winograd:
         work.native = native  # type: ignore[attr-defined]
         work.keep = (V, M, weights, params, gemm, loaded)  # type: ignore[attr-defined]
         return work
-
-    def close(self) -> None:
-        """Let the compiled library go."""
-        with self._lock:
-            if self._loaded is not None:
-                self._loaded.close()
-                self._loaded = None
 
 
 __all__ = ["ACTIVATION_CODES", "AT", "BT", "G", "LANES", "MIN_TILES", "SOURCE", "SYMBOLS", "TILES",

@@ -185,3 +185,17 @@ def kit(stream: Stream, owner: Owner, request: pytest.FixtureRequest) -> Iterato
     k = Kit(stream, np.random.default_rng(zlib.crc32(request.node.nodeid.encode())))
     yield k
     k.delete_all()
+
+
+@pytest.fixture
+def dnnl() -> Any:
+    """The cpu device's oneDNN state; skips where onednn-cpu-gomp is not installed (a test
+    file may override it, as test_cpu_dnnl.py does to take any matmul implementation)."""
+    from aotrt.runtime.device import get_device
+    from aotrt.runtime.ops import cpu_dnnl
+
+    if cpu_dnnl.find_library() is None:
+        pytest.skip(f"{cpu_dnnl.DIST} is not installed")
+    d = get_device("cpu").dnnl
+    assert d is not None, "onednn-cpu-gomp is installed but the device did not load it"
+    return d

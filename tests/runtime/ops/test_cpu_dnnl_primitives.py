@@ -6,22 +6,12 @@ from __future__ import annotations
 import pytest
 
 from aotrt.runtime.device import get_device
-from aotrt.runtime.ops import cpu_dnnl
 from aotrt.runtime.ops.cpu_dnnl_primitives import ConvKey, ConvPrimitive
 
 C, H, W = 16, 6, 5
 DENSE = ((1, C, H, W), (C * H * W, 1, W * C, C))
 SLICED = ((1, C, H, W), (2 * C * H * W, 1, W * 2 * C, 2 * C))     # channels of a 2C buffer
 WEIGHTS = ((C, C, 3, 3), (9 * C, 1, 3 * C, C))
-
-
-@pytest.fixture
-def dnnl():
-    if cpu_dnnl.find_library() is None:
-        pytest.skip(f"{cpu_dnnl.DIST} is not installed")
-    d = get_device("cpu").dnnl
-    assert d is not None
-    return d
 
 
 def _prim(dnnl, src, dst, blocked: bool) -> ConvPrimitive:

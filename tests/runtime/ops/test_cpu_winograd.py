@@ -10,19 +10,9 @@ import pytest
 import aotrt
 from aotrt.errors import CompileError, InvalidArgument
 from aotrt.runtime.device import get_device
-from aotrt.runtime.ops import cpu_dnnl, cpu_winograd
+from aotrt.runtime.ops import cpu_winograd
 
 torch = pytest.importorskip("torch")
-
-
-@pytest.fixture
-def dnnl():
-    """The cpu device's oneDNN state (the GEMMs' library); skips without onednn-cpu-gomp."""
-    if cpu_dnnl.find_library() is None:
-        pytest.skip(f"{cpu_dnnl.DIST} is not installed")
-    d = get_device("cpu").dnnl
-    assert d is not None
-    return d
 
 
 class _IntoCat(torch.nn.Module):
