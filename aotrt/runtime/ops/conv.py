@@ -25,8 +25,8 @@ from numpy.lib.stride_tricks import as_strided
 from aotrt.errors import InvalidArgument
 from aotrt.runtime.device import Stream
 from aotrt.runtime.ops import _common as c, cpu_winograd
-from aotrt.runtime.options import Fp32Math
 from aotrt.runtime.ops.cuda import conv as cuda_conv
+from aotrt.runtime.options import Fp32Math
 from aotrt.runtime.tensor import Handle
 
 log = logging.getLogger(__name__)
@@ -410,14 +410,14 @@ def _cpu_conv(out: Handle, x: Handle, w: Handle, bias: Handle | None, p: ConvPar
 def _winograd(out: Handle, x: Handle, w: Handle, bias: Handle | None, p: ConvParams,
               residual: Handle | None, tile: int) -> Callable[[], None] | None:
     """The Winograd work of a convolution it takes, or None."""
+    from aotrt.runtime.ops.cpu_dnnl import stream_threads
+
     if not cpu_winograd.takes(out, x, w, bias, p, residual, tile):
         return None
     tile = cpu_winograd.tile_for(out, tile)
     if not tile:
         return None
     budget = conv_cost(out, x, w, bias, p).scratch_bytes
-    from aotrt.runtime.ops.cpu_dnnl import stream_threads
-
     return out.device.winograd.work(out, x, w, bias, p, residual, tile,
                                     stream_threads(out.device), budget)
 
