@@ -38,11 +38,13 @@ COMPUTE_TYPE = {
     "uint8": "int64_t", "bool": "bool",
 }
 
+# relu as `x < 0 ? 0 : x`: a NaN stays NaN and -0.0 stays -0.0, as in torch (`x > 0 ? x : 0`
+# made both 0).
 _UNARY_FLOAT = {
     "neg": "(-{0})", "abs": "fabsf({0})", "exp": "expf({0})", "exp2": "exp2f({0})",
     "log": "logf({0})", "log2": "log2f({0})", "log1p": "log1pf({0})", "expm1": "expm1f({0})",
     "sqrt": "sqrtf({0})", "rsqrt": "(1.0f / sqrtf({0}))", "tanh": "tanhf({0})",
-    "sigmoid": "(1.0f / (1.0f + expf(-({0}))))", "relu": "(({0}) > 0.0f ? ({0}) : 0.0f)",
+    "sigmoid": "(1.0f / (1.0f + expf(-({0}))))", "relu": "(({0}) < 0.0f ? 0.0f : ({0}))",
     "erf": "erff({0})", "sin": "sinf({0})", "cos": "cosf({0})", "tan": "tanf({0})",
     "asin": "asinf({0})", "acos": "acosf({0})", "atan": "atanf({0})",
     "floor": "floorf({0})", "ceil": "ceilf({0})",

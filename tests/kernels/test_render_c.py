@@ -163,6 +163,26 @@ def test_maximum_and_minimum_propagate_nan(run):
     np.testing.assert_array_equal(mn, np.minimum(a, b))
 
 
+@pytest.mark.parametrize("dtype", ["float32", "float16", "bfloat16"])
+def test_relu_keeps_nan_and_negative_zero(run, dtype):
+    """relu is `x < 0 ? 0 : x`: torch's relu(NaN) is NaN and relu(-0.0) is -0.0 (the old
+    `x > 0 ? x : 0` made both 0)."""
+    xs = np.array([np.nan, -0.0, 0.0, -1.5, 2.5, -np.inf, np.inf, -1e-40], np.float32)
+    xs = xs.astype(NP[dtype])
+    n = len(xs)
+    x = ir.Load(0, ir.Idx(0), dtype)
+    k = ir.Kernel(f"relu_{dtype}", (n,), (), (ir.Arg(dtype, "r"), ir.Arg(dtype, "w")),
+                  (ir.Store(1, ir.Idx(0), ir.cast(ir.Op("relu", (f32(x),), "float32"),
+                                                   dtype)),))
+    (got,) = run(k, [xs], [((n,), dtype)])
+    ref = torch.relu(torch.from_numpy(xs.astype(np.float32))).numpy()
+    got = got.astype(np.float32)
+    np.testing.assert_array_equal(np.isnan(got), np.isnan(ref))
+    ok = ~np.isnan(ref)
+    np.testing.assert_array_equal(got[ok], ref[ok])
+    np.testing.assert_array_equal(np.signbit(got[ok]), np.signbit(ref[ok]))
+
+
 def test_broadcasting_by_zero_strides(run):
     """out[i,j,k] = a[i,0,k] * b[j,0] + 1 over (3, 4, 5): stride-0 loads broadcast."""
     a, b = rand((3, 1, 5), seed=4), rand((4, 1), seed=5)

@@ -316,6 +316,7 @@ class CpuDevice(Device):
         self._pools: Any = None
         self._attention: Any = None
         self._winograd: Any = None
+        self._activation: Any = None
         self._native: Any = None
         # Per thread: the kernel thread count of the stream whose worker it is (CpuStream).
         self.worker = threading.local()
@@ -396,6 +397,14 @@ class CpuDevice(Device):
         from aotrt.runtime.ops.cpu_winograd import Winograd
 
         return self._once("_winograd", lambda: Winograd(self))
+
+    @property
+    def activation(self) -> Any:
+        """The device's compiled in-place relu and relu6 (ops/cpu_activation.py), made on
+        first use."""
+        from aotrt.runtime.ops.cpu_activation import Activation
+
+        return self._once("_activation", lambda: Activation(self))
 
     def native_runner(self) -> LoadedLibrary:
         """The C loop of native plans and the streams' queues (cpu_native.py, cpu_queue.py),

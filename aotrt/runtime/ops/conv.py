@@ -24,7 +24,7 @@ from numpy.lib.stride_tricks import as_strided
 
 from aotrt.errors import InvalidArgument
 from aotrt.runtime.device import Stream
-from aotrt.runtime.ops import _common as c, cpu_winograd
+from aotrt.runtime.ops import _common as c, cpu_activation, cpu_winograd
 from aotrt.runtime.ops.cuda import conv as cuda_conv
 from aotrt.runtime.options import Fp32Math
 from aotrt.runtime.tensor import Handle
@@ -387,8 +387,12 @@ def _cpu_conv(out: Handle, x: Handle, w: Handle, bias: Handle | None, p: ConvPar
         return wino
     if residual is not None or p.activation != "none":
         # oneDNN applies the epilogue as post-ops of the convolution itself: one pass over
-        # the output instead of three (ResNet's residual adds and ReLUs, YOLO's SiLUs)
-        fused = _dnnl_conv(out, x, w, bias, p, p.activation, residual)
+        # the output instead of three (ResNet's residual adds, YOLO's SiLUs). Not relu and
+        # relu6: its max maps a NaN to 0, so they follow in a pass of their own.
+        after = p.activation in cpu_activation.CODES
+        fused = _dnnl_conv(out, x, w, bias, p, "none" if after else p.activation, residual)
+        if fused is not None and after:
+            fused = _then_activation(fused, out, p.activation)
         if fused is not None:
             return fused
     base = _cpu_conv_only(out, x, w, bias, p)
@@ -405,6 +409,21 @@ def _cpu_conv(out: Handle, x: Handle, w: Handle, bias: Handle | None, p: ConvPar
         base()
         apply_epilogue(host_array(out), res, p.activation)
     return work
+
+
+def _then_activation(work: Callable[[], None], out: Handle,
+                     activation: str) -> Callable[[], None]:
+    """`work`, then relu or relu6 over `out` in place: the compiled pass, or numpy's."""
+    from aotrt.runtime.devices.cpu import host_array
+
+    compiled = out.device.activation.after(work, out, activation)
+    if compiled is not None:
+        return compiled
+
+    def run() -> None:
+        work()
+        apply_epilogue(host_array(out), None, activation)
+    return run
 
 
 def _winograd(out: Handle, x: Handle, w: Handle, bias: Handle | None, p: ConvParams,

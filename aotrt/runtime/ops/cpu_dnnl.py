@@ -108,8 +108,9 @@ class Dnnl:
 
     `stats` counts primitives created, cache hits, refusals, runs (and of them, those with
     the epilogue as post-ops), kept weight copies filled, activation copies made with
-    numpy in place of a reorder, and convolutions left to numpy (tests and benchmarks read
-    it to see the path taken).
+    numpy in place of a reorder, convolutions left to numpy, Winograd runs and relu passes
+    after a convolution (ops/cpu_activation.py): tests and benchmarks read it to see the
+    path taken.
     """
 
     def __init__(self, lib: ctypes.CDLL, device: Any) -> None:
@@ -128,7 +129,7 @@ class Dnnl:
         self._local = threading.local()
         self.stats = {"created": 0, "hits": 0, "refused": 0, "runs": 0, "epilogues": 0,
                       "packs": 0, "copies": 0, "numpy": 0, "array_runs": 0,
-                      "winograd": 0}
+                      "winograd": 0, "activations": 0}
         self._probe_impl: str | None = None   # the implementation of a probe matmul
         self._blas: Any = None      # threadpoolctl's controller of numpy's BLAS, or False
 

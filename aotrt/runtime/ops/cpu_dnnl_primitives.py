@@ -68,7 +68,7 @@ class ConvKey:
     stride: tuple[int, ...]
     padding: tuple[int, ...]
     dilation: tuple[int, ...]
-    #: an activation oneDNN applies to the result, as a post-op (conv.ACTIVATIONS)
+    #: an activation oneDNN applies to the result, as a post-op (POST_OP_ACTIVATIONS)
     activation: str = "none"
     #: a residual (sizes, strides) oneDNN adds to the result before the activation, as a
     #: binary post-op reading the view in place
@@ -79,9 +79,9 @@ class ConvKey:
 
 
 #: oneDNN's eltwise algorithm (dnnl_alg_kind_t, oneDNN 3.2's dnnl_types.h), alpha and beta
-#: of the activations a convolution applies: relu(x) with slope 0, clip(x) to [0, 6],
-#: swish(x) = x * sigmoid(1 * x)
-_ELTWISE = {"relu": (0x20, 0.0, 0.0), "relu6": (0x2E, 0.0, 6.0), "silu": (0x2C, 1.0, 0.0)}
+#: of the activations a convolution applies: swish(x) = x * sigmoid(1 * x). Not relu (0x20)
+#: or clip (0x2E): their vector max maps a NaN to the bound (ops/cpu_activation.py).
+POST_OP_ACTIVATIONS = {"silu": (0x2C, 1.0, 0.0)}
 
 
 @dataclass(frozen=True)
@@ -301,7 +301,7 @@ class ConvPrimitive(Primitive):
                     check(lib.dnnl_post_ops_append_binary(post, _BINARY_ADD, self.residual_md),
                            "post_ops_append_binary")
                 if key.activation != "none":
-                    alg, alpha, beta = _ELTWISE[key.activation]
+                    alg, alpha, beta = POST_OP_ACTIVATIONS[key.activation]
                     check(lib.dnnl_post_ops_append_eltwise(post, alg, alpha, beta),
                            "post_ops_append_eltwise")
                 check(lib.dnnl_primitive_attr_set_post_ops(conv_attr, post),

@@ -581,6 +581,38 @@ def test_cpu_residual_is_a_onednn_post_op(kit, stream, activation, layout, in_pl
     assert dnnl.stats["numpy"] == before["numpy"]
 
 
+@pytest.mark.parametrize("activation", ["relu", "relu6", "silu"])
+@pytest.mark.parametrize("layout", ["packed", "channels_last", "channel_slice"])
+@pytest.mark.parametrize("with_residual", [False, True])
+@pytest.mark.parametrize("kernel", [1, 3])
+def test_a_nan_stays_nan_through_the_epilogue(kit, stream, activation, layout, with_residual,
+                                              kernel):
+    """act(conv + bias (+ residual)) is NaN where torch's is: oneDNN's relu and clip
+    post-ops map a NaN to 0, so on cpu those two follow the convolution
+    (ops/cpu_activation.py). The NaNs come from the input and from the residual."""
+    x_np = kit.randn((1, 16, 6, 7), "float32")
+    x_np[0, 3, 2, 4] = np.nan
+    w_np = kit.randn((16, 16, kernel, kernel), "float32", 0.5)
+    b_np, r_np = kit.randn((16,), "float32"), kit.randn((1, 16, 6, 7), "float32")
+    r_np[0, 9, 5, 1] = np.nan
+    pad = kernel // 2
+    ref = _ref(kit, x_np, w_np, b_np, [1, 1], [pad, pad], [1, 1], False, [0, 0], 1)
+    if with_residual:
+        ref = ref + kit.t64(r_np)
+    ref = _act(ref, activation).numpy()
+    assert np.isnan(ref).any() and (np.isfinite(ref) & (ref > 0)).any()
+    w_layout = "packed" if layout == "packed" else "channels_last"
+    out = kit.out((1, 16, 6, 7), "float32", layout)
+    convolution(stream, out, kit.tensor(x_np, layout), kit.tensor(w_np, w_layout),
+                kit.tensor(b_np), [1, 1], [pad, pad], [1, 1],
+                residual=kit.tensor(r_np, layout) if with_residual else None,
+                activation=activation)
+    got = kit.read(out)
+    np.testing.assert_array_equal(np.isnan(got), np.isnan(ref))
+    fin = ~np.isnan(ref)
+    np.testing.assert_allclose(got[fin], ref[fin], rtol=1e-4, atol=1e-4 * np.abs(ref[fin]).max())
+
+
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("batched", [True, False])
 def test_onednn_channel_slices_are_numpy_copies_not_reorders(kit, stream, dtype, batched):

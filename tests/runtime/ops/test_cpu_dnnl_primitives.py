@@ -15,7 +15,7 @@ WEIGHTS = ((C, C, 3, 3), (9 * C, 1, 3 * C, C))
 
 
 def _prim(dnnl, src, dst, blocked: bool) -> ConvPrimitive:
-    key = ConvKey("float32", src, WEIGHTS, None, dst, (1, 1), (1, 1), (1, 1), "relu")
+    key = ConvKey("float32", src, WEIGHTS, None, dst, (1, 1), (1, 1), (1, 1), "silu")
     return ConvPrimitive(dnnl, key, blocked)
 
 
