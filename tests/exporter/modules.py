@@ -726,3 +726,53 @@ FFTS: list[Case] = [
     Case("fftn_real_long", lambda: FFTPart(lambda x: torch.fft.fftn(x, dim=(1, 2))),
          inputs((1, 128, 64))),
 ]
+
+
+def nan_inputs(*shapes: tuple[int, ...]) -> MakeInputs:
+    """Fresh standard-normal inputs of these shapes, each with NaNs at two places."""
+    def make(gen: torch.Generator, dt: torch.dtype) -> tuple[torch.Tensor, ...]:
+        xs = tuple(randn(gen, dt, *s) for s in shapes)
+        for x in xs:
+            flat = x.view(-1)
+            flat[int(torch.randint(flat.numel(), (1,), generator=gen))] = float("nan")
+            flat[flat.numel() // 2] = float("nan")
+        return xs
+    return make
+
+
+class Residual(nn.Module):
+    """act(conv(x) + x): ResNet's residual add and activation, a convolution's epilogue."""
+
+    def __init__(self, act: nn.Module) -> None:
+        super().__init__()
+        self.conv, self.act = nn.Conv2d(16, 16, 3, padding=1), act
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.act(self.conv(x) + x)
+
+
+def _conv_act(act: Callable[[], nn.Module], k: int, stride: int = 1) -> nn.Module:
+    return nn.Sequential(nn.Conv2d(16, 16, k, stride=stride, padding=k // 2), act())
+
+
+#: NaN in the input, NaN out where the float64 reference has one: the ops whose fast forms
+#: are a max or a min against a bound (oneDNN's relu and clip post-ops, `x > 0 ? x : 0`)
+#: lose it (2026-12-05: conv + relu / relu6 and relu on cpu did)
+NANS: list[Case] = [
+    *(Case(f"conv{k}x{k}{'_s2' if s == 2 else ''}_{n}", lambda a=a, k=k, s=s: _conv_act(a, k, s),
+           nan_inputs((1, 16, 12, 12)))
+      for n, a in (("relu", nn.ReLU), ("relu6", nn.ReLU6), ("silu", nn.SiLU),
+                   ("hardswish", nn.Hardswish))
+      for k, s in ((1, 1), (3, 1), (3, 2))),
+    Case("residual_relu", lambda: Residual(nn.ReLU()), nan_inputs((1, 16, 12, 12))),
+    Case("depthwise_relu6", lambda: nn.Sequential(nn.Conv2d(16, 16, 3, padding=1, groups=16),
+                                                  nn.ReLU6()), nan_inputs((1, 16, 12, 12))),
+    Case("linear_relu", lambda: nn.Sequential(nn.Linear(16, 32), nn.ReLU()),
+         nan_inputs((8, 16))),
+    Case("linear_gelu", lambda: nn.Sequential(nn.Linear(16, 32), nn.GELU()),
+         nan_inputs((8, 16))),
+    *(Case(n, lambda m=m: m(), nan_inputs((4, 16, 8))) for n, m in (
+        ("relu", nn.ReLU), ("relu6", nn.ReLU6), ("hardtanh", nn.Hardtanh),
+        ("leaky_relu", nn.LeakyReLU), ("elu", nn.ELU), ("softmax", lambda: nn.Softmax(-1)),
+        ("layer_norm", lambda: nn.LayerNorm(8)), ("max_pool", lambda: nn.MaxPool1d(2)))),
+]

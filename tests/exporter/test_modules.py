@@ -78,6 +78,18 @@ def test_blocks(case: M.Case, dtype: torch.dtype, device: str) -> None:
     _run(case, dtype, device)
 
 
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("layout", ["contiguous", "channels_last"])
+@pytest.mark.parametrize("case", M.NANS, ids=lambda c: c.name)
+def test_a_nan_stays_where_the_reference_has_it(case: M.Case, layout: str,
+                                                device: str) -> None:
+    """NaNs in the input: the outputs are NaN exactly where the float64 reference's are
+    (rel_err refuses a NaN either side alone), in both layouts and on the native plan."""
+    torch.manual_seed(0)
+    check_module(case.build(), case.make_inputs, torch.float32, device=device, runs=3,
+                 layout=layout)
+
+
 # ---------------------------------------------------------------------------------------------
 # coverage (issue #10)
 
