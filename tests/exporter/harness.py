@@ -41,7 +41,8 @@ def strided_randn(gen: torch.Generator, dtype: torch.dtype, shape: Sequence[int]
 
 def rel_err(out: np.ndarray, ref: np.ndarray) -> float:
     """||out - ref|| / ||ref|| in float64 over the finite reference (absolute when it is
-    all zeros); inf where the NaNs are not in the same places."""
+    all zeros); inf where the NaNs are not in the same places, or an infinity of the
+    reference is not the same infinity."""
     a = np.asarray(out, dtype=np.float64)
     b = np.asarray(ref, dtype=np.float64)
     if a.shape != b.shape:
@@ -49,6 +50,8 @@ def rel_err(out: np.ndarray, ref: np.ndarray) -> float:
     if not np.array_equal(np.isnan(a), np.isnan(b)):
         return math.inf         # a NaN either side alone: a lost NaN is a wrong answer
     mask = np.isfinite(b)
+    if not np.array_equal(a[np.isinf(b)], b[np.isinf(b)]):
+        return math.inf         # the reference's infinities, signs included
     diff = np.linalg.norm((a - b)[mask])
     denom = np.linalg.norm(b[mask])
     return float(diff / denom) if denom > 0 else float(diff)
