@@ -32,6 +32,7 @@ class ProgramBuilder:
         self.outputs: list[dict] = []
         self.outputs_tensors: list[int] = []
         self.constants: dict[str, np.ndarray] = {}
+        self.states: list[dict] = []
         self.tensors: list[dict] = []
         self.kernels: dict[str, ir.Kernel] = {}
         self.instructions: list[dict] = []
@@ -66,6 +67,23 @@ class ProgramBuilder:
         dt = dtypes.as_dtype(arr.dtype)
         self.constants[name] = arr
         return self.tensor("constant", len(self.constants) - 1, 0, dt.name, list(arr.shape),
+                           list(contiguous_strides(arr.shape)))
+
+    def state(self, name: str, initial: np.ndarray) -> int:
+        """Add a state buffer (kept between runs, written in place), initialised to
+        `initial` (stored as constant `<name>.init` unless all zeros); returns the id of the
+        view covering all of it."""
+        if any(s["name"] == name for s in self.states):
+            raise InvalidArgument(f"name: duplicate state {name!r}")
+        arr = np.ascontiguousarray(initial)
+        dt = dtypes.as_dtype(arr.dtype)
+        init = None
+        if np.any(arr.view(np.uint8) != 0) if arr.size else False:
+            init = f"{name}.init"
+            self.constant(init, arr)
+        self.states.append({"name": name, "dtype": dt.name, "shape": list(arr.shape),
+                            "init": init})
+        return self.tensor("state", len(self.states) - 1, 0, dt.name, list(arr.shape),
                            list(contiguous_strides(arr.shape)))
 
     def buffer(self, nbytes: int) -> int:
@@ -161,7 +179,7 @@ class ProgramBuilder:
         prog = Program(inputs=self.inputs, outputs=self.outputs, constants=self.constants,
                        arena_nbytes=nbytes, tensors=tensors, kernels=list(self.kernels.values()),
                        instructions=self.instructions, outputs_tensors=self.outputs_tensors,
-                       provenance=self.provenance)
+                       provenance=self.provenance, state=self.states)
         prog.validate()
         return prog
 

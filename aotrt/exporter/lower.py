@@ -71,6 +71,8 @@ class Lowering:
         self.instrs: list[Instr] = []
         self.kernels: dict[str, ir.Kernel] = {}
         self.inputs: list[tuple[str, TView]] = []
+        #: buffers the graph writes in place: (name, initial value, the view of its state)
+        self.state: list[tuple[str, torch.Tensor, TView]] = []
         self.consts: list[tuple[str, np.ndarray]] = []
         self.const_names: set[str] = set()
         self.const_values: dict[torch.fx.Node, torch.Tensor] = {}   # folded values
@@ -129,6 +131,7 @@ class Lowering:
 
     def _classify_placeholders(self) -> None:
         sig = self.ep.graph_signature
+        mutated = set(sig.buffers_to_mutate.values())
         nodes = {n.name: n for n in self.graph.nodes if n.op == "placeholder"}
         for spec in sig.input_specs:
             arg = spec.arg
@@ -151,6 +154,8 @@ class Lowering:
                 tv = TView(buf, 0, sizes, contiguous_strides(sizes), dt)
                 self.inputs.append((name, tv))
                 self.bind(node, tv)
+            elif spec.kind == InputKind.BUFFER and spec.target in mutated:
+                self._bind_state(node, spec.target)
             elif spec.kind in (InputKind.PARAMETER, InputKind.BUFFER, InputKind.CONSTANT_TENSOR):
                 target = spec.target
                 if target in self.ep.state_dict:
@@ -169,15 +174,37 @@ class Lowering:
             else:
                 raise Unsupported(f"input {name!r} of kind {spec.kind.name} is not supported")
 
+    def _bind_state(self, node: torch.fx.Node, target: str) -> None:
+        """A buffer the graph writes in place becomes state: memory the loaded program
+        keeps between runs, initialised from the buffer's value at export."""
+        value = self.ep.state_dict.get(target)
+        if value is None:
+            value = self.ep.constants.get(target)
+        if not isinstance(value, torch.Tensor):
+            raise Unsupported(f"buffer {target!r} is written in place but has no tensor value")
+        val = node.meta.get("val")
+        sizes = static_ints(val.shape, node)
+        dt = dtype_name(val.dtype, node)
+        buf = Buf(math.prod(sizes) * dtypes.as_dtype(dt).itemsize, "state", len(self.state),
+                  target)
+        tv = TView(buf, 0, sizes, contiguous_strides(sizes), dt)
+        self.state.append((target, value.detach(), tv))
+        self.bind(node, tv)
+
     def _check_outputs(self) -> None:
         for spec in self.ep.graph_signature.output_specs:
             if spec.kind == OutputKind.USER_INPUT_MUTATION:
                 raise Unsupported(f"the model mutates user input {spec.target!r} in place; "
                                   f"aotrt programs never write their inputs (clone it first)")
             if spec.kind == OutputKind.BUFFER_MUTATION:
-                raise Unsupported(f"the model updates buffer {spec.target!r} in place; aotrt "
-                                  f"programs never write their weights (a model in training "
-                                  f"mode updates batch-norm statistics: call model.eval())")
+                if _updates_norm_statistics(self.graph, spec.arg.name):
+                    raise Unsupported(f"the model updates buffer {spec.target!r} in place: a "
+                                      f"model in training mode updates batch-norm statistics "
+                                      f"(call model.eval())")
+                if any(spec.target == name for name, _, _ in self.state):
+                    continue
+                raise Unsupported(f"the model updates buffer {spec.target!r} in place, which "
+                                  f"aotrt cannot keep as state")
             if spec.kind != OutputKind.USER_OUTPUT:
                 raise Unsupported(f"output kind {spec.kind.name} is not supported")
 
@@ -338,6 +365,20 @@ class Lowering:
         """Append a kernel instruction (args in the kernel's argument order)."""
         self.kernels[kernel.name] = kernel
         self.instrs.append(Instr("kernel", where, kernel=kernel, args=tuple(args)))
+
+
+def _updates_norm_statistics(graph: torch.fx.Graph, name: str) -> bool:
+    """True when output value `name` is a running statistic of a batch norm in training."""
+    node = next((n for n in graph.nodes if n.name == name), None)
+    seen = 0
+    while node is not None and seen < 8:     # through getitem and copies, not the graph
+        target = str(getattr(node, "target", ""))
+        if "batch_norm" in target:
+            return True
+        node = node.args[0] if node.op == "call_function" and node.args and isinstance(
+            node.args[0], torch.fx.Node) else None
+        seen += 1
+    return False
 
 
 def runs_whole(node: torch.fx.Node) -> bool:

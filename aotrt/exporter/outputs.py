@@ -9,9 +9,11 @@ from typing import TYPE_CHECKING
 import torch
 import torch.fx
 import torch.utils._pytree as pytree
+from torch.export.graph_signature import OutputKind
 
 from aotrt.errors import Unsupported
 from aotrt.exporter.builder import ProgramBuilder
+from aotrt.exporter.nodes import to_numpy
 from aotrt.exporter.tview import Buf, TView, is_row_major
 from aotrt.program import Program
 from aotrt.runtime.tensor import contiguous_strides
@@ -26,6 +28,14 @@ def place_outputs(lw: Lowering) -> list[tuple[str, TView]]:
     copied into a new output."""
     out_node = next(n for n in lw.graph.nodes if n.op == "output")
     flat = list(out_node.args[0])
+    # torch.export puts the buffers' new values first: they go back into their state,
+    # after every user output is copied (an output may still be a view of the old value).
+    kinds = [spec.kind for spec in lw.ep.graph_signature.output_specs]
+    state_of = {name: tv for name, _, tv in lw.state}
+    updates = [(spec.target, value) for spec, value in
+               zip(lw.ep.graph_signature.output_specs, flat)
+               if spec.kind == OutputKind.BUFFER_MUTATION]
+    flat = [v for kind, v in zip(kinds, flat) if kind != OutputKind.BUFFER_MUTATION]
     names = _output_names(lw, len(flat))
     outputs: list[tuple[str, TView]] = []
     claimed: set[Buf] = set()
@@ -47,6 +57,10 @@ def place_outputs(lw: Lowering) -> list[tuple[str, TView]]:
         dst = TView(buf_out, 0, tv.sizes, contiguous_strides(tv.sizes), tv.dtype)
         lw.emit_copy(dst, tv, f"output {name}")
         outputs.append((name, dst))
+    for target, value in updates:
+        dst, src = state_of[target], lw.tv(value)
+        if src != dst:          # else written in place already
+            lw.emit_copy(dst, src, f"state {target}")
     return outputs
 
 
@@ -77,6 +91,8 @@ def build(lw: Lowering, outputs: list[tuple[str, TView]]) -> Program:
         pb.constant(name, arr)
     for name, tv in outputs:
         pb.output(name, tv.dtype, tv.sizes, contiguous_strides(tv.sizes))
+    for name, value, tv in lw.state:
+        pb.state(name, to_numpy(value.detach().cpu()))
     buf_ids: dict[Buf, int] = {}
 
     def tid(v: TView | None) -> int | None:

@@ -17,13 +17,19 @@ class Resources:
     """A delegate's owner, stream, kernel library and CUDA graph, apart from the delegate so
     a finalizer can hold them."""
 
-    __slots__ = ("owner", "stream", "library", "graph")
+    __slots__ = ("owner", "stream", "library", "graph", "borrowed", "loaded")
 
     def __init__(self, owner: Owner) -> None:
         self.owner = owner
         self.stream: Stream | None = None
         self.library: KernelLibrary | None = None
         self.graph: Any = None
+        #: a stream the owner's work ran on but does not own (a program's, shared by its
+        #: methods): waited for, not closed
+        self.borrowed: Stream | None = None
+        #: what goes last: the loaded program a lone delegate owns (constants, state,
+        #: kernels, stream); a Module closes its own after its methods
+        self.loaded: Any = None
 
 
 def teardown(res: Resources) -> None:
@@ -31,11 +37,12 @@ def teardown(res: Resources) -> None:
     the kernel library, whose code no queued work can run any more (runs once)."""
     owner, stream = res.owner, res.stream
     err: BaseException | None = None
-    if isinstance(stream, Stream) and not stream.closed:
-        try:
-            stream.commit_and_wait()
-        except AotrtError as e:
-            log.debug("delegate teardown: queued work failed: %s", e)
+    for s in (stream, res.borrowed):
+        if isinstance(s, Stream) and not s.closed:
+            try:
+                s.commit_and_wait()
+            except AotrtError as e:
+                log.debug("delegate teardown: queued work failed: %s", e)
     try:
         owner.close()
     except BaseException as e:  # noqa: BLE001 - the stream must still close
@@ -53,6 +60,12 @@ def teardown(res: Resources) -> None:
             continue
         try:
             release()
+        except BaseException as e:  # noqa: BLE001
+            err = err or e
+    loaded, res.loaded, res.borrowed = res.loaded, None, None
+    if loaded is not None:
+        try:
+            loaded.close()
         except BaseException as e:  # noqa: BLE001
             err = err or e
     if err is not None:

@@ -129,10 +129,15 @@ def split_slot(lw: Lowering, split: Node, node: Node, via_view: bool) -> TView |
     return _cat_range(lw, cat, first, node)
 
 
+#: the Buf kinds a lowering may overwrite once their old value is dead
+WRITABLE = ("arena", "state")
+
+
 def can_mutate(lw: Lowering, buf: Buf, at: float, after: float | None = None) -> bool:
     """True when no old alias of `buf` is read after position `at` (or, with `after`,
     between `after` and `at`, exclusive)."""
-    if buf.kind != "arena":
+    # State is written in place too: its new value is what the method leaves there.
+    if buf.kind not in WRITABLE:
         return False
     for alias in lw.aliases.get(buf, []):
         for u in alias.users:
@@ -158,7 +163,7 @@ def _scatter_slot(lw: Lowering, sc: Node, node: Node, via_view: bool) -> TView |
     # A getitem's value is written by its source's unit.
     writer = node.args[0] if node.target is operator.getitem and \
         node.args[0] not in lw.unit_of.get(node, ()) else node
-    if base_tv.buf.kind != "arena" or not can_mutate(lw, base_tv.buf, lw.pos[sc],
+    if base_tv.buf.kind not in WRITABLE or not can_mutate(lw, base_tv.buf, lw.pos[sc],
                                                      after=lw.pos[writer]):
         return None
     region = _scatter_region(sc, base_tv)

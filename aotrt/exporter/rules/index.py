@@ -268,7 +268,7 @@ def _lower_index_put(lw: Lowering, node: Node) -> None:
     base, indices, values = node.args[0], list(node.args[1]), node.args[2]
     base_tv = lw.tv(base)
     d = dest(lw, node)          # y[1:3, i] = v: the slice_scatter's region of y
-    if d is None and base_tv.buf.kind == "arena" and can_mutate(lw, base_tv.buf, lw.pos[node]):
+    if d is None and can_mutate(lw, base_tv.buf, lw.pos[node]):
         result = base_tv
     else:
         result = d if d is not None else lw.fresh(node)

@@ -1,0 +1,163 @@
+"""LoadedProgram: what one loaded program file holds for all of its methods.
+
+A program file's constants, kernels and state belong to the program, not to a method: they
+are uploaded, compiled and allocated once here, and every method's Delegate makes its
+views into them. The methods share this stream, so a write to the state by one method is
+ordered before the next method's read without an event, and one lock, so that two
+threads never run two methods over the same state at once.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from typing import Any
+
+import numpy as np
+
+from aotrt import dtypes
+from aotrt.analysis import sole_read_constants
+from aotrt.errors import InvalidArgument
+from aotrt.program import Program, contiguous
+from aotrt.runtime import finalize, shims
+from aotrt.runtime.device import Device, KernelLibrary, Stream
+from aotrt.runtime.memory import PROCESS_OWNER, Owner, owner_scope
+from aotrt.runtime.options import StreamOptions
+from aotrt.runtime.public import Tensor
+from aotrt.runtime.teardown import Resources, teardown
+from aotrt.runtime.tensor import Handle
+
+log = logging.getLogger(__name__)
+
+
+class LoadedProgram:
+    """A program's constants, state and kernel library on one device, and the stream and
+    lock its methods share; `close` frees them (after the methods are closed)."""
+
+    def __init__(self, program: Program, device: Device, options: StreamOptions,
+                 name: str) -> None:
+        """Upload the constants, allocate and initialise the state, compile the kernels."""
+        self.program = program
+        self.device = device
+        self.name = name
+        self.owner = Owner(f"program {name}")
+        #: held by every method's run: methods share the state and the stream
+        self.lock = threading.RLock()
+        self._res = Resources(self.owner)
+        self._closer = finalize.finalizer(self, teardown, self._res)
+        self.constant_bases: list[Handle] = []
+        self.state_bases: list[Handle] = []
+        self._state_index = {s["name"]: i for i, s in enumerate(program.state)}
+        try:
+            with owner_scope(self.owner):
+                self.stream: Stream = device.create_stream(options)
+                self._res.stream = self.stream
+                with device.stream_guard(self.stream):
+                    self._constants()
+                    self._state()
+                    self.library: KernelLibrary | None = (
+                        device.kernel_library(program.kernels) if program.kernels else None)
+                    self._res.library = self.library
+        except BaseException:
+            self._closer()
+            raise
+
+    def _constants(self) -> None:
+        prog, dev, u8 = self.program, self.device, dtypes.uint8
+        arrays = list(prog.constants.values())
+        calloc, offsets = dev.memory.allocate_constants([int(a.nbytes) for a in arrays],
+                                                        self.stream, self.owner)
+        # A constant that one instruction of one method alone reads may be re-laid in place
+        # for that instruction (cpu oneDNN): a read from any other method forbids it.
+        methods = list(prog.methods.values())
+        used = [{t["index"] for t in m.tensors if t["root"] == "constant"} for m in methods]
+        sole = {c for i, m in enumerate(methods)
+                for c in sole_read_constants(m.tensors, m.instructions)
+                if not any(c in u for j, u in enumerate(used) if j != i)}
+        calloc.sole_read = frozenset((offsets[c], offsets[c] + int(arrays[c].nbytes))
+                                     for c in sole)
+        for arr, off in zip(arrays, offsets):
+            n = int(arr.nbytes)
+            ptr = calloc.ptr + off if n else 0
+            base = shims.create_tensor_from_blob(ptr, [n], [1], 0, u8, dev)
+            self.constant_bases.append(base)
+            if n:
+                dev.write(base, np.ascontiguousarray(arr).reshape(-1).view(np.uint8))
+
+    def _state(self) -> None:
+        for spec in self.program.state:
+            dt = dtypes.as_dtype(spec["dtype"])
+            nbytes = int(np.prod(spec["shape"], dtype=np.int64)) * dt.itemsize
+            # One allocation per buffer, so that a view of one can never reach another.
+            self.state_bases.append(shims.empty_strided([nbytes], [1], dtypes.uint8,
+                                                        self.device))
+        self._reset()
+
+    def _reset(self) -> None:
+        names = list(self.program.constants)
+        for i, spec in enumerate(self.program.state):
+            base = self.state_bases[i]
+            if spec["init"] is None:
+                self.stream.fill(base, 0)
+            else:
+                src = self.constant_bases[names.index(spec["init"])]
+                self.stream.copy(base, src)
+
+    # -- what the module offers -------------------------------------------------------------
+
+    @property
+    def closed(self) -> bool:
+        """True once close() ran."""
+        return not self._closer.alive
+
+    def reset(self) -> None:
+        """Give every state buffer its initial value again (ordered after queued runs)."""
+        with self.lock:
+            self._check_open()
+            with owner_scope(self.owner), self.device.stream_guard(self.stream):
+                self._reset()
+                self.stream.commit()
+
+    def read_state(self, name: str) -> Tensor:
+        """A copy of state buffer `name` as it is after the runs queued so far."""
+        with self.lock:
+            self._check_open()
+            i = self._state_index.get(name) if isinstance(name, str) else None
+            if i is None:
+                raise InvalidArgument(f"state {name!r}: the program's state is "
+                                      f"{sorted(self._state_index)}")
+            spec = self.program.state[i]
+            dt = dtypes.as_dtype(spec["dtype"])
+            shape = [int(n) for n in spec["shape"]]
+            strides = contiguous(shape)
+            view = shims.reinterpret_tensor(self.state_bases[i], shape, strides, 0, dtype=dt)
+            try:
+                with owner_scope(PROCESS_OWNER), self.device.stream_guard(self.stream):
+                    out = shims.empty_strided(shape, strides, dt, self.device)
+                    self.stream.copy(out, view)
+                    self.stream.commit()
+            finally:
+                shims.delete_tensor_object(view)
+            return Tensor._adopt(out)
+
+    @property
+    def state_names(self) -> tuple[str, ...]:
+        """The state buffers' names, in the file's order."""
+        return tuple(self._state_index)
+
+    def _check_open(self) -> None:
+        if self.closed:
+            raise InvalidArgument(f"program {self.name} is closed")
+
+    def close(self) -> None:
+        """Wait for queued work, then free the constants, state and kernels (runs once)."""
+        with self.lock:
+            self._closer()
+            self.constant_bases = []
+            self.state_bases = []
+
+    def __repr__(self) -> str:
+        return f"<aotrt.LoadedProgram {self.name} {'closed' if self.closed else 'open'}>"
+
+
+__all__ = ["LoadedProgram"]
