@@ -5,7 +5,7 @@ IR-node costs that the load-time budget counts, and which instructions touch whi
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Iterator
 
 import numpy as np
 
@@ -83,42 +83,89 @@ def first_unwritten(writes: list[Write], nbytes: int, lim: Limits,
     return int(np.argmin(seen))
 
 
-def uses_reduce_dim(st: ir.Store, nouter: int) -> bool:
-    """Whether a store's index or value reads a reduce dim outside a Reduce body (then the
-    renderers run it inside a loop over the reduce domain)."""
-    stack: list[Any] = [st.index, st.value]
-    seen: set[int] = set()
-    while stack:
-        e = stack.pop()
-        if id(e) in seen:
-            continue
-        seen.add(id(e))
-        if isinstance(e, ir.Idx) and e.dim >= nouter:
-            return True
-        if not isinstance(e, ir.Reduce):
+class IRMemo:
+    """Facts about kernel IR nodes, each computed once per distinct node (by identity) and
+    context, for one validation or render call.
+
+    Kernel IR is a graph: one node may be shared by many stores, reductions and kernels, so
+    an analysis that walks it per use is quadratic or worse on a hostile program. A memo lives
+    only as long as the call that made it, while its program holds every node, so no id() is
+    ever reused for another node (a module-level map keyed by id() would outlive them).
+    `visits` counts the nodes whose facts were computed: tests hold it linear in the nodes.
+    """
+
+    def __init__(self) -> None:
+        self.visits = 0
+        self._tables: dict[str, dict[tuple[Any, int], Any]] = {}
+
+    def post(self, table: str, ctx: Any, roots: Any, fact: Any,
+             kids: Any = None) -> list[Any]:
+        """`fact(node, [facts of kids(node)])` of each root, every node computed once per
+        (table, ctx) over this memo's life; iterative, so deep IR needs no recursion. `kids`
+        defaults to ir.children."""
+        memo = self._tables.setdefault(table, {})
+        kids = kids or ir.children
+        stack: list[tuple[Any, bool]] = [(r, False) for r in roots]
+        while stack:
+            node, ready = stack.pop()
+            key = (ctx, id(node))
+            if key in memo:
+                continue
+            cs = kids(node)
+            if not ready and cs:
+                stack.append((node, True))
+                stack.extend((c, False) for c in cs if (ctx, id(c)) not in memo)
+                continue
+            self.visits += 1
+            memo[key] = fact(node, [memo[(ctx, id(c))] for c in cs])
+        return [memo[(ctx, id(r))] for r in roots]
+
+    def walk(self, roots: Any) -> Iterator[Any]:
+        """Every node reachable from `roots`, each once (this call's own seen set)."""
+        seen: set[int] = set()
+        stack = list(roots)
+        while stack:
+            e = stack.pop()
+            if id(e) in seen:
+                continue
+            seen.add(id(e))
+            self.visits += 1
+            yield e
             stack.extend(ir.children(e))
-    return False
 
 
-def affine_index(e: ir.Expr, ndim: int) -> tuple[dict[int, int], int] | None:
+def _outside_reduce(e: Any) -> tuple[Any, ...]:
+    # A Reduce's body runs in its own loop: its reduce dims are not the store's.
+    return () if isinstance(e, ir.Reduce) else ir.children(e)
+
+
+def uses_reduce_dim(st: ir.Store, nouter: int, memo: IRMemo | None = None) -> bool:
+    """Whether a store's index or value reads a reduce dim outside a Reduce body (then the
+    renderers run it inside a loop over the reduce domain). Shared nodes are looked at once
+    per `memo` however many stores use them."""
+    memo = memo or IRMemo()
+
+    def fact(e: Any, kids: list[bool]) -> bool:
+        return (isinstance(e, ir.Idx) and e.dim >= nouter) or any(kids)
+
+    return any(memo.post("rdim", nouter, (st.index, st.value), fact, _outside_reduce))
+
+
+def affine_index(e: ir.Expr, ndim: int,
+                 memo: IRMemo | None = None) -> tuple[dict[int, int], int] | None:
     """`e` as sum(coef[d] * Idx(d)) + c0 over outer dims d < ndim, exactly as int64 computes
     it, or None when it is not of that form. Only int64 add, sub, neg, mul by a constant and
     int64 casts of int64 values: these wrap modulo 2**64 like the integers, so a result that
     lies in range equals the true affine value."""
-    memo: dict[int, Any] = {}
-    stack: list[tuple[Any, bool]] = [(e, False)]
     big = 1 << 64
-    while stack:
-        node, ready = stack.pop()
-        if id(node) in memo:
-            continue
-        kids = ir.children(node) if isinstance(node, ir.Op) else ()
-        if not ready and kids:
-            stack.append((node, True))
-            stack.extend((c, False) for c in kids if id(c) not in memo)
-            continue
-        memo[id(node)] = _affine_node(node, ndim, [memo[id(c)] for c in kids], big)
-    return memo[id(e)]
+
+    def kids(node: Any) -> tuple[Any, ...]:
+        return ir.children(node) if isinstance(node, ir.Op) else ()
+
+    def fact(node: Any, args: list) -> Any:
+        return _affine_node(node, ndim, args, big)
+
+    return (memo or IRMemo()).post("affine", ndim, (e,), fact, kids)[0]
 
 
 def _affine_node(e: Any, ndim: int, args: list, big: int) -> Any:
@@ -156,7 +203,7 @@ def _affine_node(e: Any, ndim: int, args: list, big: int) -> Any:
     return out
 
 
-def kernel_cost(k: ir.Kernel, cap: int) -> tuple[int, int]:
+def kernel_cost(k: ir.Kernel, cap: int, memo: IRMemo | None = None) -> tuple[int, int]:
     """(distinct IR nodes, loop iterations) of a kernel, in time linear in its nodes.
 
     Iterations: the outer elements, each running one loop over the reduce domain per Reduce
@@ -164,34 +211,26 @@ def kernel_cost(k: ir.Kernel, cap: int) -> tuple[int, int]:
     counts once too: its value is per outer element, and both renderers compute it before
     the loop that uses it (render_c `_reduce`), not inside that loop. Saturates at cap + 1.
     """
+    memo = memo or IRMemo()
     nodes = 0
     reduces = 0
-    for node in ir.walk(k.stores):
+    for node in memo.walk(k.stores):
         nodes += 1
         reduces += isinstance(node, ir.Reduce)
     rn = max(numel(k.rshape), 1)
-    loops = reduces + (1 if any(uses_reduce_dim(st, len(k.shape)) for st in k.stores) else 0)
+    inner = any(uses_reduce_dim(st, len(k.shape), memo) for st in k.stores)
+    loops = reduces + (1 if inner else 0)
     total = numel(k.shape) * (1 + rn * loops)
     return nodes, min(total, cap + 1)
 
 
-def reduce_depth(k: ir.Kernel) -> int:
+def reduce_depth(k: ir.Kernel, memo: IRMemo | None = None) -> int:
     """The most Reduce nodes on one path from a store down (nested reductions), in time
     linear in the kernel's distinct nodes."""
-    depth: dict[int, int] = {}
-    stack: list[tuple[Any, bool]] = [(s, False) for s in k.stores]
-    while stack:
-        node, ready = stack.pop()
-        if id(node) in depth:
-            continue
-        kids = ir.children(node)
-        if not ready:
-            stack.append((node, True))
-            stack.extend((c, False) for c in kids if id(c) not in depth)
-            continue
-        depth[id(node)] = max((depth[id(c)] for c in kids), default=0) + isinstance(
-            node, ir.Reduce)
-    return max((depth[id(s)] for s in k.stores), default=0)
+    def fact(node: Any, kids: list[int]) -> int:
+        return max(kids, default=0) + isinstance(node, ir.Reduce)
+
+    return max((memo or IRMemo()).post("depth", None, k.stores, fact), default=0)
 
 
 def tree_size(k: ir.Kernel, cap: int) -> int:

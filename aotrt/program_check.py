@@ -14,11 +14,11 @@ from typing import TYPE_CHECKING, Any, Sequence
 import numpy as np
 
 from aotrt import dtypes
-from aotrt.analysis import (Write, affine_index, first_unwritten, kernel_cost,
+from aotrt.analysis import (IRMemo, Write, affine_index, first_unwritten, kernel_cost,
                             reduce_depth, uses_reduce_dim)
 from aotrt.errors import InvalidArgument, ProgramError, Unsupported
 from aotrt.kernels import ir
-from aotrt.kernels.bounds import kernel_accesses, walk as _walk
+from aotrt.kernels.bounds import arg_ranges
 from aotrt.limits import DEFAULT as DEFAULT_LIMITS, Limits, within
 from aotrt.runtime.tensor import is_packed
 from aotrt.runtime.tensor import numel_of as numel
@@ -148,10 +148,21 @@ class Validator:
         self.work = 0
         #: output index -> the byte sets instructions write into it (see aotrt.analysis.Write)
         self.writes: dict[int, list[Write]] = {}
-        #: kernel name -> kernel_accesses(kernel), computed once however many use it
-        self.accesses: dict[str, list] = {}
+        #: facts about IR nodes, each computed once per distinct node for this validation
+        #: (a kernel's nodes may be shared by its stores, and a kernel by many instructions)
+        self.memo = IRMemo()
+        #: kernel name -> bounds.arg_ranges(kernel), computed once however many use it
+        self.accesses: dict[str, dict] = {}
         #: kernel name -> _store_forms(kernel), likewise
         self.forms: dict[str, list] = {}
+        #: (kernel, argument, tensor id) whose store footprints are recorded, and how many
+        self.proved: set[tuple[str, int, int]] = set()
+        self.store_writes = 0
+        #: tensor id -> extent() of its view in bytes, computed once however many use it
+        self.extents: dict[int, tuple[int, int]] = {}
+        #: per-instruction bound checks made (one per argument and access kind, never one
+        #: per load node): tests hold it linear in the instructions
+        self.checks = 0
 
     def run(self) -> None:
         """Check the whole program; raise ProgramError at the first problem."""
@@ -271,13 +282,13 @@ class Validator:
                 raise fail(f"kernels[{i}]", f"kernel name {k.name!r} is not ASCII")
             if k.name in self.kernel_by_name:
                 raise fail(f"kernels[{i}]", f"duplicate kernel name {k.name!r}")
-            _check_kernel_types(k, f"kernels[{i}] {k.name}")
-            depth = reduce_depth(k)
+            _check_kernel_types(k, f"kernels[{i}] {k.name}", self.memo)
+            depth = reduce_depth(k, self.memo)
             if depth > MAX_REDUCE_DEPTH:
                 raise fail(f"kernels[{i}] {k.name}", f"reductions nest {depth} deep, more than "
                                                      f"{MAX_REDUCE_DEPTH}")
             self.kernel_by_name[k.name] = k
-            n, iters = kernel_cost(k, self.lim.max_kernel_iterations)
+            n, iters = kernel_cost(k, self.lim.max_kernel_iterations, self.memo)
             nodes += n
             within(nodes, self.lim, "max_ir_nodes", f"kernels[{i}] {k.name}: IR nodes so far")
             within(iters, self.lim, "max_kernel_iterations",
@@ -331,16 +342,17 @@ class Validator:
                 self._writable(tid, f"{w}.args[{j}]")
         self.work += self.iterations[name]
         if name not in self.accesses:
-            self.accesses[name] = kernel_accesses(k)
-        for arg, rng, is_store in self.accesses[name]:
-            if rng is None:
-                continue
+            self.accesses[name] = arg_ranges(k, self.memo)
+        for (arg, is_store), rng in self.accesses[name].items():
+            self.checks += 1
             tid = tids[arg]
             root, index, off, dt, sz, st = self.tensors[tid]
             what = "stores to" if is_store else "loads from"
             if rng == "float":
                 raise fail(w, f"kernel {name} {what} argument {arg} at a non-integer index")
-            lo_b, hi_b = extent(sz, st, dt.itemsize)
+            if tid not in self.extents:
+                self.extents[tid] = extent(sz, st, dt.itemsize)
+            lo_b, hi_b = self.extents[tid]
             if rng[0] * dt.itemsize < lo_b or (rng[1] + 1) * dt.itemsize > hi_b:
                 raise fail(w, f"kernel {name} {what} argument {arg} (tensor {tid}, "
                               f"{dt.name}{list(sz)} of {root} {index}) at element indices "
@@ -350,31 +362,46 @@ class Validator:
         if k.numel == 0:
             return
         dims_all = (*k.shape, *k.rshape)
-        for st_arg, form in self._store_forms(k):
-            root, index, off, dt, _, _ = self.tensors[tids[st_arg]]
-            if root != "output" or form is None:
-                continue            # a store we cannot describe proves nothing written
-            coefs, c0 = form
-            start, dims = off + c0 * dt.itemsize, []
-            for d, c in coefs.items():
-                n = dims_all[d]
-                if c < 0:           # the same set of elements, walked the other way
-                    start += c * (n - 1) * dt.itemsize
-                dims.append((n, abs(c) * dt.itemsize))
-            self._wrote(index, Write(start, dims, dt.itemsize))
+        for st_arg, forms in self._store_forms(k).items():
+            tid = tids[st_arg]
+            root, index, off, dt, _, _ = self.tensors[tid]
+            # The same kernel storing into the same view writes the same bytes again.
+            if root != "output" or (name, st_arg, tid) in self.proved:
+                continue
+            self.proved.add((name, st_arg, tid))
+            # Each distinct (kernel, argument, view) records its stores' byte sets once; a
+            # file could still ask for views x stores of them, so they count against the
+            # IR-node budget (a real program has a few per output).
+            self.store_writes += len(forms)
+            within(self.store_writes, self.lim, "max_ir_nodes",
+                   f"{w}: kernel store footprints into outputs to prove (counted with the "
+                   f"IR nodes)")
+            for coefs, c0 in forms:
+                start, dims = off + c0 * dt.itemsize, []
+                for d, c in coefs:
+                    n = dims_all[d]
+                    if c < 0:       # the same set of elements, walked the other way
+                        start += c * (n - 1) * dt.itemsize
+                    dims.append((n, abs(c) * dt.itemsize))
+                self._wrote(index, Write(start, dims, dt.itemsize))
 
-    def _store_forms(self, k: ir.Kernel) -> list[tuple[int, Any]]:
-        """(argument, affine form or None) of each store, computed once per kernel."""
+    def _store_forms(self, k: ir.Kernel) -> dict[int, list[tuple[tuple, int]]]:
+        """Argument -> the distinct affine forms ((dim, coef) pairs, c0) of its stores,
+        computed once per kernel; a store we cannot describe proves nothing written and is
+        left out."""
         forms = self.forms.get(k.name)
         if forms is None:
-            forms = []
+            seen: dict[int, dict[tuple, None]] = {}
+            ndim = len(k.shape) + len(k.rshape)
             for st in k.stores:
                 # A store that uses a reduce dim runs in a loop over the reduce domain too (as
                 # render_c renders it): over every (outer, reduce) point, never if it is empty.
-                if uses_reduce_dim(st, len(k.shape)) and numel(k.rshape) == 0:
-                    forms.append((st.arg, None))
-                else:
-                    forms.append((st.arg, affine_index(st.index, len(k.shape) + len(k.rshape))))
+                if uses_reduce_dim(st, len(k.shape), self.memo) and numel(k.rshape) == 0:
+                    continue
+                form = affine_index(st.index, ndim, self.memo)
+                if form is not None:
+                    seen.setdefault(st.arg, {})[(tuple(sorted(form[0].items())), form[1])] = None
+            forms = {arg: list(fs) for arg, fs in seen.items()}
             self.forms[k.name] = forms
         return forms
 
@@ -488,7 +515,7 @@ def _op_message(fn: str, msg: str) -> str:
 _EXPR_TYPES = (ir.Const, ir.Idx, ir.Load, ir.Op, ir.Reduce)
 
 
-def _check_kernel_types(k: ir.Kernel, where: str) -> None:
+def _check_kernel_types(k: ir.Kernel, where: str, memo: IRMemo) -> None:
     """The IR's own validate() checks meaning; this checks that every node is of the type
     its place needs, so that no renderer meets an object it does not know."""
     for n in (*k.shape, *k.rshape):
@@ -504,7 +531,7 @@ def _check_kernel_types(k: ir.Kernel, where: str) -> None:
         if isinstance(st.arg, bool) or not isinstance(st.arg, int):
             raise fail(where, f"store argument {st.arg!r} is not an int")
     roots = [x for st in k.stores for x in (st.index, st.value)]
-    for e in _walk(roots):
+    for e in memo.walk(roots):
         if not isinstance(e, _EXPR_TYPES):
             raise fail(where, f"{type(e).__name__} node inside an expression")
         if not isinstance(e.dtype, str):

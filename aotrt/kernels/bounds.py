@@ -365,19 +365,42 @@ def expr_range(kernel: ir.Kernel, e: ir.Expr) -> Any:
     return _Ranges(kernel).of(e)
 
 
-def kernel_accesses(kernel: ir.Kernel) -> list[tuple[int, Any, bool]]:
+def kernel_accesses(kernel: ir.Kernel, memo: Any = None) -> list[tuple[int, Any, bool]]:
     """(argument, index range or None, is_store) of every load and store of a kernel.
 
-    A range of None means the access never runs (an empty iteration dim).
+    A range of None means the access never runs (an empty iteration dim). With `memo` (an
+    aotrt.analysis.IRMemo) the nodes looked at are counted into its `visits`.
     """
     if kernel.numel == 0:
         return []
     ranges = _Ranges(kernel)
     out = []
-    for e in walk(kernel.stores):
+    for e in (memo.walk(kernel.stores) if memo is not None else walk(kernel.stores)):
         if isinstance(e, (ir.Load, ir.Store)):
             if e.index.dtype not in ir.INT_DTYPES and e.index.dtype != "bool":
                 out.append((e.arg, "float", isinstance(e, ir.Store)))
                 continue
             out.append((e.arg, ranges.of(e.index), isinstance(e, ir.Store)))
+    if memo is not None:
+        memo.visits += len(ranges.memo)
+    return out
+
+
+def arg_ranges(kernel: ir.Kernel, memo: Any = None) -> dict[tuple[int, bool], Any]:
+    """(argument, is_store) -> the union of the index ranges of the argument's loads (or
+    stores), or "float" when one of their indices is not an integer; accesses that never
+    run are left out. A view holds every access exactly when it holds the union, so a
+    program checks each use of a kernel in O(arguments), not O(loads)."""
+    out: dict[tuple[int, bool], Any] = {}
+    for arg, rng, is_store in kernel_accesses(kernel, memo):
+        if rng is None:
+            continue
+        key = (arg, is_store)
+        have = out.get(key)
+        if rng == "float" or have == "float":
+            out[key] = "float"
+        elif have is None:
+            out[key] = rng
+        else:
+            out[key] = (min(have[0], rng[0]), max(have[1], rng[1]))
     return out

@@ -249,22 +249,93 @@ def walk(roots: Sequence[Any]) -> Iterator[Any]:
         stack.extend(children(e))
 
 
+#: each IR class's fields and the kind of value each must hold (see `field_problem`)
+FIELDS: dict[str, dict[str, str]] = {
+    "Const": {"value": "scalar", "dtype": "str"},
+    "Idx": {"dim": "int", "dtype": "str"},
+    "Load": {"arg": "int", "index": "expr", "dtype": "str"},
+    "Op": {"op": "str", "args": "exprs", "dtype": "str"},
+    "Reduce": {"op": "str", "body": "expr", "dtype": "str"},
+    "Store": {"arg": "int", "index": "expr", "value": "expr"},
+    "Arg": {"dtype": "str", "mode": "str"},
+    "Kernel": {"name": "str", "shape": "ints", "rshape": "ints", "args": "args",
+               "stores": "stores"},
+}
+
+
+def field_problem(kind: str, v: Any) -> str:
+    """Why `v` cannot be a field of kind `kind` (a value of FIELDS); "" when it can. Every
+    field is checked by type before anything compares, hashes or walks it."""
+    if kind == "int":
+        return "" if isinstance(v, int) and not isinstance(v, bool) else \
+            f"expected an integer, got {type(v).__name__}"
+    if kind == "str":
+        return "" if isinstance(v, str) else f"expected a string, got {type(v).__name__}"
+    if kind == "scalar":
+        return "" if isinstance(v, (int, float, bool)) else \
+            f"expected a number or a bool, got {type(v).__name__}"
+    if kind == "expr":
+        return "" if isinstance(v, (Const, Idx, Load, Op, Reduce)) else \
+            f"expected an expression node, got {type(v).__name__}"
+    want = {"ints": (int, "integers"), "exprs": ((Const, Idx, Load, Op, Reduce),
+                                                 "expression nodes"),
+            "args": (Arg, "Arg nodes"), "stores": (Store, "Store nodes")}[kind]
+    if not isinstance(v, tuple):
+        return f"expected a list of {want[1]}, got {type(v).__name__}"
+    for j, x in enumerate(v):
+        if not isinstance(x, want[0]) or (kind == "ints" and isinstance(x, bool)):
+            return f"entry {j}: expected one of {want[1]}, got {type(x).__name__}"
+    return ""
+
+
+def node_problem(node: Any) -> str:
+    """"Type.field: why" for the first malformed field of an IR node ("" if none)."""
+    name = type(node).__name__
+    for f, kind in FIELDS.get(name, {}).items():
+        problem = field_problem(kind, getattr(node, f, None))
+        if problem:
+            return f"{name}.{f}: {problem}"
+    return ""
+
+
 def validate(k: Kernel) -> None:
-    """Check a kernel's structure; raise InvalidArgument naming the fault."""
+    """Check a kernel's structure; raise InvalidArgument naming the fault. Every node is
+    checked by type before its fields are used, and looked at once however shared."""
+    problem = node_problem(k)
+    if problem:
+        raise InvalidArgument(f"kernel: {problem}"[:300])
     if not k.name.isidentifier():
         raise InvalidArgument(f"kernel name {k.name!r} is not an identifier")
     for s in (*k.shape, *k.rshape):
-        if not isinstance(s, int) or s < 0:
+        if s < 0:
             raise InvalidArgument(f"kernel {k.name}: bad iteration size {s!r}")
     ndim = len(k.shape) + len(k.rshape)
     for a in k.args:
+        problem = node_problem(a)
+        if problem:
+            raise InvalidArgument(f"kernel {k.name}: {problem}"[:300])
         if a.dtype not in DTYPES or a.mode not in ("r", "w", "rw"):
-            raise InvalidArgument(f"kernel {k.name}: bad argument {a!r}")
+            raise InvalidArgument(f"kernel {k.name}: bad argument {a!r}"[:300])
+    seen: set[int] = set()
+    stack: list[Any] = []
     for st in k.stores:
+        problem = node_problem(st)
+        if problem:
+            raise InvalidArgument(f"kernel {k.name}: {problem}"[:300])
         if not 0 <= st.arg < len(k.args) or "w" not in k.args[st.arg].mode:
             raise InvalidArgument(f"kernel {k.name}: store to non-output argument {st.arg}")
-        for e in walk((st.index, st.value)):
-            _check_node(k, e, ndim)
+        stack.extend((st.index, st.value))
+    # One walk over all stores: a value shared by many stores is checked once.
+    while stack:
+        e = stack.pop()
+        if id(e) in seen:
+            continue
+        seen.add(id(e))
+        problem = node_problem(e)
+        if problem:
+            raise InvalidArgument(f"kernel {k.name}: {problem}"[:300])
+        _check_node(k, e, ndim)
+        stack.extend(children(e))
 
 
 def _check_node(k: Kernel, e: Expr, ndim: int) -> None:
@@ -337,33 +408,75 @@ def to_json(obj: Any) -> Any:
     return obj
 
 
-def from_json(obj: Any, depth: int = 0) -> Any:
-    """Rebuild IR objects from `to_json` output; raise ProgramError on anything malformed."""
-    if depth > 2000:
-        raise ProgramError("kernel IR nests too deeply")
-    if isinstance(obj, list):
-        return tuple(from_json(x, depth + 1) for x in obj)
-    if isinstance(obj, dict):
-        t = obj.get("t")
-        if t == "float":
-            v = obj.get("v")
-            if set(obj) != {"t", "v"} or v not in ("nan", "inf", "-inf"):
-                raise ProgramError(f"bad special float {v!r}"[:200])
-            return float(v)
-        cls = _NODE_TYPES.get(t)
-        if cls is None:
-            raise ProgramError(f"unknown IR node type {t!r}")
-        names = {f.name for f in fields(cls)}
-        if set(obj) - {"t"} != names:
-            raise ProgramError(f"IR node {t} has fields {sorted(obj)}, expected {sorted(names)}")
-        kwargs = {k: from_json(v, depth + 1) for k, v in obj.items() if k != "t"}
-        try:
-            return cls(**kwargs)
-        except (InvalidArgument, TypeError) as e:
-            raise ProgramError(f"bad IR node {t}: {e}") from None
-    if obj is None or isinstance(obj, (int, float, bool, str)):
-        return obj
-    raise ProgramError(f"unexpected IR value {obj!r}")
+#: JSON nesting that from_json accepts (a file's JSON parser stops before this anyway)
+MAX_JSON_DEPTH = 2000
+
+
+def from_json(obj: Any) -> Any:
+    """Rebuild IR objects from `to_json` output; raise ProgramError naming the malformed
+    field. Iterative: no nesting depth reaches Python's recursion limit."""
+    built: dict[int, Any] = {}
+    stack: list[tuple[Any, int, bool]] = [(obj, 0, False)]
+    while stack:
+        o, depth, ready = stack.pop()
+        if id(o) in built:
+            continue
+        if depth > MAX_JSON_DEPTH:
+            raise ProgramError("kernel IR nests too deeply")
+        kids = _json_kids(o)
+        if not ready and kids:
+            stack.append((o, depth, True))
+            stack.extend((x, depth + 1, False) for x in kids if id(x) not in built)
+            continue
+        if isinstance(o, list):
+            built[id(o)] = tuple(built[id(x)] for x in o)
+        elif isinstance(o, dict) and o.get("t") != "float":
+            built[id(o)] = _build(o, {f: built[id(v)] for f, v in o.items() if f != "t"})
+        else:
+            built[id(o)] = _json_scalar(o)
+    return built[id(obj)]
+
+
+def _json_kids(o: Any) -> list[Any]:
+    """The JSON values an IR value is built from (checking a node's type and fields)."""
+    if isinstance(o, list):
+        return o
+    if not isinstance(o, dict):
+        return []
+    t = o.get("t")
+    if t == "float":
+        return []
+    if not isinstance(t, str) or t not in _NODE_TYPES:
+        raise ProgramError(f"unknown IR node type {t!r}"[:200])
+    names = set(FIELDS[t])
+    if set(o) - {"t"} != names:
+        raise ProgramError(f"IR node {t} has fields {sorted(map(str, o))}, expected "
+                           f"{sorted(names)}"[:300])
+    return [v for f, v in o.items() if f != "t"]
+
+
+def _json_scalar(o: Any) -> Any:
+    if isinstance(o, dict):       # a special float
+        v = o.get("v")
+        if set(o) != {"t", "v"} or not isinstance(v, str) or v not in ("nan", "inf", "-inf"):
+            raise ProgramError(f"bad special float {v!r}"[:200])
+        return float(v)
+    if o is None or isinstance(o, (int, float, bool, str)):
+        return o
+    raise ProgramError(f"unexpected IR value {o!r}"[:200])
+
+
+def _build(o: dict, kwargs: dict[str, Any]) -> Any:
+    """The IR node `o` describes, from its built fields, each checked by type first."""
+    t = o["t"]
+    for f, kind in FIELDS[t].items():
+        problem = field_problem(kind, kwargs[f])
+        if problem:
+            raise ProgramError(f"IR node {t}.{f}: {problem}"[:300])
+    try:
+        return _NODE_TYPES[t](**kwargs)
+    except InvalidArgument as e:      # Kernel's own validate(): meaning, not types
+        raise ProgramError(f"bad IR node {t}: {e}") from None
 
 
 def dumps(kernels: Sequence[Kernel]) -> str:

@@ -9,6 +9,7 @@ import copy
 import re
 from typing import Any, Sequence
 
+from aotrt.analysis import IRMemo, uses_reduce_dim
 from aotrt.kernels import ir
 from aotrt.kernels.math_c import MATH_C
 
@@ -162,12 +163,16 @@ class CStyleRenderer:
         for line in self.outer_lines(k):
             self._emit(1, line)
         nouter = len(k.shape)
-        outer = [st for st in k.stores if not _uses_rdim(st, nouter)]
-        inner = [st for st in k.stores if _uses_rdim(st, nouter)]
+        # One memo for the kernel: stores sharing a value look at its nodes once.
+        memo = IRMemo()
+        uses = [uses_reduce_dim(st, nouter, memo) for st in k.stores]
+        outer = [st for st, u in zip(k.stores, uses) if not u]
+        inner = [st for st, u in zip(k.stores, uses) if u]
         for st in outer:
             self._store(st, scope, 1)
         if inner:
-            for red in _direct_reduces([x for st in inner for x in (st.index, st.value)]):
+            roots = [x for st in inner for x in (st.index, st.value)]
+            for red in _direct_reduces(roots, self._done(scope)):
                 self._expr(red, scope, 1)
             self._open_rloop(1, "je")
             loop_scope = dict(scope)
@@ -259,6 +264,11 @@ class CStyleRenderer:
             ids[id(node)] = self._intern.setdefault(t, len(self._intern))
         return ids[id(e)]
 
+    def _done(self, scope: dict) -> Any:
+        """Whether a node's value is already in `scope` (then so is every Reduce under it,
+        and a walk for Reduces need not look inside it again)."""
+        return lambda e: not isinstance(e, (ir.Const, ir.Idx)) and self._key(e) in scope
+
     def _text(self, e: ir.Expr, scope: dict) -> str:
         if isinstance(e, ir.Const):
             return self.literal(e.value, e.dtype)
@@ -300,7 +310,7 @@ class CStyleRenderer:
 
     def _reduce(self, e: ir.Reduce, scope: dict, depth: int) -> str:
         # Reductions used inside this one are per outer element: compute them first, once.
-        for red in _direct_reduces([e.body]):
+        for red in _direct_reduces([e.body], self._done(scope)):
             self._expr(red, scope, depth)
         acc = self._new()
         self._emit(depth, f"{COMPUTE_TYPE[e.dtype]} {acc} = {self.reduce_init(e.op, e.dtype)};")
@@ -460,8 +470,9 @@ def _children(e: ir.Expr) -> tuple[ir.Expr, ...]:
     return () if isinstance(e, ir.Reduce) else ir.children(e)
 
 
-def _direct_reduces(roots: list[ir.Expr]) -> list[ir.Reduce]:
-    """Reduce nodes reachable from `roots` without entering another Reduce, innermost first."""
+def _direct_reduces(roots: list[ir.Expr], done: Any = None) -> list[ir.Reduce]:
+    """Reduce nodes reachable from `roots` without entering another Reduce, innermost first;
+    nodes for which `done(node)` holds (already computed) are not entered either."""
     out: list[ir.Reduce] = []
     seen: set[int] = set()
     stack = list(roots)
@@ -470,25 +481,13 @@ def _direct_reduces(roots: list[ir.Expr]) -> list[ir.Reduce]:
         if id(e) in seen:
             continue
         seen.add(id(e))
+        if done is not None and done(e):
+            continue
         if isinstance(e, ir.Reduce):
             out.append(e)
         else:
             stack.extend(_children(e))
     return out
-
-
-def _uses_rdim(st: ir.Store, nouter: int) -> bool:
-    stack: list[ir.Expr] = [st.index, st.value]
-    seen: set[int] = set()      # shared subexpressions once (a DAG is not a tree)
-    while stack:
-        e = stack.pop()
-        if id(e) in seen:
-            continue
-        seen.add(id(e))
-        if isinstance(e, ir.Idx) and e.dim >= nouter:
-            return True
-        stack.extend(_children(e))
-    return False
 
 
 #: work units (emitted C lines, weighted by reduce trip counts) one thread must get before a
@@ -538,7 +537,7 @@ static inline int64_t aot_nthreads(int64_t n, int64_t cost, int64_t threads) {
         as a scalar tail into the same lanes. The in-order sum ran at one element per add's
         latency: a 1500-column softmax's sum pass took 2.9 ms over 4500 rows on one core
         of this AVX-512 machine."""
-        for red in _direct_reduces([e.body]):
+        for red in _direct_reduces([e.body], self._done(scope)):
             self._expr(red, scope, depth)
         acc = self._new()
         rn = self._rnumel()
@@ -601,7 +600,7 @@ static inline int64_t aot_nthreads(int64_t n, int64_t cost, int64_t threads) {
             return self._sum_in_double(e, scope, depth)
         if e.op not in ("max", "min") or e.dtype not in ir.FLOAT_DTYPES:
             return super()._reduce(e, scope, depth)
-        for red in _direct_reduces([e.body]):
+        for red in _direct_reduces([e.body], self._done(scope)):
             self._expr(red, scope, depth)
         acc = self._new()
         nan = f"{acc}_nan"
