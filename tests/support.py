@@ -2,11 +2,16 @@
 
 from __future__ import annotations
 
+import contextlib
 import re
-from typing import Any, Sequence
+import sys
+from pathlib import Path
+from types import FrameType
+from typing import Any, Iterator, Sequence
 
 import numpy as np
 
+import aotrt
 from aotrt.kernels import ir
 from aotrt.runtime.device import Device, KernelFunction, KernelLibrary
 from aotrt.runtime.tensor import Handle
@@ -96,3 +101,48 @@ void k_flag(char **P, int64_t b, int64_t e, int64_t t) {
   else x[1] = 7;
 }
 """
+
+
+class TooMuchWork(BaseException):
+    """Raised inside the code under test when it runs past a `bounded_steps` limit; a
+    BaseException, so that no `except Exception` in aotrt turns it into a refusal."""
+
+
+class Steps:
+    """Python lines that aotrt's own code ran inside a `bounded_steps` block."""
+
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+        self.count = 0
+
+
+_AOTRT_DIR = str(Path(aotrt.__file__).resolve().parent)
+
+
+@contextlib.contextmanager
+def bounded_steps(limit: int) -> Iterator[Steps]:
+    """Count the lines of aotrt code run in this thread; raise TooMuchWork past `limit`.
+
+    A deterministic stand-in for "this is fast": a walk that expands shared IR, or a loop
+    over a hostile size, runs far more lines than the limit, whatever the machine's speed.
+    """
+    steps = Steps(limit)
+
+    def local(frame: FrameType, event: str, arg: Any) -> Any:
+        if event == "line":
+            steps.count += 1
+            if steps.count > limit:
+                sys.settrace(None)
+                raise TooMuchWork(f"more than {limit} lines of aotrt code ran")
+        return local
+
+    def call(frame: FrameType, event: str, arg: Any) -> Any:
+        # Only aotrt's frames are traced line by line: numpy and the tests cost nothing.
+        return local if frame.f_code.co_filename.startswith(_AOTRT_DIR) else None
+
+    old = sys.gettrace()
+    sys.settrace(call)
+    try:
+        yield steps
+    finally:
+        sys.settrace(old)
