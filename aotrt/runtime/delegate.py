@@ -108,6 +108,13 @@ class Delegate:
         self._owner = Owner(f"delegate {self.name}")
         self._stream: Stream | None = None
         self._lock = threading.Lock()
+        # `_gate` guards `_closing` and `_runs` (the runs inside run(), waiting for `_lock`
+        # or holding it): close() marks the delegate closing, so that no run starts after
+        # it, and waits for `_runs` to drain, from any thread. A run in a loop cannot starve
+        # it, as it could when close() only queued for `_lock`.
+        self._gate = threading.Condition(threading.Lock())
+        self._closing = False
+        self._runs = 0
         self._static: list[Handle | None] = []
         self._steps: list[_Step] = []
         # Graph replay: captured on the first run, over static buffers. Every program is
@@ -235,21 +242,39 @@ class Delegate:
         return self.run(*inputs, out=out)
 
     def run(self, *inputs: Any, out: Any = None) -> tuple[Any, ...]:
-        """Run the program once: a tuple of output Tensors (or the `out` tensors, filled)."""
-        with self._lock:
-            if self._closed:
+        """Run the program once: a tuple of output Tensors (or the `out` tensors, filled).
+
+        Safe from any thread: a run that a close() from another thread overtakes before it
+        starts is refused with InvalidArgument ("closed"); one that has started finishes."""
+        with self._gate:
+            if self._closing or self._closed:
                 raise InvalidArgument(f"delegate {self.name} is closed")
-            if len(inputs) != len(self.inputs):
-                names = ", ".join(s.name for s in self.inputs)
-                raise InvalidArgument(f"inputs: {self.name} takes {len(self.inputs)} inputs "
-                                      f"({names}), got {len(inputs)}")
-            args = self._args.classify_inputs(inputs)
-            outs = self._args.classify_out(out, args)
-            if self._graph_mode:
-                return self._run_graph(args, outs, out)
-            if self.device.host_addressable:
-                return self._run_static_io(args, outs, out)
-            return self._run(args, outs, out)
+            self._runs += 1
+        try:
+            with self._lock:
+                if self._closing:
+                    # close() came while this run waited for another: it goes first.
+                    raise InvalidArgument(f"delegate {self.name} is closed")
+                return self._run_locked(inputs, out)
+        finally:
+            with self._gate:
+                self._runs -= 1
+                if not self._runs:
+                    self._gate.notify_all()
+
+    def _run_locked(self, inputs: tuple[Any, ...], out: Any) -> tuple[Any, ...]:
+        """run(), within `_lock`."""
+        if len(inputs) != len(self.inputs):
+            names = ", ".join(s.name for s in self.inputs)
+            raise InvalidArgument(f"inputs: {self.name} takes {len(self.inputs)} inputs "
+                                  f"({names}), got {len(inputs)}")
+        args = self._args.classify_inputs(inputs)
+        outs = self._args.classify_out(out, args)
+        if self._graph_mode:
+            return self._run_graph(args, outs, out)
+        if self.device.host_addressable:
+            return self._run_static_io(args, outs, out)
+        return self._run(args, outs, out)
 
     def _run(self, args: list[Arg], outs: list[Arg] | None, out: Any) -> tuple[Any, ...]:
         dev, stream, prog = self.device, self._stream, self.program
@@ -624,7 +649,13 @@ class Delegate:
         return self._closed
 
     def close(self) -> None:
-        """Wait for queued work, then free this delegate's memory; safe to call twice."""
+        """Wait for queued work, then free this delegate's memory; safe to call twice, and
+        from any thread while others run it (runs that started finish first, later ones are
+        refused with InvalidArgument); outputs already returned stay valid."""
+        with self._gate:
+            self._closing = True
+            # Each run inside run() now finishes, or sees `_closing` and leaves.
+            self._gate.wait_for(lambda: not self._runs)
         with self._lock:
             self._closer()
             self._static = []

@@ -192,21 +192,41 @@ class Stream(ABC):
             self.commit()
 
     def wait_for(self, alloc: Any, writes_only: bool = False) -> bool:
-        """Wait if this stream has unfinished work on `alloc`; returns whether it waited."""
+        """Wait if this stream has unfinished work on `alloc`; returns whether it waited (a
+        closed stream never waits: its close waited for everything)."""
         last, last_write = alloc.uses.get(self, (0, 0))
-        if (last_write if writes_only else last) > self.completed_seq:
+        return self.wait_past(last_write if writes_only else last)
+
+    def wait_past(self, seq: int) -> bool:
+        """Wait until command `seq` is done, unless it is already or the stream is closed
+        (its close waited for all its work); returns whether it waited. Safe from any
+        thread while another closes the stream: the check and the wait are one step."""
+        if seq <= self.completed_seq:
+            return False
+        with self._lock:
+            if self.closed or seq <= self.completed_seq:
+                return False
             self.commit_and_wait()
             return True
-        return False
 
     def close(self) -> None:
-        """Wait for all work, drop this stream's pooled memory, and stop the stream."""
-        if self.closed:
-            return
-        self.commit_and_wait()
+        """Wait for all work, stop the stream, and drop its pooled memory; safe to call
+        twice, and from any thread while others queue, wait or close (they then wait for
+        the close, and what they queue after it is refused)."""
+        with self._lock:
+            if self.closed:
+                return
+            self._final_wait()
+            self._close()
+            self.closed = True
+        # Outside the stream's lock: Memory holds its own lock while it waits for streams.
+        # Closed first, so that nothing is pooled for this stream after the purge.
         self.device.memory.pool.purge_stream(self)
-        self._close()
-        self.closed = True
+
+    def _final_wait(self) -> None:
+        """The wait that `close` makes before it stops the stream (its failure is raised,
+        and the stream stays open)."""
+        self.commit_and_wait()
 
     def _submit_all(self) -> None:
         if self.recorded_seq != self.submitted_seq:
@@ -473,6 +493,7 @@ class KernelLibrary(ABC):
         # names are labels only.
         self.symbols: dict[str, str] = {k.name: symbol(i) for i, k in enumerate(kernels)}
         self.closed = False
+        self._close_lock = threading.Lock()     # two threads' closes release it once
         self.source = device.renderer.render(kernels)
         self._compile()
 
@@ -493,9 +514,11 @@ class KernelLibrary(ABC):
 
         A KernelFunction of a closed library refuses to dispatch.
         """
-        if not self.closed:
+        with self._close_lock:
+            if self.closed:
+                return
             self.closed = True
-            self._close()
+        self._close()
 
     def _close(self) -> None:
         """Release the device's handle on the compiled code."""

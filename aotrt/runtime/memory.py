@@ -189,17 +189,21 @@ class Allocation:
 
     def retain(self) -> None:
         """Add a user."""
-        if self.freed:
-            raise InvalidArgument(f"allocation {self.describe()} was already freed")
-        self.users += 1
+        # Under the memory's lock: users on several threads (a run's outputs, released where
+        # the caller drops them) must not lose a count, or the memory leaks or goes early.
+        with self.memory._lock:
+            if self.freed:
+                raise InvalidArgument(f"allocation {self.describe()} was already freed")
+            self.users += 1
 
     def release(self) -> None:
         """Drop a user; the last one frees or pools the memory."""
-        if self.users <= 0:
-            raise InvalidArgument(f"allocation {self.describe()} has no users to release")
-        self.users -= 1
-        if self.users == 0 and self.kind != "constants":
-            self.memory._last_release(self)
+        with self.memory._lock:
+            if self.users <= 0:
+                raise InvalidArgument(f"allocation {self.describe()} has no users to release")
+            self.users -= 1
+            if self.users == 0 and self.kind != "constants":
+                self.memory._last_release(self)
 
     def busy(self, writes_only: bool = False) -> bool:
         """True when some stream has unfinished work on this memory."""
@@ -211,8 +215,7 @@ class Allocation:
     def settle(self, writes_only: bool = False) -> None:
         """Wait on every stream with unfinished work (writes only, if asked) on this memory."""
         for stream in list(self.uses):
-            if not stream.closed:
-                stream.wait_for(self, writes_only)
+            stream.wait_for(self, writes_only)    # nothing to wait for on a closed stream
 
     def segment_of(self, offset: int) -> tuple[int, int]:
         """The byte range a blob starting at `offset` must stay inside.
@@ -248,49 +251,58 @@ class Pool:
         self._ids = itertools.count()
         self.pooled_bytes = 0
 
+    # Every method holds the memory's lock: streams and owners close (and purge) from any
+    # thread while others allocate and free. The put after a stream or owner is marked
+    # closed is refused, and the purge that follows the mark takes what came before it.
+
     def entries(self, stream: "Stream | None" = None) -> list[_PoolEntry]:
         """Pooled entries (of one stream, or all)."""
-        if stream is not None:
-            return list(self._lists.get(stream, {}).values())
-        return [e for lst in self._lists.values() for e in lst.values()]
+        with self.memory._lock:
+            if stream is not None:
+                return list(self._lists.get(stream, {}).values())
+            return [e for lst in self._lists.values() for e in lst.values()]
 
     def overlapping(self, start: int, end: int) -> list[Block]:
         """Pooled blocks whose bytes intersect [start, end): freed memory kept for reuse."""
-        return [e.block for lst in self._lists.values() for e in lst.values()
-                if e.block.ptr < end and start < e.block.ptr + e.block.nbytes]
+        with self.memory._lock:
+            return [e.block for lst in self._lists.values() for e in lst.values()
+                    if e.block.ptr < end and start < e.block.ptr + e.block.nbytes]
 
     def put(self, block: Block, stream: "Stream", owner: Owner, uses: dict) -> bool:
         """Keep `block` for reuse on `stream`; returns False if it is not poolable."""
-        if (stream is None or stream.closed or owner.closed
-                or not self.options.poolable(block.nbytes)):
-            return False
-        lst = self._lists.setdefault(stream, OrderedDict())
-        lst[next(self._ids)] = _PoolEntry(block, owner, dict(uses))
-        self.pooled_bytes += block.nbytes
-        while self.pooled_bytes > self.options.cap_bytes:
-            self._evict_lru()
-        return True
+        with self.memory._lock:
+            if (stream is None or stream.closed or owner.closed
+                    or not self.options.poolable(block.nbytes)):
+                return False
+            lst = self._lists.setdefault(stream, OrderedDict())
+            lst[next(self._ids)] = _PoolEntry(block, owner, dict(uses))
+            self.pooled_bytes += block.nbytes
+            while self.pooled_bytes > self.options.cap_bytes:
+                self._evict_lru()
+            return True
 
     def take(self, nbytes: int, stream: "Stream") -> _PoolEntry | None:
         """Best-fit block for `nbytes`: own stream first; another stream's only after a wait."""
-        found = self._best(self._lists.get(stream), nbytes)
-        if found is not None:
-            return self._settled(self._pop(stream, found), stream)
-        for other, lst in list(self._lists.items()):
-            if other is stream:
-                continue
-            key = self._best(lst, nbytes)
-            if key is not None:
-                return self._settled(self._pop(other, key), stream)
-        return None
+        with self.memory._lock:
+            found = self._best(self._lists.get(stream), nbytes)
+            if found is not None:
+                return self._settled(self._pop(stream, found), stream)
+            for other, lst in list(self._lists.items()):
+                if other is stream:
+                    continue
+                key = self._best(lst, nbytes)
+                if key is not None:
+                    return self._settled(self._pop(other, key), stream)
+            return None
 
     @staticmethod
     def _settled(entry: _PoolEntry, stream: "Stream") -> _PoolEntry:
         """Wait on every stream but `stream` whose work may still use the entry's block."""
         for other, (last, _) in list(entry.uses.items()):
-            if other is not stream and last > other.completed_seq and not other.closed:
-                # NOTE: stream order covers `stream` itself; any other stream must finish.
-                other.commit_and_wait()
+            if other is not stream:
+                # NOTE: stream order covers `stream` itself; any other stream must finish
+                # (a closed one has).
+                other.wait_past(last)
         return entry
 
     def _best(self, lst: OrderedDict | None, nbytes: int) -> int | None:
@@ -322,22 +334,25 @@ class Pool:
 
     def purge_stream(self, stream: "Stream") -> None:
         """Free every block pooled for `stream` (the stream is going away)."""
-        for key in list(self._lists.get(stream, {})):
-            entry = self._pop(stream, key)
-            self.memory._free_block(entry.block, entry.uses)
-        self._lists.pop(stream, None)
+        with self.memory._lock:
+            for key in list(self._lists.get(stream, {})):
+                entry = self._pop(stream, key)
+                self.memory._free_block(entry.block, entry.uses)
+            self._lists.pop(stream, None)
 
     def purge_owner(self, owner: Owner) -> None:
         """Free every block pooled by `owner`'s allocations."""
-        for stream, lst in list(self._lists.items()):
-            for key in [k for k, e in lst.items() if e.owner is owner]:
-                entry = self._pop(stream, key)
-                self.memory._free_block(entry.block, entry.uses)
+        with self.memory._lock:
+            for stream, lst in list(self._lists.items()):
+                for key in [k for k, e in lst.items() if e.owner is owner]:
+                    entry = self._pop(stream, key)
+                    self.memory._free_block(entry.block, entry.uses)
 
     def clear(self) -> None:
         """Free everything pooled."""
-        for stream in list(self._lists):
-            self.purge_stream(stream)
+        with self.memory._lock:
+            for stream in list(self._lists):
+                self.purge_stream(stream)
 
 
 class Memory:
@@ -429,8 +444,7 @@ class Memory:
 
     def _free_block(self, block: Block, uses: dict) -> None:
         for stream, (last, _) in list(uses.items()):
-            if last > stream.completed_seq and not stream.closed:
-                stream.commit_and_wait()
+            stream.wait_past(last)        # a closed stream has finished its work
         self.device._free(block)
         self.raw_bytes -= block.nbytes
 

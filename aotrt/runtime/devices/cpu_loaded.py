@@ -42,8 +42,13 @@ class LoadedLibrary:
             _ctypes.dlclose(handle)
             raise CompileError(f"{path.name} defines no aotrt_error flag") from None
         self._cv = threading.Condition()
+        # Every pin held, whichever thread holds it: a stream pins a queued native segment on
+        # run()'s thread and unpins it at a wait, which may be the closing thread's.
         self._busy = 0
-        self._inside = threading.local()    # per thread: how many calls of ours it is in
+        # Per thread ident: the calls of ours it is inside now (`pinned` blocks). Owned here,
+        # under the lock, not a thread-local: a pin's release counts against the thread that
+        # took it, whichever thread releases it.
+        self._calling: dict[int, int] = {}
         self._unmap_on_exit = False
         self.closed = False
 
@@ -69,7 +74,8 @@ class LoadedLibrary:
         if it (any of its threads) set the error flag."""
         if symbol not in self._fns:
             self.function(symbol)
-        with self.pinned(label):
+        pin = self._pin(label, threading.get_ident())
+        try:
             fn, flag = self._fns[symbol], self._flag
             # The flag is read after the kernel's parallel region has joined: a store by any
             # of its threads is visible here.
@@ -77,30 +83,62 @@ class LoadedLibrary:
             code = flag.value
             if code:
                 flag.value = 0
+        finally:
+            pin.release()
         if code:
             raise InvalidArgument(f"kernel {label}: {_kernel_error(code)}")
+
+    def pin(self, label: str) -> "Pin":
+        """A claim that the code stays mapped until `Pin.release` (from any thread), for
+        work queued now that runs later; InvalidArgument once the library is closed."""
+        return self._pin(label, None)
 
     @contextlib.contextmanager
     def pinned(self, label: str) -> Iterator[None]:
         """The code stays mapped within the block (a call of it runs): `close` waits for the
-        block's end, or, called inside it, leaves the unmapping to it."""
+        block's end, or, called inside it on the same thread, leaves the unmapping to it."""
+        pin = self._pin(label, threading.get_ident())
+        try:
+            yield
+        finally:
+            pin.release()
+
+    def _pin(self, label: str, thread: int | None) -> "Pin":
         with self._cv:
             if self.closed or self._flag is None:
                 raise InvalidArgument(f"kernel {label}: its library is closed")
             self._busy += 1
-            self._inside.depth = getattr(self._inside, "depth", 0) + 1
+            if thread is not None:
+                self._calling[thread] = self._calling.get(thread, 0) + 1
+            return Pin(self, thread)
+
+    def _unpin(self, pin: "Pin") -> None:
+        """Drop one pin (once: a second release of it does nothing); the last one out of a
+        library closed meanwhile unmaps it."""
         handle = None
-        try:
-            yield
-        finally:
-            with self._cv:
-                self._busy -= 1
-                self._inside.depth -= 1
-                if self._unmap_on_exit and self._busy == 0:
-                    handle = self._release_locked()
-                self._cv.notify_all()
-            if handle is not None:
-                _ctypes.dlclose(handle)
+        with self._cv:
+            if pin._library is None:
+                return
+            pin._library = None
+            self._busy -= 1
+            thread = pin._thread
+            if thread is not None:
+                left = self._calling[thread] - 1
+                if left:
+                    self._calling[thread] = left
+                else:
+                    del self._calling[thread]
+            if self._unmap_on_exit and self._busy == 0:
+                handle = self._release_locked()
+            self._cv.notify_all()
+        if handle is not None:
+            _ctypes.dlclose(handle)
+
+    @property
+    def pins(self) -> int:
+        """Pins held now (queued or running calls)."""
+        with self._cv:
+            return self._busy
 
     def address(self, symbol: str) -> tuple[int, int]:
         """(kernel `symbol`'s code address, the error flag's address), for a native call
@@ -129,7 +167,7 @@ class LoadedLibrary:
             if self._dll is None:
                 return True
             self.closed = True
-            if getattr(self._inside, "depth", 0):
+            if self._calling.get(threading.get_ident()):
                 # Closed from inside one of our own calls (a finalizer that ran there):
                 # waiting would wait for ourselves, so the last call out unmaps instead.
                 self._unmap_on_exit = True
@@ -153,6 +191,23 @@ class LoadedLibrary:
         self._dll = None
         self._unmap_on_exit = False
         return handle
+
+
+class Pin:
+    """One pin of a LoadedLibrary (see `LoadedLibrary.pin`): an object of its own, so that
+    whichever thread ends the work it covers releases it, once."""
+
+    __slots__ = ("_library", "_thread")
+
+    def __init__(self, library: LoadedLibrary, thread: int | None) -> None:
+        self._library: LoadedLibrary | None = library
+        self._thread = thread           # the thread inside a call of it (`pinned`), or None
+
+    def release(self) -> None:
+        """Let the library go (safe twice, from any thread)."""
+        lib = self._library
+        if lib is not None:
+            lib._unpin(self)
 
 
 class OpSource:

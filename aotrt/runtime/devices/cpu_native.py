@@ -340,7 +340,7 @@ class Segment:
         if self.dnnl is not None:
             self.ptrs[1] = self.dnnl.stream()
         self.out[:] = 0
-        with self.pinned() or contextlib.nullcontext():
+        with self.pinned(calling=True) or contextlib.nullcontext():
             self.runner.call(SYMBOL, "native plan", self.ptrs, self.n, self.threads())
         self.check()
         if self.dnnl is not None:
@@ -352,15 +352,21 @@ class Segment:
         stream is its own)."""
         return self.dnnl is None or self.thread == thread
 
-    def pinned(self) -> contextlib.ExitStack | None:
-        """The libraries the steps call, pinned (mapped) until the stack closes; None where
-        they call none."""
+    def pinned(self, calling: bool = False) -> contextlib.ExitStack | None:
+        """The libraries the steps call, pinned (mapped) until the stack closes, from any
+        thread; None where they call none. `calling`: this thread calls them within the
+        stack (a close made there, by a finalizer, leaves the unmapping to the last pin)."""
         if not self.libraries:
             return None
         pins = contextlib.ExitStack()
         try:
             for lib in self.libraries:
-                pins.enter_context(lib.pinned("native plan"))
+                if calling:
+                    pins.enter_context(lib.pinned("native plan"))
+                else:
+                    # A stream pins a segment it queues on run()'s thread and unpins it at
+                    # a wait, on whichever thread waits (the closing one, at a close).
+                    pins.callback(lib.pin("native plan").release)
         except BaseException:
             pins.close()
             raise

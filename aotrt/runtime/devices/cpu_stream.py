@@ -201,15 +201,16 @@ class CpuStream(Stream):
                 raise err       # a kernel's own error (contract C2), as it was raised
             raise DeviceError(f"cpu stream {self.id}: queued work failed: {err!r}") from err
 
-    def close(self) -> None:
-        """Stop the stream (see Stream.close); one whose worker stopped closes without the
-        wait it can no longer make."""
-        if self._dead is not None and not self.closed:
-            self.device.memory.pool.purge_stream(self)
-            self._close()
-            self.closed = True
+    def _final_wait(self) -> None:
+        """The close's wait; a stream whose worker stopped closes without the wait it can no
+        longer make."""
+        if self._dead is not None:
             return
-        super().close()
+        try:
+            super()._final_wait()
+        except DeviceError:
+            if self._dead is None:
+                raise
 
     def _close(self) -> None:
         q = self._native
