@@ -21,6 +21,7 @@ from aotrt.limits import Limits
 from aotrt.exporter.builder import ProgramBuilder
 from aotrt.program import Program
 from aotrt.runtime.delegate import Delegate, load
+from aotrt.runtime.module import Module
 from aotrt.runtime.options import Fp32Math
 from aotrt.runtime.public import Tensor
 
@@ -37,7 +38,8 @@ def export(model: Any, example_inputs: Any = None, *args: Any, **kwargs: Any) ->
 
 
 __all__ = [
-    "export", "load", "Program", "ProgramBuilder", "Delegate", "Tensor", "DType", "Limits",
+    "export", "load", "Program", "ProgramBuilder", "Delegate", "Module", "Tensor", "DType",
+    "Limits",
     "Fp32Math", "float32", "float16", "bfloat16", "int64", "int32", "int16", "int8", "uint8",
     "bool_",
     "errors", "AotrtError", "InvalidArgument", "OutOfMemory", "CompileError", "DeviceError",

@@ -13,7 +13,7 @@ import time
 from typing import Any, Sequence
 
 from aotrt import progress
-from aotrt.errors import InvalidArgument
+from aotrt.errors import InvalidArgument, Unsupported
 from aotrt.program import Program
 
 log = logging.getLogger(__name__)
@@ -23,8 +23,16 @@ __all__ = ["export"]
 
 def export(model: Any, example_inputs: Sequence[Any] | None = None, *,
            kwargs: dict[str, Any] | None = None, name: str | None = None, strict: bool = False,
-           layout: str = "auto") -> Program:
+           layout: str = "auto", share_state: bool | Sequence[str] = False) -> Program:
     """Export `model` traced on `example_inputs` (static shapes) into a validated Program.
+
+    `model` may be a dict of methods, `{"prefill": (module, args), "decode": ...}`: each
+    value is `(module, args)`, `(module, args, kwargs)`, an ExportedProgram, or a dict with
+    keys `model`, `args` and optionally `kwargs`. The methods are lowered apart and stored in
+    one program (aotrt/exporter/methods.py): equal weights and kernels once, each method's
+    state its own unless `share_state` is True or names the buffers to share.
+    Buffers the model writes in place (a KV cache's `index_copy_`, a slice assignment)
+    become state: kept by the loaded program between runs, never outputs.
 
     `model` is a torch.nn.Module, or a torch.export.ExportedProgram (one exported with
     static shapes, e.g. read by torch.export.load): that is decomposed and lowered without
@@ -38,6 +46,12 @@ def export(model: Any, example_inputs: Sequence[Any] | None = None, *,
     Raises aotrt.errors.Unsupported, naming the op and the model's source line, for anything
     the runtime cannot run; nothing unsupported is left to fail at run time.
     """
+    if isinstance(model, dict):
+        if example_inputs is not None or kwargs is not None:
+            raise InvalidArgument("example_inputs, kwargs: give each method its own, in the "
+                                  "dict of methods")
+        return _export_methods(model, name=name, strict=strict, layout=layout,
+                               share_state=share_state)
     import torch
 
     from aotrt.exporter.capture import capture
@@ -52,6 +66,7 @@ def export(model: Any, example_inputs: Sequence[Any] | None = None, *,
                                   "with; export the nn.Module for layout='channels_last'")
         traced, channels_last, what = model, False, name or "ExportedProgram"
     else:
+        _refuse_training_norms(model)
         traced, channels_last = for_layout(model, layout)
         what = name or type(model).__name__
     t0 = time.perf_counter()
@@ -63,4 +78,58 @@ def export(model: Any, example_inputs: Sequence[Any] | None = None, *,
         prog = lower(ep, what, channels_last=channels_last)
     log.info("exported %s: capture %.2fs, lowering %.2fs, %d instructions, %d kernels",
              what, t1 - t0, time.perf_counter() - t1, len(prog.instructions), len(prog.kernels))
+    return prog
+
+
+def _refuse_training_norms(model: Any) -> None:
+    """Unsupported for a batch norm in training mode: its running statistics would become
+    state that every run updates, which is never what an exported model means."""
+    import torch
+
+    if not isinstance(model, torch.nn.Module):
+        return
+    for path, mod in model.named_modules():
+        if isinstance(mod, torch.nn.modules.batchnorm._BatchNorm) and mod.training \
+                and mod.track_running_stats:
+            raise Unsupported(f"{path or type(model).__name__}: a batch norm in training mode "
+                              f"updates its batch-norm statistics at every run (call "
+                              f"model.eval())")
+
+
+def _export_methods(methods: dict[str, Any], *, name: str | None, strict: bool, layout: str,
+                    share_state: bool | Sequence[str]) -> Program:
+    """Each method exported alone, then merged into one program of several methods."""
+    import torch
+
+    from aotrt.exporter.methods import merge
+
+    progs: dict[str, Program] = {}
+    module_name = name
+    for mname, spec in methods.items():
+        if isinstance(spec, torch.export.ExportedProgram):
+            model, args, kw = spec, None, None
+        elif isinstance(spec, dict):
+            unknown = sorted(set(spec) - {"model", "args", "kwargs", "dynamic_shapes"})
+            if unknown or "model" not in spec:
+                raise InvalidArgument(f"method {mname!r}: expected keys model, args, kwargs; "
+                                      f"got {sorted(spec)}")
+            if spec.get("dynamic_shapes") is not None:
+                raise Unsupported(f"method {mname!r}: dynamic shapes are not supported yet; "
+                                  f"export one method per size")
+            model, args, kw = spec["model"], spec.get("args", ()), spec.get("kwargs")
+        elif isinstance(spec, tuple) and len(spec) in (2, 3):
+            model, args = spec[0], spec[1]
+            kw = spec[2] if len(spec) == 3 else None
+        else:
+            raise InvalidArgument(f"method {mname!r}: expected (module, args), (module, args, "
+                                  f"kwargs), a dict or an ExportedProgram, got "
+                                  f"{type(spec).__name__}")
+        if module_name is None:
+            module_name = type(model).__name__
+        progs[mname] = export(model, args, kwargs=kw, name=f"{module_name}.{mname}",
+                              strict=strict, layout=layout)
+    with progress.step(f"merging {len(progs)} methods"):
+        prog = merge(progs, share_state,
+                     provenance={**next(iter(progs.values())).provenance,
+                                 "module": module_name or "module"})
     return prog

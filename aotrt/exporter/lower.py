@@ -197,10 +197,6 @@ class Lowering:
                 raise Unsupported(f"the model mutates user input {spec.target!r} in place; "
                                   f"aotrt programs never write their inputs (clone it first)")
             if spec.kind == OutputKind.BUFFER_MUTATION:
-                if _updates_norm_statistics(self.graph, spec.arg.name):
-                    raise Unsupported(f"the model updates buffer {spec.target!r} in place: a "
-                                      f"model in training mode updates batch-norm statistics "
-                                      f"(call model.eval())")
                 if any(spec.target == name for name, _, _ in self.state):
                     continue
                 raise Unsupported(f"the model updates buffer {spec.target!r} in place, which "
@@ -365,20 +361,6 @@ class Lowering:
         """Append a kernel instruction (args in the kernel's argument order)."""
         self.kernels[kernel.name] = kernel
         self.instrs.append(Instr("kernel", where, kernel=kernel, args=tuple(args)))
-
-
-def _updates_norm_statistics(graph: torch.fx.Graph, name: str) -> bool:
-    """True when output value `name` is a running statistic of a batch norm in training."""
-    node = next((n for n in graph.nodes if n.name == name), None)
-    seen = 0
-    while node is not None and seen < 8:     # through getitem and copies, not the graph
-        target = str(getattr(node, "target", ""))
-        if "batch_norm" in target:
-            return True
-        node = node.args[0] if node.op == "call_function" and node.args and isinstance(
-            node.args[0], torch.fx.Node) else None
-        seen += 1
-    return False
 
 
 def runs_whole(node: torch.fx.Node) -> bool:
