@@ -426,6 +426,10 @@ class Validator:
                 raise fail(f"{w}.params", f"bad parameter name {key!r}"[:200])
             _json_value(value, f"{w}.params.{key}")
         cost = self._library_check(fn, out_ids, in_ids, params, w)
+        # The op's declared work (multiply-adds, window taps, sort steps, python loop steps)
+        # counts in the one max_work budget; an op over it alone is named here.
+        within(cost.work, self.lim, "max_work", f"{w} {fn}: work of this op (elementary "
+                                                f"steps)")
         self.work += cost.work
         within(cost.scratch_bytes, self.lim, "max_scratch_bytes", f"{w} {fn}: scratch bytes")
         for tid in out_ids:

@@ -193,7 +193,7 @@ def test_max_pool2d_with_a_2_28_kernel_is_refused() -> None:
     lib = {"op": "library", "fn": "max_pool2d", "outs": [2], "ins": [1],
            "params": {"kernel_size": [k, k], "stride": [1, 1]}}
     p = program([x, out], [lib, write_out()], arena=4 << 22, inputs=[_spec("x", [1])])
-    refused(p, r"work of one run.*max_work")
+    refused(p, r"instructions\[0\] \(library\) max_pool2d: work of this op.*max_work")
 
 
 def test_convolution_padding_asking_for_16_gib_is_refused() -> None:

@@ -76,6 +76,8 @@ def check_convolution(out: Any, x: Any, w: Any, bias: Any = None, stride: Any = 
     groups = c.as_int(op, groups, "groups")
     if groups < 1:
         raise InvalidArgument(f"{op}: groups: must be >= 1, got {groups}")
+    if groups > max(cin, 1):
+        raise InvalidArgument(f"{op}: groups: {groups} is more than the input channels {cin}")
     stride = c.as_ints(op, stride, "stride", nd, default=1, minimum=1)
     padding = c.as_ints(op, padding, "padding", nd, default=0, minimum=0)
     dilation = c.as_ints(op, dilation, "dilation", nd, default=1, minimum=1)
@@ -154,6 +156,11 @@ def _lifted(x: Any, w: Any, p: ConvParams) -> tuple[tuple[int, ...], ...]:
             one + p.dilation, zero + p.output_padding, one + tuple(outs[2:]))
 
 
+#: depthwise kernels of at most this many taps are summed by a python loop over the taps
+#: (a few whole-plane passes); larger ones go through the im2col GEMM, so that a file's
+#: kernel size cannot buy python steps
+TAP_LOOP = 64
+
 #: scratch bytes a convolution may take for a library's own workspace beside the copies
 #: charged below: oneDNN's AMX bfloat16 brgconv asked 62976 bytes for a 2x16x20 conv1d whose
 #: copies come to 24 KB
@@ -181,7 +188,7 @@ def conv_cost(out: Any, x: Any, w: Any, bias: Any, p: ConvParams) -> c.OpCost:
         if any(padding):
             scratch += 4 * n * cin * math.prod(s + 2 * q for s, q in zip(sp_in, padding))
         res = step * cout * n_out
-        if cg == 1:
+        if cg == 1 and taps <= TAP_LOOP:
             scratch += 2 * 4 * res
             work += c.PY_STEP * chunks * taps
         else:
@@ -195,7 +202,7 @@ def conv_cost(out: Any, x: Any, w: Any, bias: Any, p: ConvParams) -> c.OpCost:
     chunks = -(-n // step)
     tap_work = n * p.groups * og * taps * n_in
     work += tap_work * (cin // p.groups) + tap_work + n * cout * full
-    work += c.PY_STEP * chunks * (1 + taps)
+    work += c.PY_STEP * chunks * (1 + min(taps, n_in))
     scratch += 4 * w.numel
     scratch += 4 * step * (p.groups * og * taps * n_in + p.groups * og * full)
     scratch += (4 + item) * step * cout * n_out
@@ -252,7 +259,7 @@ def _forward(xv: np.ndarray, wv: np.ndarray, stride: tuple, padding: tuple, dila
                          + tuple(s * d for s, d in zip(s_sp, dilation))
                          + tuple(s * t for s, t in zip(s_sp, stride)),
                          writeable=False)
-        if cg == 1:
+        if cg == 1 and taps <= TAP_LOOP:
             # Depthwise: a GEMM per channel would have K = taps; multiply-add per tap instead.
             res = np.zeros((nb, groups, og) + tuple(out_sp), dtype=np.float32)
             tw = wv.reshape(groups, og, kd, kh, kw)
@@ -282,10 +289,20 @@ def _transposed(xv: np.ndarray, wv: np.ndarray, stride: tuple, padding: tuple,
         cols = np.matmul(wmat[None], xs.reshape(nb, groups, cg, n_in))
         cols = cols.reshape((nb, groups, og) + tuple(kernel) + tuple(sp_in))
         acc = np.zeros((nb, groups, og) + full, dtype=np.float32)
-        for tap in itertools.product(*(range(k) for k in kernel)):
-            dst = tuple(slice(t * d, t * d + (i - 1) * s + 1, s)
-                        for t, d, i, s in zip(tap, dilation, sp_in, stride))
-            acc[(slice(None),) * 3 + dst] += cols[(slice(None),) * 3 + tap]
+        if taps <= n_in:
+            for tap in itertools.product(*(range(k) for k in kernel)):
+                dst = tuple(slice(t * d, t * d + (i - 1) * s + 1, s)
+                            for t, d, i, s in zip(tap, dilation, sp_in, stride))
+                acc[(slice(None),) * 3 + dst] += cols[(slice(None),) * 3 + tap]
+        else:
+            # More taps than input pixels (a file chooses the kernel's size): the same sums
+            # by input pixel, each adding its whole dilated window, so the python steps
+            # are min(taps, n_in), at most the square root of the multiply-adds.
+            lead = (slice(None),) * (3 + len(kernel))
+            for pix in itertools.product(*(range(i) for i in sp_in)):
+                dst = tuple(slice(q * s, q * s + d * (k - 1) + 1, d)
+                            for q, s, d, k in zip(pix, stride, dilation, kernel))
+                acc[(slice(None),) * 3 + dst] += cols[lead + pix]
         res = acc[(slice(None),) * 3 + crop].reshape((nb, groups * og) + tuple(out_sp))
         store(n0, n0 + nb, res)
 

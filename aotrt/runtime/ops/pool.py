@@ -23,6 +23,11 @@ from aotrt.runtime.ops.cuda import pool as cuda_pool
 from aotrt.runtime.tensor import Handle
 
 
+#: windows of at most this many taps are folded by a python loop over the taps (a few
+#: whole-plane passes); larger ones by one numpy reduction over the strided windows
+TAP_LOOP = 64
+
+
 @dataclass(frozen=True)
 class PoolParams:
     """Validated pooling geometry, (h, w) pairs."""
@@ -76,6 +81,12 @@ def check_max_pool2d(out: Any, x: Any, kernel_size: Any, stride: Any = (), paddi
     h, w = x.sizes[-2:]
     out_hw = (_out_size(h, kernel[0], stride[0], padding[0], dilation[0], ceil_mode),
               _out_size(w, kernel[1], stride[1], padding[1], dilation[1], ceil_mode))
+    if min(out_hw) < 1 and any(d * (k - 1) + 1 > n + 2 * q for n, k, q, d in
+                               zip((h, w), kernel, padding, dilation)):
+        raise InvalidArgument(f"max_pool2d: kernel_size: {list(kernel)} with dilation "
+                              f"{list(dilation)} spans more than the input {list(x.sizes)} "
+                              f"padded by {list(padding)}: output size {list(out_hw)} is too "
+                              f"small")
     if min(out_hw) < 1:
         raise InvalidArgument(f"max_pool2d: x: input {list(x.sizes)} gives output size "
                               f"{list(out_hw)}, which is too small")
@@ -114,7 +125,9 @@ def pool_cost(x: Any, out: Any, indices: bool, p: PoolParams) -> c.OpCost:
     scratch = (4 + item) * x.numel + 4 * step * ch * padded
     taps = n * ch * ho * wo * kh * kw
     if not indices:
-        work += taps + c.PY_STEP * chunks * kh * kw
+        # The numpy path loops over the taps of small windows only (_pool).
+        loops = kh * kw if kh * kw <= TAP_LOOP else 1
+        work += taps + c.PY_STEP * chunks * (loops + 2)
         scratch += (4 + item) * step * ch * ho * wo
         return c.OpCost(work, scratch)
     plane = ho * wo * kh * kw
@@ -166,6 +179,15 @@ def _pool(xv: np.ndarray, o: np.ndarray, io: np.ndarray | None, p: PoolParams) -
         for n0 in range(0, n, step):
             xp = np.pad(xv[n0:n0 + step], ((0, 0), (0, 0), (ph, rh), (pw, rw)),
                         constant_values=-np.inf)
+            if kh * kw > TAP_LOOP:
+                # A python step per tap would let a file's window size (up to 2**62 taps)
+                # choose the run time: one reduction over the strided windows instead.
+                s_n, s_c, s_h, s_w = xp.strides
+                win = as_strided(xp, (xp.shape[0], ch, ho, wo, kh, kw),
+                                 (s_n, s_c, s_h * sh, s_w * sw, s_h * dh, s_w * dw),
+                                 writeable=False)
+                c.store(o[n0:n0 + step], win.max(axis=(4, 5)))  # a NaN wins, as in torch
+                continue
             # A running maximum over the taps reads each window in place; materializing the
             # windows (below, needed for indices) copies kh*kw times the output.
             top = None

@@ -88,6 +88,10 @@ def check_sdpa(out: Any, q: Any, k: Any, v: Any, attn_mask: Any = None, dropout_
     return (is_causal, scale, groups), sdpa_cost(out, q, k, v, attn_mask, is_causal, groups)
 
 
+#: PY_STEPs charged per block of the cpu loop (its numpy calls and python overhead)
+BLOCK_STEPS = 64
+
+
 def _blocks(lq: int, s: int, inner: int, is_causal: bool) -> tuple[int, int]:
     """(query rows, heads) per block of the cpu loop."""
     # Causal rows l0:l1 see only keys [0, l1): blocks of rows skip the rest of the keys.
@@ -116,7 +120,9 @@ def sdpa_cost(out: Any, q: Any, k: Any, v: Any, mask: Any, is_causal: bool,
     lstep, hstep = _blocks(lq, s, inner, is_causal)
     steps = outer * -(-inner // hstep) * -(-lq // lstep)
     heads = math.prod(bt)
-    work += heads * lq * s * (e + ev + 4) + c.PY_STEP * steps
+    # A block is about 20 numpy calls: 59 us for a 1x1x1 block (_attend, 2 shared cores,
+    # 2026-12-06), so a file's many tiny batches are charged as the python steps they are.
+    work += heads * lq * s * (e + ev + 4) + BLOCK_STEPS * c.PY_STEP * steps
     item = out.dtype.itemsize
     scratch += 4 * hstep * (lstep * e + s * (e + ev) + 3 * lstep * s) + lstep * s
     scratch += (4 + item) * hstep * lstep * ev

@@ -352,7 +352,8 @@ def test_work_grows_with_the_problem():
         return check("max_pool2d", [meta((1, 1, 1, 1))], [meta((1, 1, k, k))],
                      {"kernel_size": [k, k]}).work
 
-    assert pool(64) >= 4 * pool(32) * 0.9
+    # Windows big enough that their taps, not the reduction's fixed python steps, dominate.
+    assert pool(512) >= 4 * pool(256) * 0.9
     big = check("mm", [meta((64, 64))], [meta((64, 4096)), meta((4096, 64))], {}).work
     assert big >= 32 * check("mm", [meta((64, 64))], [meta((64, 64)), meta((64, 64))], {}).work
 
