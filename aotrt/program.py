@@ -31,7 +31,14 @@ from aotrt.runtime.tensor import numel_of as numel
 log = logging.getLogger(__name__)
 
 FORMAT = "aotrt.program"
-VERSION = 1
+#: the version this runtime writes for a program with state or several methods; a program
+#: of one stateless method is still written as version 1, which every reader knows
+VERSION = 2
+VERSIONS = (1, 2)
+#: the method name a version-1 file's one method gets
+DEFAULT_METHOD = "forward"
+#: methods in one file (each is validated and loaded apart)
+MAX_METHODS = 64
 METADATA_KEY = "aotrt.program"
 MAX_HEADER = 100 << 20
 
@@ -43,6 +50,9 @@ _ST_DTYPES = {
 
 _TOP_KEYS = ("format", "version", "provenance", "inputs", "outputs", "constants", "arena",
              "tensors", "kernels", "instructions", "outputs_tensors")
+_TOP_KEYS_V2 = ("format", "version", "provenance", "constants", "state", "kernels", "methods")
+_METHOD_KEYS = ("inputs", "outputs", "arena", "tensors", "instructions", "outputs_tensors")
+_STATE_KEYS = {"name", "dtype", "shape", "init"}
 
 
 # ---------------------------------------------------------------------------------------------
@@ -52,10 +62,18 @@ _TOP_KEYS = ("format", "version", "provenance", "inputs", "outputs", "constants"
 class Program:
     """An exported program: the JSON document's fields plus the constants as numpy arrays.
 
-    Fields (see docs/PROGRAM.md): `inputs`/`outputs` (lists of spec dicts with name, dtype,
-    shape, strides), `constants` (name -> array, in constant-index order), `arena_nbytes`,
-    `tensors` (view dicts), `kernels` (ir.Kernel), `instructions` (dicts),
-    `outputs_tensors` (tensor ids) and `provenance` (dict of strings).
+    A program has one or more methods. The file's constants, kernels and state (buffers a
+    run writes in place and the next run reads) belong to the program; each method has its
+    own inputs, outputs, tensors, instructions and arena, and reads the program's constants
+    and state through `constant` and `state` roots (docs/PROGRAM.md).
+
+    A program of one method holds that method's fields itself: `inputs`/`outputs` (lists of
+    spec dicts with name, dtype, shape, strides), `constants` (name -> array, in
+    constant-index order), `arena_nbytes`, `tensors` (view dicts), `kernels` (ir.Kernel),
+    `instructions` (dicts), `outputs_tensors` (tensor ids), `state` (state spec dicts:
+    name, dtype, shape, init) and `provenance` (dict of strings). A program of several
+    methods (`Program.with_methods`) leaves those per-method fields empty and keeps each
+    method as a Program of its own in `methods`, sharing the constants, kernels and state.
     """
 
     def __init__(self, *, inputs: Sequence[Mapping[str, Any]],
@@ -64,9 +82,9 @@ class Program:
                  tensors: Sequence[Mapping[str, Any]] = (), kernels: Sequence[ir.Kernel] = (),
                  instructions: Sequence[Mapping[str, Any]] = (),
                  outputs_tensors: Sequence[int] = (),
-                 provenance: Mapping[str, Any] | None = None, version: int = VERSION) -> None:
+                 provenance: Mapping[str, Any] | None = None, version: int | None = None,
+                 state: Sequence[Mapping[str, Any]] = ()) -> None:
         # Shallow copies only: validate() checks the shapes of whatever was passed in.
-        self.version = version
         self.provenance = dict(provenance or {})
         self.inputs = list(inputs)
         self.outputs = list(outputs)
@@ -76,6 +94,53 @@ class Program:
         self.kernels = list(kernels)
         self.instructions = list(instructions)
         self.outputs_tensors = list(outputs_tensors)
+        self.state = list(state)
+        # name -> method Program, for a program of several methods (with_methods)
+        self._methods: dict[str, Program] | None = None
+        self.version = version if version is not None else (2 if self.state else 1)
+
+    @classmethod
+    def with_methods(cls, methods: Mapping[str, "Program"], *,
+                     constants: Mapping[str, np.ndarray], kernels: Sequence[ir.Kernel],
+                     state: Sequence[Mapping[str, Any]] = (),
+                     provenance: Mapping[str, Any] | None = None) -> "Program":
+        """A program of several methods over one set of constants, kernels and state (each
+        method's constant and state indices refer to these). Not validated here."""
+        prog = cls(inputs=(), outputs=(), constants=constants, kernels=kernels, state=state,
+                   provenance=provenance, version=2)
+        shared = (prog.constants, prog.kernels, prog.state, prog.provenance)
+        prog._methods = {}
+        for name, m in methods.items():
+            if not isinstance(m, Program):
+                raise ProgramError(f"methods[{name!r}]: expected a Program, got "
+                                   f"{type(m).__name__}")
+            sub = cls(inputs=m.inputs, outputs=m.outputs, arena_nbytes=m.arena_nbytes,
+                      tensors=m.tensors, instructions=m.instructions,
+                      outputs_tensors=m.outputs_tensors, version=2)
+            sub.constants, sub.kernels, sub.state, sub.provenance = shared
+            prog._methods[name] = sub
+        return prog
+
+    @property
+    def methods(self) -> dict[str, "Program"]:
+        """Method name -> the Program a delegate runs for it (a one-method program: itself,
+        as "forward")."""
+        if self._methods is None:
+            return {DEFAULT_METHOD: self}
+        return dict(self._methods)
+
+    @property
+    def has_methods(self) -> bool:
+        """True for a program of several methods (its own per-method fields are empty)."""
+        return self._methods is not None
+
+    def method(self, name: str) -> "Program":
+        """The Program of method `name`; InvalidArgument naming the methods there are."""
+        methods = self.methods
+        if not isinstance(name, str) or name not in methods:
+            raise InvalidArgument(f"method {name!r}: the program has methods "
+                                  f"{sorted(methods)}")
+        return methods[name]
 
     def __repr__(self) -> str:
         name = self.provenance.get("module", "?")
@@ -91,32 +156,35 @@ class Program:
         return doc
 
     def _doc_without_kernels(self) -> dict[str, Any]:
-        return {
-            "format": FORMAT,
-            "version": self.version,
-            "provenance": self.provenance,
-            "inputs": self.inputs,
-            "outputs": self.outputs,
-            "constants": [{"name": k, "dtype": dtypes.as_dtype(v.dtype).name,
-                           "shape": list(v.shape)} for k, v in self.constants.items()],
-            "arena": {"nbytes": self.arena_nbytes},
-            "tensors": self.tensors,
-            "kernels": [],
-            "instructions": self.instructions,
-            "outputs_tensors": self.outputs_tensors,
-        }
+        constants = [{"name": k, "dtype": dtypes.as_dtype(v.dtype).name,
+                      "shape": list(v.shape)} for k, v in self.constants.items()]
+        if self.version == 1 and self._methods is None:
+            return {"format": FORMAT, "version": 1, "provenance": self.provenance,
+                    "constants": constants, "kernels": [], **self._method_doc()}
+        methods = self._methods if self._methods is not None else {DEFAULT_METHOD: self}
+        return {"format": FORMAT, "version": 2, "provenance": self.provenance,
+                "constants": constants, "state": self.state, "kernels": [],
+                "methods": {name: m._method_doc() for name, m in methods.items()}}
+
+    def _method_doc(self) -> dict[str, Any]:
+        return {"inputs": self.inputs, "outputs": self.outputs,
+                "arena": {"nbytes": self.arena_nbytes}, "tensors": self.tensors,
+                "instructions": self.instructions, "outputs_tensors": self.outputs_tensors}
 
     @classmethod
     def from_json(cls, doc: Any, arrays: Mapping[str, np.ndarray],
                   limits: Limits | None = None) -> "Program":
         """Build and validate a Program from a JSON document and its constants' data."""
         lim = check_limits(limits)
-        doc = check_dict(doc, "document", set(_TOP_KEYS))
+        if not isinstance(doc, dict):
+            raise fail("document", "expected a JSON object")
+        version = doc.get("version")
+        if isinstance(version, bool) or version not in VERSIONS:
+            raise fail("version", f"unknown format version {version!r}"[:200] +
+                       f"; this runtime reads versions {list(VERSIONS)}")
+        doc = check_dict(doc, "document", set(_TOP_KEYS if version == 1 else _TOP_KEYS_V2))
         if doc["format"] != FORMAT:
             raise fail("format", f"expected {FORMAT!r}, got {doc['format']!r}"[:200])
-        if isinstance(doc["version"], bool) or doc["version"] != VERSION:
-            raise fail("version", f"unknown format version {doc['version']!r}"[:200] +
-                       f"; this runtime reads version {VERSION}")
         specs = check_list(doc["constants"], "constants")
         consts: dict[str, np.ndarray] = {}
         for i, spec in enumerate(specs):
@@ -139,7 +207,6 @@ class Program:
         extra = set(arrays) - set(consts)
         if extra:
             raise fail("constants", f"tensors {sorted(extra)[:5]} in the file are not listed")
-        arena = check_dict(doc["arena"], "arena", {"nbytes"})
         kernels = []
         # Counted before the kernels are parsed: each one is a compile unit.
         within(len(check_list(doc["kernels"], "kernels")), lim, "max_kernels", "kernels")
@@ -148,13 +215,25 @@ class Program:
         prov = doc["provenance"]
         if not isinstance(prov, dict) or not all(isinstance(v, str) for v in prov.values()):
             raise fail("provenance", "expected an object of strings")
-        prog = cls(inputs=check_list(doc["inputs"], "inputs"),
-                   outputs=check_list(doc["outputs"], "outputs"),
-                   constants=consts, arena_nbytes=arena["nbytes"],
-                   tensors=check_list(doc["tensors"], "tensors"), kernels=kernels,
-                   instructions=check_list(doc["instructions"], "instructions"),
-                   outputs_tensors=check_list(doc["outputs_tensors"], "outputs_tensors"),
-                   provenance=prov, version=VERSION)
+        if version == 1:
+            prog = cls(constants=consts, kernels=kernels, provenance=prov, version=1,
+                       **_method_fields(doc, ""))
+        else:
+            state = check_list(doc["state"], "state")
+            table = doc["methods"]
+            if not isinstance(table, dict) or not table:
+                raise fail("methods", "expected a non-empty object of name -> method")
+            if len(table) > MAX_METHODS:
+                raise fail("methods", f"{len(table)} methods; a program has at most "
+                                      f"{MAX_METHODS}")
+            methods = {}
+            for name, mdoc in table.items():
+                w = f"methods[{name!r}]"[:120]
+                check_method_name(name, w)
+                mdoc = check_dict(mdoc, w, set(_METHOD_KEYS))
+                methods[name] = cls(**_method_fields(mdoc, f"{w}."), version=2)
+            prog = cls.with_methods(methods, constants=consts, kernels=kernels, state=state,
+                                    provenance=prov)
         prog.validate(lim)
         return prog
 
@@ -216,15 +295,48 @@ class Program:
         ProgramError naming what and where."""
         lim = check_limits(limits)
         try:
-            if isinstance(self.version, bool) or self.version != VERSION:
-                raise fail("version", f"unknown format version {self.version!r}")
-            Validator(self, lim).run()
+            self._validate(lim)
         except ProgramError:
             raise
-        except (AotrtError, TypeError, ValueError, KeyError, AttributeError,
-                RecursionError) as e:
-            # A hand-built program may hold any Python object; never let it crash the check.
-            raise ProgramError(f"invalid program: {type(e).__name__}: {e}"[:500]) from None
+        except AotrtError as e:
+            # Another of aotrt's own refusals (each names its field). A Python exception
+            # from the checks is a bug of the validator and surfaces as one.
+            raise ProgramError(f"invalid program: {e}"[:500]) from None
+
+    def _validate(self, lim: Limits) -> None:
+        if isinstance(self.version, bool) or self.version not in VERSIONS:
+            raise fail("version", f"unknown format version {self.version!r}")
+        if self.version == 1 and (self.state or self._methods is not None):
+            raise fail("version", "state and several methods need format version 2")
+        if self._methods is None:
+            check_state(self.state, self.constants)
+            Validator(self, lim).run()
+            return
+        if self.inputs or self.outputs or self.tensors or self.instructions:
+            raise fail("methods", "a program of several methods keeps inputs, outputs, "
+                                  "tensors and instructions in its methods")
+        if not self._methods or len(self._methods) > MAX_METHODS:
+            raise fail("methods", f"expected 1 to {MAX_METHODS} methods, got "
+                                  f"{len(self._methods)}")
+        check_state(self.state, self.constants)
+        arenas = 0
+        for name, m in self._methods.items():
+            check_method_name(name, f"methods[{name!r}]"[:120])
+            if (m.constants is not self.constants or m.kernels is not self.kernels
+                    or m.state is not self.state):
+                raise fail(f"methods[{name!r}]", "a method must share its program's constants, "
+                                                 "kernels and state (Program.with_methods)")
+            try:
+                Validator(m, lim).run()
+            except ProgramError as e:
+                raise ProgramError(f"method {name!r}: {e}") from None
+            arenas += check_int(m.arena_nbytes, f"methods[{name!r}].arena.nbytes")
+        # Each method was held to the budget alone; the loaded program holds every arena
+        # at once, beside one copy of the constants and the state.
+        shared = sum(int(a.nbytes) for a in self.constants.values()) + \
+            sum(self.root_nbytes()["state"])
+        within(arenas + shared, lim, "max_memory_bytes",
+               "memory bytes (the methods' arenas + constants + state)")
 
     def root_nbytes(self) -> dict[str, list[int]]:
         """Byte size of each root: {'arena': [n], 'input': [...], 'output': [...], ...}."""
@@ -233,6 +345,7 @@ class Program:
             "input": [_spec_nbytes(s) for s in self.inputs],
             "output": [_spec_nbytes(s) for s in self.outputs],
             "constant": [int(a.nbytes) for a in self.constants.values()],
+            "state": [_spec_nbytes({**s, "strides": contiguous(s["shape"])}) for s in self.state],
         }
 
     def summary(self) -> str:
@@ -259,6 +372,68 @@ class Program:
         return "\n".join(lines)
 
 
+def check_state(specs: Any, constants: Mapping[str, np.ndarray]) -> None:
+    """The state table: unique names, a dtype and a shape each (row-major, within the size
+    limits), and `init` null (zeros) or the name of a constant of that dtype and shape."""
+    names: set[str] = set()
+    for i, s in enumerate(check_list(specs, "state")):
+        w = f"state[{i}]"
+        s = check_dict(s, w, _STATE_KEYS)
+        name = check_str(s["name"], f"{w}.name")
+        if name in names:
+            raise fail(f"{w}.name", f"duplicate state {name!r}"[:200])
+        names.add(name)
+        dt = check_dtype(s["dtype"], f"{w}.dtype")
+        shape = tuple(check_int(n, f"{w}.shape[{j}]", 0, SIZE_LIMIT)
+                      for j, n in enumerate(check_list(s["shape"], f"{w}.shape", MAX_DIMS)))
+        if numel(shape) * dt.itemsize >= 1 << 62:
+            raise fail(f"{w}.shape", f"{dt.name}{list(shape)} overflows 2**62 bytes")
+        init = s["init"]
+        if init is None:
+            continue
+        init = check_str(init, f"{w}.init")
+        arr = constants.get(init)
+        if arr is None:
+            raise fail(f"{w}.init", f"no constant named {init!r}"[:200])
+        try:
+            adt = dtypes.as_dtype(arr.dtype) if isinstance(arr, np.ndarray) else None
+        except InvalidArgument:
+            adt = None
+        if adt is not dt or tuple(arr.shape) != shape:
+            raise fail(f"{w}.init", f"constant {init!r} is {arr.dtype}{list(arr.shape)}, the "
+                                    f"state {dt.name}{list(shape)}"[:300])
+
+
+def contiguous(shape: Sequence[int]) -> list[int]:
+    """Row-major strides (in elements) of `shape`."""
+    strides, n = [], 1
+    for size in reversed(list(shape)):
+        strides.append(n)
+        n *= max(int(size), 1)
+    return strides[::-1]
+
+
+def _method_fields(doc: dict, where: str) -> dict[str, Any]:
+    """One method's fields of a document (a version-1 document's top level, or a version-2
+    method), as Program keyword arguments; the validator checks what they hold."""
+    arena = check_dict(doc["arena"], f"{where}arena", {"nbytes"})
+    return {"inputs": check_list(doc["inputs"], f"{where}inputs"),
+            "outputs": check_list(doc["outputs"], f"{where}outputs"),
+            "arena_nbytes": arena["nbytes"],
+            "tensors": check_list(doc["tensors"], f"{where}tensors"),
+            "instructions": check_list(doc["instructions"], f"{where}instructions"),
+            "outputs_tensors": check_list(doc["outputs_tensors"], f"{where}outputs_tensors")}
+
+
+def check_method_name(name: Any, where: str) -> str:
+    """A method name: an identifier of at most 64 characters (it names a Python attribute
+    in no place, but it is printed, logged and typed by users)."""
+    if not isinstance(name, str) or not name.isidentifier() or len(name) > 64:
+        raise fail(where, f"a method name must be an identifier of at most 64 characters, "
+                          f"got {name!r}"[:200])
+    return name
+
+
 def _human(n: int) -> str:
     for unit in ("B", "KiB", "MiB", "GiB"):
         if n < 1024 or unit == "GiB":
@@ -278,9 +453,9 @@ def _parse_kernel(kj: Any, where: str) -> ir.Kernel:
     try:
         k = ir.from_json(kj)
     except ProgramError as e:
+        # Every malformed field is found by an explicit check naming it (ir.from_json); any
+        # other exception is a bug of the parser and is not dressed up as a refusal.
         raise fail(where, f"invalid kernel IR: {e}") from None
-    except (InvalidArgument, TypeError, ValueError, AttributeError, RecursionError) as e:
-        raise fail(where, f"invalid kernel IR: {type(e).__name__}: {e}"[:300]) from None
     if not isinstance(k, ir.Kernel):
         raise fail(where, "expected a Kernel IR object")
     return k

@@ -26,7 +26,7 @@ from aotrt.runtime.tensor import numel_of as numel
 if TYPE_CHECKING:  # the Program's module imports this one
     from aotrt.program import Program
 
-ROOTS = ("arena", "input", "output", "constant")
+ROOTS = ("arena", "input", "output", "constant", "state")
 OPCODES = ("kernel", "library", "copy")
 
 #: a dim's size (and a stride on a dim of size > 1) must fit int32, as the shims require

@@ -175,7 +175,7 @@ def _instr(doc: dict, op: str) -> dict:
 
 
 BAD_DOCS: list[tuple[str, Callable[[dict], None], str]] = [
-    ("wrong version", _set("version", 2), "unknown format version 2"),
+    ("wrong version", _set("version", 3), "unknown format version 3"),
     ("version as bool", _set("version", True), "unknown format version"),
     ("wrong format", _set("format", "onnx"), "format: expected 'aotrt.program'"),
     ("unknown top field", lambda d: d.update(extra=1), r"unknown field\(s\) \['extra'\]"),
@@ -894,4 +894,37 @@ def test_nan_or_inf_integer_constants_are_refused(tmp_path: Path, dtype: str,
             index, {"t": "Op", "op": "cast", "dtype": "int64", "args": [
                 {"t": "Const", "value": {"t": "float", "v": special}, "dtype": dtype}]}]}
     with pytest.raises(ProgramError, match="not an integer"):
+        load_doc(tmp_path, doc, arrays)
+
+
+# -- internal errors are bugs, not refusals (issue 34 item 5) ----------------------------------
+
+
+def test_a_malformed_node_in_a_hand_built_program_is_named() -> None:
+    p = small_program()
+    idx = p.kernels[0].stores[0].value.args[0].index
+    while not isinstance(idx, ir.Idx):
+        idx = idx.args[0]
+    object.__setattr__(idx, "dim", "x")
+    # Before: "invalid program: TypeError: '<=' not supported between ..."
+    with pytest.raises(ProgramError, match=r"kernels\[0\].*Idx\.dim: expected an integer"):
+        p.validate()
+
+
+def test_an_exception_inside_the_validator_is_not_a_refusal(monkeypatch: Any) -> None:
+    from aotrt import program_check
+
+    def broken(self: Any) -> None:
+        raise AttributeError("a bug of the validator")
+
+    monkeypatch.setattr(program_check.Validator, "_outputs_tensors", broken)
+    with pytest.raises(AttributeError, match="a bug of the validator"):
+        small_program().validate()
+
+
+def test_a_wrong_typed_ir_field_in_a_file_names_it(tmp_path: Path) -> None:
+    doc, arrays = doc_and_arrays()
+    doc["kernels"][0]["args"][0]["mode"] = ["r"]
+    with pytest.raises(ProgramError, match=r"kernels\[0\]: invalid kernel IR: IR node "
+                                           r"Arg\.mode: expected a string, got list"):
         load_doc(tmp_path, doc, arrays)

@@ -103,6 +103,35 @@ class LoadedProgram:
                 src = self.constant_bases[names.index(spec["init"])]
                 self.stream.copy(base, src)
 
+    def snapshot_state(self) -> list[Handle]:
+        """Copies of every state buffer (queued on the stream), for `restore_state`: a CUDA
+        graph's capture runs its method once eagerly, which must not change the state."""
+        copies: list[Handle] = []
+        try:
+            for base in self.state_bases:
+                copy = shims.empty_strided(list(base.sizes), [1], dtypes.uint8, self.device)
+                copies.append(copy)
+                self.stream.copy(copy, base)
+        except BaseException:
+            self._delete(copies)
+            raise
+        return copies
+
+    def restore_state(self, copies: list[Handle]) -> None:
+        """Write `snapshot_state`'s copies back (queued), and delete them once that is done."""
+        try:
+            for base, copy in zip(self.state_bases, copies):
+                self.stream.copy(base, copy)
+            self.stream.commit_and_wait()
+        finally:
+            self._delete(copies)
+
+    @staticmethod
+    def _delete(handles: list[Handle]) -> None:
+        for h in handles:
+            if h.state == "live":
+                shims.delete_tensor_object(h)
+
     # -- what the module offers -------------------------------------------------------------
 
     @property
