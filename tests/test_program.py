@@ -20,6 +20,7 @@ from aotrt.kernels import ir
 from aotrt.exporter.builder import ProgramBuilder
 from aotrt.kernels.bounds import kernel_accesses
 from aotrt.program import METADATA_KEY, Program, read_safetensors
+from tests.support import bounded_steps
 
 
 def add_kernel(name: str = "k_add", shape=(4, 3)) -> ir.Kernel:
@@ -697,20 +698,34 @@ def test_sparse_writes_into_an_output_over_the_map_limit_are_refused() -> None:
     q.validate(Limits(max_coverage_bytes=0))
 
 
-def test_huge_outputs_are_covered_in_time_independent_of_their_size() -> None:
-    """A 2**37-byte output written by two dense halves (validate only, no allocation)."""
-    import time
+#: lines of aotrt code a build of a small program may run (tests/support.bounded_steps)
+FEW_STEPS = 200_000
+#: lines that a pass independent of a size may run more on the big size than on the small one
+#: (a branch on the number's magnitude; a pass over the elements would run millions more)
+SIZE_SLACK = 200
 
-    n = 1 << 27
-    b = ProgramBuilder("Huge")
-    x = b.input("x", "float32", [256, n])
-    o = b.output("o", "float32", [256, n])
-    for part in (1, 0):
-        b.copy(b.alias(o, [128, n], [n, 1], part * 128 * n),
-               b.alias(x, [128, n], [n, 1], part * 128 * n))
-    t0 = time.perf_counter()
-    b.build()
-    assert time.perf_counter() - t0 < 3.0
+
+def _steps(fn: Callable[[], Any]) -> int:
+    """Lines of aotrt code that `fn()` runs (at most FEW_STEPS, else TooMuchWork)."""
+    with bounded_steps(FEW_STEPS) as steps:
+        fn()
+    return steps.count
+
+
+def test_huge_outputs_are_covered_in_time_independent_of_their_size() -> None:
+    """A 2**37-byte output written by two dense halves (validate only, no allocation) costs
+    what a 2**12-byte one does."""
+    def halves(n: int) -> ProgramBuilder:
+        b = ProgramBuilder("Huge")
+        x = b.input("x", "float32", [256, n])
+        o = b.output("o", "float32", [256, n])
+        for part in (1, 0):
+            b.copy(b.alias(o, [128, n], [n, 1], part * 128 * n),
+                   b.alias(x, [128, n], [n, 1], part * 128 * n))
+        return b
+
+    huge, small = halves(1 << 27), halves(4)
+    assert _steps(huge.build) <= _steps(small.build) + SIZE_SLACK
 
 
 def test_outputs_without_elements_need_no_write() -> None:
@@ -718,22 +733,22 @@ def test_outputs_without_elements_need_no_write() -> None:
 
 
 def test_a_sixty_four_byte_marking_is_o_bytes_even_for_overlapping_strides() -> None:
-    """A stride-0 dim of 2**30 elements writes one element: marking it costs nothing."""
-    import time
-
-    k = ir.Kernel("k_rep", (12, 1 << 30), (), (ir.Arg("float32", "w"),),
-                  (ir.Store(0, _op("add", _op("mul", _i(0), _c(1)), _op("mul", _i(1), _c(0))),
-                            ir.Const(1.0, "float32")),))
+    """A stride-0 dim of 2**30 elements writes one element: marking it costs what a
+    stride-0 dim of 2 does."""
     k_odd = _store_kernel("k_odd", (6,), _op("add", _op("mul", _i(0), _c(2)), _c(1)), 12)
 
-    def instrs(b: ProgramBuilder, x: int, o: int) -> None:
-        flat = b.alias(o, [12], [1], 0)
-        b.kernel(k, [flat])
-        b.kernel(k_odd, [flat])
+    def marking(n: int) -> Callable[[], Program]:
+        k = ir.Kernel("k_rep", (12, n), (), (ir.Arg("float32", "w"),),
+                      (ir.Store(0, _op("add", _op("mul", _i(0), _c(1)),
+                                       _op("mul", _i(1), _c(0))), ir.Const(1.0, "float32")),))
 
-    t0 = time.perf_counter()
-    _out_program([12], instrs)
-    assert time.perf_counter() - t0 < 3.0
+        def instrs(b: ProgramBuilder, x: int, o: int) -> None:
+            flat = b.alias(o, [12], [1], 0)
+            b.kernel(k, [flat])
+            b.kernel(k_odd, [flat])
+        return lambda: _out_program([12], instrs)
+
+    assert _steps(marking(1 << 30)) <= _steps(marking(2)) + SIZE_SLACK
 
 
 # -- library ops are checked at load (issue 7, item 12) ---------------------------------------
@@ -865,8 +880,6 @@ def test_read_safetensors_is_total_over_hostile_headers(header: Any, body: bytes
 
 def test_save_refuses_ir_whose_tree_would_not_fit_a_file(tmp_path: Path) -> None:
     """A shared expression of 2**60 tree nodes validates (linear) but cannot be saved."""
-    import time
-
     e: ir.Expr = ir.Load(0, ir.Idx(0), "float32")
     for _ in range(60):
         e = ir.Op("add", (e, e), "float32")
@@ -876,11 +889,12 @@ def test_save_refuses_ir_whose_tree_would_not_fit_a_file(tmp_path: Path) -> None
     x = b.input("x", "float32", [3])
     o = b.output("o", "float32", [3])
     b.kernel(k, [x, o])
-    t0 = time.perf_counter()
-    p = b.build()
-    with pytest.raises(ProgramError, match=r"kernels\[0\] k_dag: its IR expands to more than"):
-        p.save(tmp_path / "dag.aotp")
-    assert time.perf_counter() - t0 < 3.0
+    # Linear in the 60 distinct nodes: never near the 2**60 of the tree.
+    with bounded_steps(FEW_STEPS):
+        p = b.build()
+        with pytest.raises(ProgramError,
+                           match=r"kernels\[0\] k_dag: its IR expands to more than"):
+            p.save(tmp_path / "dag.aotp")
 
 
 @pytest.mark.parametrize("dtype", ["int64", "int32", "int16", "int8", "uint8"])
