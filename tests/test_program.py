@@ -771,11 +771,16 @@ def test_good_library_instruction_is_accepted() -> None:
 LIB_BAD = [
     ("unknown_op", dict(fn="frobnicate", params={}), r"instructions\[0\] \(library\)\.fn: "
                                                      r"library op 'frobnicate' is not"),
-    ("unknown_param", dict(fn="mm", params={"stride": 1}), r"\(library\)\.params"),
-    ("inner_dims", dict(fn="mm", params={}, b_shape=(4, 5)), r"\(library\).*mm"),
-    ("out_shape", dict(fn="mm", params={}, out_shape=(4, 6)), r"\(library\).*mm"),
-    ("int_dtype", dict(fn="mm", params={}, dtype="int32"), r"\(library\).*mm"),
-    ("bmm_rank", dict(fn="bmm", params={}), r"\(library\).*bmm"),
+    ("unknown_param", dict(fn="mm", params={"stride": 1}),
+     r"\(library\)\.params: library op mm: params: unknown \['stride'\]"),
+    ("inner_dims", dict(fn="mm", params={}, b_shape=(4, 5)),
+     r"\(library\): library op mm: b: K mismatch, a is \[4, 3\] and b \[4, 5\]"),
+    ("out_shape", dict(fn="mm", params={}, out_shape=(4, 6)),
+     r"\(library\): library op mm: out: expected sizes \[4, 5\], got \[4, 6\]"),
+    ("int_dtype", dict(fn="mm", params={}, dtype="int32"),
+     r"\(library\): library op mm: a: dtype int32 does not match out's float32"),
+    ("bmm_rank", dict(fn="bmm", params={}),
+     r"\(library\): library op bmm: a: expected a 3-D tensor, got 2-D \[4, 3\]"),
 ]
 
 
