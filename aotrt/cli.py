@@ -51,6 +51,19 @@ def _random_inputs(prog: Any, seed: int) -> list[np.ndarray]:
 # commands
 
 
+def _method(prog: Any, name: str | None) -> tuple[str, Any]:
+    """The method `--method` names (or the program's only one) and its Program."""
+    from aotrt.errors import InvalidArgument
+
+    methods = prog.methods
+    if name is None:
+        if len(methods) != 1:
+            raise InvalidArgument(f"--method: the program has methods {list(methods)}; "
+                                  f"choose one")
+        name = next(iter(methods))
+    return name, prog.method(name)
+
+
 def cmd_demo(args: argparse.Namespace) -> int:
     """Export a YOLO-style detector, run it, and compare it with torch eager."""
     return importlib.import_module("aotrt.demo").run_demo(args)
@@ -66,14 +79,15 @@ def cmd_run(args: argparse.Namespace) -> int:
     import aotrt
 
     prog = aotrt.Program.load(args.program)
+    name, meth = _method(prog, args.method)
     if args.inputs:
         data = np.load(args.inputs, allow_pickle=False)
-        inputs = [data[s["name"]] for s in prog.inputs] if hasattr(data, "files") else [data]
+        inputs = [data[s["name"]] for s in meth.inputs] if hasattr(data, "files") else [data]
     else:
-        inputs = _random_inputs(prog, args.seed)
+        inputs = _random_inputs(meth, args.seed)
     with aotrt.load(prog, device=args.device) as m:
-        outs = m.run(*inputs)
-        arrays = {s["name"]: o.numpy() for s, o in zip(prog.outputs, outs)}
+        outs = m.method(name).run(*inputs)
+        arrays = {s["name"]: o.numpy() for s, o in zip(meth.outputs, outs)}
     for name, a in arrays.items():
         stats = "" if a.size == 0 else (f" min {a.min().astype(np.float64):.4g} max "
                                         f"{a.max().astype(np.float64):.4g} mean "
@@ -90,11 +104,12 @@ def cmd_bench(args: argparse.Namespace) -> int:
     import aotrt
 
     prog = aotrt.Program.load(args.program)
-    inputs = _random_inputs(prog, args.seed)
+    name, meth = _method(prog, args.method)
+    inputs = _random_inputs(meth, args.seed)
     t0 = time.perf_counter()
     with aotrt.load(prog, device=args.device) as m:
         load_s = time.perf_counter() - t0
-        times = time_calls(lambda: synced_run(m, inputs), args.runs, args.warmup)
+        times = time_calls(lambda: synced_run(m.method(name), inputs), args.runs, args.warmup)
         dev = m.device
     times.sort()
     print(f"device:  {dev.name}")
@@ -124,6 +139,10 @@ def parser() -> argparse.ArgumentParser:
     def device(q: argparse.ArgumentParser) -> None:
         q.add_argument("--device", default=None,
                        help="cpu or cuda (default: cuda if present, else cpu)")
+
+    def method(q: argparse.ArgumentParser) -> None:
+        q.add_argument("--method", default=None,
+                       help="the method to run (default: the program's only one)")
 
     def seed(q: argparse.ArgumentParser, what: str) -> None:
         q.add_argument("--seed", type=int, default=0,
@@ -171,6 +190,7 @@ def parser() -> argparse.ArgumentParser:
     r.add_argument("--inputs", help=".npz keyed by input name, or one .npy "
                    "(default: random inputs)")
     r.add_argument("--save", help="write the outputs to this .npz, keyed by output name")
+    method(r)
     device(r)
     seed(r, "inputs")
     r.set_defaults(fn=cmd_run)
@@ -179,6 +199,7 @@ def parser() -> argparse.ArgumentParser:
                        description=cmd_bench.__doc__)
     b.add_argument("program", help="the .aotp program file")
     timing(b, 50, 5)
+    method(b)
     device(b)
     seed(b, "inputs")
     b.set_defaults(fn=cmd_bench)

@@ -349,19 +349,40 @@ class Program:
         }
 
     def summary(self) -> str:
-        """A human-readable summary (for `aotrt inspect`)."""
+        """A human-readable summary (for `aotrt inspect`): the methods with their inputs and
+        outputs, the state and which methods share it, the constants and the kernels."""
         lines = [f"aotrt program, format version {self.version}"]
         for k, v in sorted(self.provenance.items()):
             lines.append(f"  {k}: {v}")
+        cbytes = sum(int(a.nbytes) for a in self.constants.values())
+        lines.append(f"constants: {len(self.constants)} ({_human(cbytes)})")
+        lines.append(f"kernels: {len(self.kernels)}")
+        users: dict[int, list[str]] = {}
+        for name, m in self.methods.items():
+            for i in sorted({t["index"] for t in m.tensors if t["root"] == "state"}):
+                users.setdefault(i, []).append(name)
+        if self.state:
+            lines.append(f"state: {len(self.state)} ({_human(sum(self.root_nbytes()['state']))})")
+        for i, st in enumerate(self.state):
+            who = users.get(i, [])
+            shared = f"shared by {', '.join(who)}" if len(who) > 1 else \
+                f"used by {who[0]}" if who else "used by no method"
+            init = f"initial value from constant {st['init']}" if st["init"] else "zeros"
+            lines.append(f"  state {i} {st['name']}: {st['dtype']}{list(st['shape'])}, {init}, "
+                         f"{shared}")
+        for name, m in self.methods.items():
+            lines.append(f"method {name}:")
+            lines.extend("  " + line for line in m._method_summary())
+        return "\n".join(lines)
+
+    def _method_summary(self) -> list[str]:
+        lines = []
         for kind, specs in (("input", self.inputs), ("output", self.outputs)):
             for i, s in enumerate(specs):
                 lines.append(f"{kind} {i} {s['name']}: {s['dtype']}{list(s['shape'])} "
                              f"strides {list(s['strides'])}")
-        cbytes = sum(int(a.nbytes) for a in self.constants.values())
-        lines.append(f"constants: {len(self.constants)} ({_human(cbytes)})")
         lines.append(f"arena: {_human(self.arena_nbytes)}")
         lines.append(f"tensors: {len(self.tensors)}")
-        lines.append(f"kernels: {len(self.kernels)}")
         counts: dict[str, int] = {}
         for ins in self.instructions:
             key = ins["op"] if ins["op"] != "library" else f"library {ins['fn']}"
@@ -369,7 +390,7 @@ class Program:
         lines.append(f"instructions: {len(self.instructions)}")
         for key in sorted(counts):
             lines.append(f"  {key}: {counts[key]}")
-        return "\n".join(lines)
+        return lines
 
 
 def check_state(specs: Any, constants: Mapping[str, np.ndarray]) -> None:

@@ -232,3 +232,20 @@ def test_decoder_block_prefill_then_64_decode_steps(device: str, pos_rank: int) 
         np.testing.assert_allclose(np.asarray(mod.state["blk.cache_k"]), ref.cache_k.detach().numpy(),
                                    rtol=1e-4, atol=1e-5)
     assert worst < 1e-4, worst
+
+
+def test_inspect_lists_methods_state_and_sharing(tmp_path: Path,
+                                                 capsys: pytest.CaptureFixture) -> None:
+    from aotrt.cli import main
+
+    path = tmp_path / "two.aotp"
+    _methods(["total"]).save(path)
+    assert main(["inspect", str(path)]) == 0
+    out = capsys.readouterr().out
+    assert "state 0 total: float32[4], zeros, shared by a, b" in out
+    assert "a.steps: float32[1], initial value from constant" in out
+    assert "used by a" in out and "method b:" in out and "input 0 x: float32[4]" in out
+    assert main(["run", str(path), "--method", "b"]) == 0
+    assert "out: float32[4]" in capsys.readouterr().out
+    assert main(["run", str(path)]) == 2
+    assert "--method: the program has methods ['a', 'b']" in capsys.readouterr().err
