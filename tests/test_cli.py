@@ -96,6 +96,27 @@ def test_demo_exports_runs_and_matches_eager(capsys: pytest.CaptureFixture) -> N
 
 
 @pytest.mark.slow
+def test_demo_fails_on_an_all_nan_output(capsys: pytest.CaptureFixture,
+                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    """The demo's verdict can fail: aotrt's outputs replaced by NaNs give a NaN error
+    (once reported as 0.0, Python's max dropping the NaN) and exit code 1."""
+    torch = pytest.importorskip("torch")
+    from aotrt import demo
+
+    def nan_run(m: Any, inputs: Any) -> list[Any]:
+        return [torch.full_like(torch.from_numpy(np.asarray(o.numpy())), float("nan"))
+                for o in real_run(m, inputs)]
+
+    real_run = demo.synced_run
+    monkeypatch.setattr(demo, "synced_run", nan_run)
+    code = main(["demo", "--model", "tiny-yolo", "--size", "64", "--runs", "1",
+                 "--warmup", "0", "--device", "cpu"])
+    out = capsys.readouterr().out
+    assert code == 1, out
+    assert "max relative nan" in out and "FAIL: relative error nan" in out
+
+
+@pytest.mark.slow
 def test_export_then_run(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
     pytest.importorskip("torch")
     path = tmp_path / "tiny.aotp"

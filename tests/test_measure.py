@@ -29,6 +29,32 @@ def test_max_errors_skips_empty_and_survives_zero_references() -> None:
     assert abs_err == 2.0 and rel == pytest.approx(2.0 / 1e-30)
 
 
+def test_max_errors_is_nan_for_an_all_nan_output() -> None:
+    """np.max gives NaN, and Python's max(0.0, nan) is 0.0: the error must stay NaN."""
+    ref = rand([4, 5], seed=4)
+    abs_err, rel = measure.max_errors([np.full((4, 5), np.nan, np.float32)], [ref])
+    assert np.isnan(abs_err) and np.isnan(rel)
+    # ... also after a good output, and for one NaN among finite values.
+    one = ref.copy()
+    one[2, 3] = np.nan
+    abs_err, rel = measure.max_errors([ref, one], [ref, ref])
+    assert np.isnan(abs_err) and np.isnan(rel)
+
+
+@pytest.mark.parametrize("bad", ["lost_nan", "lost_inf", "sign_of_inf", "shape"])
+def test_max_errors_judges_non_finite_values_and_shapes(bad: str) -> None:
+    ref = rand([6], seed=5).astype(np.float64)
+    ref[1], ref[4] = np.nan, -np.inf
+    good = ref.copy()
+    assert measure.max_errors([good], [ref]) == (0.0, 0.0)
+    got = {"lost_nan": np.where(np.isnan(ref), 0.0, ref),
+           "lost_inf": np.where(np.isinf(ref), -1e30, ref),
+           "sign_of_inf": np.where(np.isinf(ref), np.inf, ref),
+           "shape": ref[:5]}[bad]
+    abs_err, rel = measure.max_errors([got], [ref])
+    assert np.isnan(abs_err) and np.isnan(rel)
+
+
 def test_time_calls_warms_up_then_times_each_run() -> None:
     calls: list[int] = []
     times = measure.time_calls(lambda: calls.append(1), runs=4, warmup=3)
