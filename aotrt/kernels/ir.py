@@ -263,28 +263,33 @@ FIELDS: dict[str, dict[str, str]] = {
 }
 
 
+def _type_name(v: Any) -> str:
+    # A JSON list is built as a tuple: name it as the file has it.
+    return "list" if isinstance(v, tuple) else type(v).__name__
+
+
 def field_problem(kind: str, v: Any) -> str:
     """Why `v` cannot be a field of kind `kind` (a value of FIELDS); "" when it can. Every
     field is checked by type before anything compares, hashes or walks it."""
     if kind == "int":
         return "" if isinstance(v, int) and not isinstance(v, bool) else \
-            f"expected an integer, got {type(v).__name__}"
+            f"expected an integer, got {_type_name(v)}"
     if kind == "str":
-        return "" if isinstance(v, str) else f"expected a string, got {type(v).__name__}"
+        return "" if isinstance(v, str) else f"expected a string, got {_type_name(v)}"
     if kind == "scalar":
         return "" if isinstance(v, (int, float, bool)) else \
-            f"expected a number or a bool, got {type(v).__name__}"
+            f"expected a number or a bool, got {_type_name(v)}"
     if kind == "expr":
         return "" if isinstance(v, (Const, Idx, Load, Op, Reduce)) else \
-            f"expected an expression node, got {type(v).__name__}"
+            f"expected an expression node, got {_type_name(v)}"
     want = {"ints": (int, "integers"), "exprs": ((Const, Idx, Load, Op, Reduce),
                                                  "expression nodes"),
             "args": (Arg, "Arg nodes"), "stores": (Store, "Store nodes")}[kind]
     if not isinstance(v, tuple):
-        return f"expected a list of {want[1]}, got {type(v).__name__}"
+        return f"expected a list of {want[1]}, got {_type_name(v)}"
     for j, x in enumerate(v):
         if not isinstance(x, want[0]) or (kind == "ints" and isinstance(x, bool)):
-            return f"entry {j}: expected one of {want[1]}, got {type(x).__name__}"
+            return f"entry {j}: expected one of {want[1]}, got {_type_name(x)}"
     return ""
 
 

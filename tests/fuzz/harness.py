@@ -1,6 +1,7 @@
 """Run mutants in subprocess workers and classify each outcome.
 
-Outcomes: refused (an AotrtError at load or run), ran_equal, ran_different, raw_exception
+Outcomes: refused (an AotrtError at load or run that wraps no Python exception), ran_equal,
+ran_different, raw_exception
 (any other exception), crash (the worker died of a signal), hang (over the per-mutant
 timeout), sanitizer (an AddressSanitizer/UBSan report), plus loaded_not_run (inputs the
 harness cannot make) and ran_unchecked (the reference cannot judge: too big, an op it does
@@ -12,9 +13,11 @@ not model). A dead or hung worker is replaced and the harness goes on.
 from __future__ import annotations
 
 import base64
+import builtins
 import faulthandler
 import json
 import os
+import re
 import select
 import signal
 import subprocess
@@ -76,6 +79,25 @@ def make_inputs(prog: Any, seed: int) -> list[np.ndarray] | None:
     return out
 
 
+def wrapped(e: BaseException) -> str:
+    """The name of a Python exception that a refusal's message carries ("" if none): an
+    aotrt error wrapping, say, "AttributeError: 'Idx' object has no attribute 'mode'" hid a
+    bug of aotrt behind a refusal; the harness counts it as a raw exception."""
+    for name in re.findall(r"\b([A-Z][A-Za-z]*(?:Error|Exception))\b", str(e)):
+        cls = getattr(builtins, name, None)
+        if isinstance(cls, type) and issubclass(cls, BaseException):
+            return name
+    return ""
+
+
+def _refused(e: BaseException, stage: str, detail: str) -> dict[str, Any]:
+    name = wrapped(e)
+    if name:
+        return {"outcome": "raw_exception", "stage": stage,
+                "detail": f"a refusal wrapping {name}: {detail}"[:300]}
+    return {"outcome": "refused", "stage": stage, "detail": detail[:200]}
+
+
 def judge(data: bytes, seed: int) -> dict[str, Any]:
     """Load and run one mutant on cpu and compare it with the reference (in this process)."""
     import aotrt
@@ -86,7 +108,7 @@ def judge(data: bytes, seed: int) -> dict[str, Any]:
     try:
         prog = aotrt.Program.loads(data)
     except AotrtError as e:
-        return {"outcome": "refused", "stage": "parse", "detail": str(e)[:200]}
+        return _refused(e, "parse", str(e))
     except Exception as e:  # noqa: BLE001 - the finding itself
         return {"outcome": "raw_exception", "stage": "parse",
                 "detail": f"{type(e).__name__}: {e}"[:300] + _tb()}
@@ -100,7 +122,7 @@ def judge(data: bytes, seed: int) -> dict[str, Any]:
             outs = m.run(*inputs)
             got = [np.array(np.asarray(o)) for o in outs]
     except AotrtError as e:
-        return {"outcome": "refused", "stage": stage, "detail": f"{type(e).__name__}: {e}"[:200]}
+        return _refused(e, stage, f"{type(e).__name__}: {e}")
     except Exception as e:  # noqa: BLE001 - the finding itself
         return {"outcome": "raw_exception", "stage": stage,
                 "detail": f"{type(e).__name__}: {e}"[:300] + _tb()}

@@ -460,6 +460,29 @@ def mutate_ir(rng: random.Random, doc: Any) -> Any:
     return _set(doc, p, _wrap(rng, _get(doc, p)))
 
 
+#: values of every JSON type, for a field that wants another (issue 34 item 5)
+WRONG_TYPES: list[Any] = [None, True, False, 1.5, -1, 2**70, "x", "", [], [1], ["x"], [None],
+                          {}, {"t": "Idx"}, {"t": "float", "v": "nan"},
+                          {"t": "Arg", "dtype": "float32", "mode": "r"}]
+
+
+def mutate_ir_field(rng: random.Random, doc: Any) -> Any:
+    """Give one field of one IR node of any type (Kernel, Arg, Store and the expressions) a
+    value of a wrong type, or one entry of a list field: the parser must name the field."""
+    paths = [p for p in _paths(doc) if p and p[0] == "kernels"
+             and isinstance(_get(doc, p), dict) and _get(doc, p).get("t") in ir.FIELDS]
+    if not paths:
+        return doc
+    node = _get(doc, rng.choice(paths))
+    field = rng.choice(sorted(ir.FIELDS[node["t"]]))
+    old = node.get(field)
+    if isinstance(old, list) and old and rng.random() < 0.5:
+        old[rng.randrange(len(old))] = rng.choice(WRONG_TYPES)
+    else:
+        node[field] = copy.deepcopy(rng.choice(WRONG_TYPES))
+    return doc
+
+
 def mutate_entries(rng: random.Random, entries: dict) -> dict:
     """Break one safetensors entry: its dtype, shape or data_offsets."""
     if not entries:
@@ -513,7 +536,7 @@ def mutate_data(rng: random.Random, data: bytes) -> bytes:
     return bytes(b)
 
 
-KINDS = ("json_value", "structure", "ir", "entries", "bytes", "data")
+KINDS = ("json_value", "structure", "ir", "entries", "bytes", "data", "ir_field")
 
 
 def mutant(seed_files: dict[str, tuple[dict, dict, bytes]], index: int, master: int = 0,
@@ -523,7 +546,7 @@ def mutant(seed_files: dict[str, tuple[dict, dict, bytes]], index: int, master: 
     name = rng.choice(sorted(seed_files))
     doc, entries, data = copy.deepcopy(seed_files[name])
     w = weights or {"json_value": 3, "structure": 1.5, "ir": 2, "entries": 0.7, "bytes": 1,
-                    "data": 0.5}
+                    "data": 0.5, "ir_field": 1}
     kinds = rng.choices(list(w), weights=list(w.values()), k=rng.choice([1, 1, 1, 2, 3]))
     raw = False
     for kind in kinds:
@@ -533,6 +556,8 @@ def mutant(seed_files: dict[str, tuple[dict, dict, bytes]], index: int, master: 
             doc = mutate_structure(rng, doc)
         elif kind == "ir":
             doc = mutate_ir(rng, doc)
+        elif kind == "ir_field":
+            doc = mutate_ir_field(rng, doc)
         elif kind == "entries":
             entries = mutate_entries(rng, entries)
         elif kind == "data":

@@ -4,8 +4,10 @@ exception."""
 
 from __future__ import annotations
 
+import copy
 import math
 import struct
+from typing import Any
 
 import pytest
 
@@ -111,3 +113,103 @@ def test_hashing_and_validating_shared_ir_is_linear() -> None:
         hash(k)
         assert {k: 1}[k] == 1
         ir.validate(k)
+
+
+# -- every malformed field is named (issue 34 item 5) -----------------------------------------
+
+#: per field kind of ir.FIELDS, JSON values of a wrong type for it
+_WRONG = {
+    "int": ["x", 1.5, None, True, [1], {"t": "float", "v": "inf"}],
+    "str": [5, None, [], ["r"], 1.5, True],
+    "scalar": ["x", None, [], [1.0]],
+    "expr": [5, "x", None, [], [{"t": "Idx", "dim": 0, "dtype": I64}],
+             {"t": "float", "v": "nan"}, {"t": "Arg", "dtype": "float32", "mode": "r"}],
+    "ints": ["x", 5, None, ["x"], [1.5], [True], [None]],
+    "exprs": [5, "x", None, [5], ["x"], [{"t": "Arg", "dtype": "float32", "mode": "r"}]],
+    "args": [5, None, [5], [{"t": "Idx", "dim": 0, "dtype": I64}]],
+    "stores": [5, None, ["x"], [{"t": "Const", "value": 1.0, "dtype": "float32"}]],
+}
+
+
+#: each IR class's fields and their kinds (ir.FIELDS, spelled out so that this file collects
+#: against a runtime without it)
+_FIELDS = {
+    "Const": {"value": "scalar", "dtype": "str"}, "Idx": {"dim": "int", "dtype": "str"},
+    "Load": {"arg": "int", "index": "expr", "dtype": "str"},
+    "Op": {"op": "str", "args": "exprs", "dtype": "str"},
+    "Reduce": {"op": "str", "body": "expr", "dtype": "str"},
+    "Store": {"arg": "int", "index": "expr", "value": "expr"},
+    "Arg": {"dtype": "str", "mode": "str"},
+    "Kernel": {"name": "str", "shape": "ints", "rshape": "ints", "args": "args",
+               "stores": "stores"},
+}
+
+
+def _every_node_kernel() -> ir.Kernel:
+    """A kernel with a node of every IR type."""
+    red = ir.Reduce("sum", ir.Load(0, ir.Idx(1), "float32"), "float32")
+    val = ir.Op("add", (red, ir.Const(1.0, "float32")), "float32")
+    return ir.Kernel("k", (2,), (3,), (ir.Arg("float32", "r"), ir.Arg("float32", "w")),
+                     (ir.Store(1, ir.Idx(0), val),))
+
+
+def _node_paths(doc: Any, path: tuple = ()) -> list[tuple]:
+    out = []
+    if isinstance(doc, dict):
+        if doc.get("t") in _FIELDS:
+            out.append(path)
+        for k, v in doc.items():
+            out.extend(_node_paths(v, path + (k,)))
+    elif isinstance(doc, list):
+        for i, v in enumerate(doc):
+            out.extend(_node_paths(v, path + (i,)))
+    return out
+
+
+def _wrong_field_cases() -> list[tuple[tuple, str, str, Any]]:
+    doc = ir.to_json(_every_node_kernel())
+    cases = []
+    for path in _node_paths(doc):
+        node = doc
+        for p in path:
+            node = node[p]
+        for field, kind in _FIELDS[node["t"]].items():
+            for bad in _WRONG[kind]:
+                cases.append((path, node["t"], field, bad))
+    return cases
+
+
+def test_every_ir_node_type_is_covered() -> None:
+    assert {t for _, t, _, _ in _wrong_field_cases()} == set(_FIELDS)
+    assert ir.FIELDS == _FIELDS
+
+
+@pytest.mark.parametrize("path,t,field,bad", _wrong_field_cases())
+def test_a_wrong_typed_ir_field_is_a_program_error_naming_it(path: tuple, t: str, field: str,
+                                                             bad: Any) -> None:
+    doc = ir.to_json(_every_node_kernel())
+    node = doc
+    for p in path:
+        node = node[p]
+    node[field] = copy.deepcopy(bad)
+    # Before: TypeError/AttributeError raised raw or wrapped ("bad IR node Op: TypeError").
+    with pytest.raises(ProgramError, match=rf"IR node {t}\.{field}: (entry \d+: )?expected"):
+        ir.from_json(doc)
+
+
+def test_deep_ir_json_is_refused_without_recursion() -> None:
+    deep: Any = {"t": "Const", "value": 1.0, "dtype": "float32"}
+    for _ in range(5000):
+        deep = {"t": "Op", "op": "neg", "args": [deep], "dtype": "float32"}
+    doc = ir.to_json(_every_node_kernel())
+    doc["stores"][0]["value"] = deep
+    with pytest.raises(ProgramError, match="nests too deeply"):
+        ir.from_json(doc)
+
+
+@pytest.mark.parametrize("field,value", [("dim", "x"), ("dim", None), ("dtype", 3)])
+def test_a_hand_built_kernel_with_a_wrong_typed_field_names_it(field: str, value: Any) -> None:
+    idx = ir.Idx(0)
+    object.__setattr__(idx, field, value)
+    with pytest.raises(InvalidArgument, match=rf"Idx\.{field}: expected"):
+        ir.Kernel("k", (2,), (), (ir.Arg(I64, "w"),), (ir.Store(0, idx, ir.Idx(0)),))
