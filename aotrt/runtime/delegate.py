@@ -11,13 +11,14 @@ compiled kernel functions and the library ops registry.
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import logging
 import os
 import threading
 import time
 from dataclasses import dataclass
-from typing import Any, Callable, Mapping, Sequence
+from typing import Any, Callable, Iterator, Mapping, Sequence
 
 import numpy as np
 
@@ -31,6 +32,7 @@ from aotrt.runtime import finalize, shims
 from aotrt.runtime.arguments import Arg, Arguments, spec_of
 from aotrt.runtime.device import Command, Device, Stream, default_device, get_device
 from aotrt.runtime.hazards import Access
+from aotrt.runtime.loaded import LoadedProgram
 from aotrt.runtime.memory import PROCESS_OWNER, Allocation, Owner, owner_scope
 from aotrt.runtime.options import Fp32Math, StreamOptions, check_threads
 from aotrt.runtime.public import Tensor
@@ -78,36 +80,36 @@ class Delegate:
     def __init__(self, program: Program, device: Any = None, check_hazards: bool = False,
                  cuda_graph: bool | None = None, limits: Limits | None = None,
                  threads: int | None = None, fp32_math: Fp32Math | None = None, *,
-                 _validated: bool = False) -> None:
+                 _validated: bool = False, _loaded: LoadedProgram | None = None) -> None:
         """Validate `program` within `limits` (aotrt.Limits; None: the defaults) and load it
-        onto `device` (None: cuda if present, else cpu); `threads`, `fp32_math`: see `load`."""
+        onto `device` (None: cuda if present, else cpu); `threads`, `fp32_math`: see `load`.
+
+        `program` is one method (a Program without `methods` of its own). A Module passes
+        `_loaded`, the program's constants, state, kernels and stream, which its methods
+        share; otherwise the delegate loads and owns them itself."""
         if not isinstance(program, Program):
             raise InvalidArgument(f"program: expected an aotrt.Program, got "
                                   f"{type(program).__name__}")
+        if program.has_methods:
+            raise InvalidArgument(f"program: it has methods {sorted(program.methods)}; load it "
+                                  f"with aotrt.load, or pass program.method(name)")
         if not _validated:
             # A Program is mutable: what runs is checked here. `load` skips this only for
             # the Program it has just read and validated itself, which no one else holds.
             program.validate(limits)
-        if not isinstance(check_hazards, bool):
-            raise InvalidArgument(f"check_hazards: expected a bool, got {check_hazards!r}")
-        if cuda_graph is not None and not isinstance(cuda_graph, bool):
-            raise InvalidArgument(f"cuda_graph: expected a bool or None, got {cuda_graph!r}")
-        check_threads(threads)
-        fp32_math = Fp32Math() if fp32_math is None else fp32_math
-        if not isinstance(fp32_math, Fp32Math):
-            raise InvalidArgument(f"fp32_math: expected an aotrt.Fp32Math or None, got "
-                                  f"{fp32_math!r}")
-        dev = get_device(default_device() if device is None else device)
-        if cuda_graph and not dev.supports_graphs:
-            raise InvalidArgument(f"cuda_graph: the {dev.name} device cannot replay graphs; "
-                                  f"leave cuda_graph unset or False there")
+        dev, options = resolve_options(device, check_hazards, cuda_graph, threads, fp32_math)
+        if _loaded is not None and _loaded.device is not dev:
+            raise InvalidArgument(f"device: the program is loaded on {_loaded.device.name}")
         t0 = time.perf_counter()
         self.program = program
         self.device: Device = dev
         self.name = program.provenance.get("module") or "program"
         self._owner = Owner(f"delegate {self.name}")
         self._stream: Stream | None = None
-        self._lock = threading.Lock()
+        self._loaded: LoadedProgram | None = _loaded
+        self._owns_loaded = _loaded is None
+        # Methods of one program share its lock: they run over the same state and stream.
+        self._lock = _loaded.lock if _loaded is not None else threading.RLock()
         # `_gate` guards `_closing` and `_runs` (the runs inside run(), waiting for `_lock`
         # or holding it): close() marks the delegate closing, so that no run starts after
         # it, and waits for `_runs` to drain, from any thread. A run in a loop cannot starve
@@ -129,8 +131,7 @@ class Delegate:
         self._res = Resources(self._owner)
         self._closer = finalize.finalizer(self, teardown, self._res)
         try:
-            self._init(StreamOptions.from_env(check_hazards=check_hazards, threads=threads,
-                                              fp32_math=fp32_math))
+            self._init(options)
         except BaseException:
             self._closer()
             raise
@@ -143,11 +144,15 @@ class Delegate:
         prog, dev = self.program, self.device
         self.inputs = [spec_of(s) for s in prog.inputs]
         self.outputs = [spec_of(s) for s in prog.outputs]
-        with owner_scope(self._owner):
+        if self._loaded is None:
             # The thread count and the float32 math belong to this delegate's own stream:
             # other delegates and streams keep theirs.
-            self._stream = dev.create_stream(options)
-            self._res.stream = self._stream
+            self._loaded = LoadedProgram(prog, dev, options, self.name)
+            self._res.loaded = self._loaded
+        # The stream is the program's: waited on at close, closed with the program.
+        self._stream = self._loaded.stream
+        self._res.borrowed = self._stream
+        with owner_scope(self._owner):
             self._args = Arguments(dev, self._stream, self.inputs, self.outputs, self.name)
             with dev.stream_guard(self._stream):
                 self._make_roots()
@@ -160,19 +165,8 @@ class Delegate:
         # Pooled memory may hold a previous owner's data: zeroed once here, so no program
         # can read another delegate's tensors from bytes it reads before writing.
         stream.fill(arena, 0)
-        arrays = list(prog.constants.values())
-        calloc, offsets = dev.memory.allocate_constants([int(a.nbytes) for a in arrays], stream,
-                                                        self._owner)
-        sole = sole_read_constants(prog.tensors, prog.instructions)
-        calloc.sole_read = frozenset((offsets[c], offsets[c] + int(arrays[c].nbytes)) for c in sole)
-        const_bases: list[Handle] = []
-        for arr, off in zip(arrays, offsets):
-            n = int(arr.nbytes)
-            ptr = calloc.ptr + off if n else 0
-            base = shims.create_tensor_from_blob(ptr, [n], [1], 0, u8, dev)
-            const_bases.append(base)
-            if n:
-                dev.write(base, np.ascontiguousarray(arr).reshape(-1).view(np.uint8))
+        loaded = self._loaded
+        bases = {"constant": loaded.constant_bases, "state": loaded.state_bases}
         self._static = [None] * len(prog.tensors)
         # Per-run roots: tensor ids and views rooted at each input / output.
         self._per_run: dict[tuple[str, int], list[tuple[int, tuple, tuple, int, DType]]] = {}
@@ -181,19 +175,18 @@ class Delegate:
             view = (tuple(t["sizes"]), tuple(t["strides"]), t["byte_offset"] // dt.itemsize, dt)
             if t["root"] == "arena":
                 self._static[tid] = shims.reinterpret_tensor(arena, *view[:3], dtype=dt)
-            elif t["root"] == "constant":
-                base = const_bases[t["index"]]
+            elif t["root"] in bases:
+                # Constants and state live as long as the program: their views are static.
+                base = bases[t["root"]][t["index"]]
                 self._static[tid] = shims.reinterpret_tensor(base, *view[:3], dtype=dt)
             else:
                 self._per_run.setdefault((t["root"], t["index"]), []).append((tid, *view))
-        # The bases are no longer needed: the views keep the memory alive.
-        for h in (arena, *const_bases):
-            shims.delete_tensor_object(h)
+        # The arena's base is no longer needed: the views keep the memory alive.
+        shims.delete_tensor_object(arena)
 
     def _make_steps(self) -> None:
         prog = self.program
-        lib = self.device.kernel_library(prog.kernels) if prog.kernels else None
-        self._res.library = lib     # closed by the teardown, after the stream drains
+        lib = self._loaded.library      # the program's: compiled once for every method
         ops = None
         for i, ins in enumerate(prog.instructions):
             op = ins["op"]
@@ -246,6 +239,12 @@ class Delegate:
 
         Safe from any thread: a run that a close() from another thread overtakes before it
         starts is refused with InvalidArgument ("closed"); one that has started finishes."""
+        with self._running():
+            return self._run_locked(inputs, out)
+
+    @contextlib.contextmanager
+    def _running(self) -> Iterator[None]:
+        """Counted as a run in flight, within `_lock`; InvalidArgument once closing."""
         with self._gate:
             if self._closing or self._closed:
                 raise InvalidArgument(f"delegate {self.name} is closed")
@@ -255,12 +254,70 @@ class Delegate:
                 if self._closing:
                     # close() came while this run waited for another: it goes first.
                     raise InvalidArgument(f"delegate {self.name} is closed")
-                return self._run_locked(inputs, out)
+                yield
         finally:
             with self._gate:
                 self._runs -= 1
                 if not self._runs:
                     self._gate.notify_all()
+
+    def bind(self) -> "Binding":
+        """Bind the method once to static input and output buffers of its own (ONNX
+        Runtime's IOBinding): `binding.run(...)` copies only the inputs it is given into
+        them, replays the captured graph (or the static plan), and returns the same output
+        Tensors every time, so that a decode step allocates nothing. The outputs hold the
+        last run's values until the next run."""
+        with self._running():
+            with owner_scope(self._owner), self.device.stream_guard(self._stream):
+                if self._graph_mode and self._graph is None:
+                    self._run_graph_capture()
+                if self._graph_mode:
+                    g = self._graph
+                    ins, outs, views = g.ins, g.outs, g.out_views
+                    graph, accesses = g.graph, g.accesses
+
+                    def launch() -> None:
+                        self._stream.record(accesses, lambda st: graph.launch(st),
+                                            "cuda graph replay")
+                else:
+                    if self._static_io is None:
+                        self._static_io = self._plan_static_io()
+                    p = self._static_io
+                    ins, outs, views, launch = p.ins, p.outs, p.out_views, p.queue
+                in_tensors = tuple(
+                    Tensor(shims.reinterpret_tensor(b, s.shape, s.strides, 0, dtype=s.dtype))
+                    for b, s in zip(ins, self.inputs))
+                out_tensors = tuple(
+                    Tensor(shims.reinterpret_tensor(outs[k], sizes, strides, off, dtype=dt))
+                    for k, sizes, strides, off, dt in views)
+        return Binding(self, in_tensors, out_tensors, list(ins), launch)
+
+    def _run_bound(self, b: "Binding", inputs: tuple[Any, ...]) -> tuple[Tensor, ...]:
+        """Binding.run: the given inputs copied into the bound buffers, one launch."""
+        if inputs and len(inputs) != len(self.inputs):
+            names = ", ".join(s.name for s in self.inputs)
+            raise InvalidArgument(f"inputs: {self.name} takes {len(self.inputs)} inputs "
+                                  f"({names}), or none to run on the bound ones; got "
+                                  f"{len(inputs)}")
+        dev, stream = self.device, self._stream
+        with self._running():
+            if b.stale:
+                raise InvalidArgument(f"binding of {self.name}: the method's plan was "
+                                      f"rebuilt after a failed run; bind again")
+            args = self._args.classify_inputs(inputs) if inputs else []
+            temps: list[Handle] = []
+            failed = True
+            try:
+                with owner_scope(self._owner), dev.stream_guard(stream):
+                    for k, a in enumerate(args):
+                        if a.spec.nbytes:
+                            stream.copy(b._ins[k], self._bind(a, temps, output=False))
+                    b._launch()
+                    stream.commit()
+                failed = False
+            finally:
+                self._cleanup(temps, failed)
+        return b.outputs
 
     def _run_locked(self, inputs: tuple[Any, ...], out: Any) -> tuple[Any, ...]:
         """run(), within `_lock`."""
@@ -327,9 +384,11 @@ class Delegate:
             ins, outs, handles = self._static_buffers(keep)
             for b in ins:
                 stream.fill(b, 0)
+            # The warm-up runs the method on zeros: the state it writes is put back after.
+            saved = self._loaded.snapshot_state()
             self._execute(handles)
             stream.label = ""
-            stream.commit_and_wait()
+            self._loaded.restore_state(saved)
             stream.begin_capture()
             try:
                 self._execute(handles)
@@ -371,22 +430,29 @@ class Delegate:
                 self._views((root, k), b, handles, keep)
         return ins, outs, handles
 
+    def _run_graph_capture(self) -> None:
+        """Capture the graph (within the owner and stream scopes); a program that cannot
+        have one runs without, unless cuda_graph=True asked for it."""
+        try:
+            self._graph = self._capture()
+        except Unsupported as e:
+            if self._graph_asked:
+                raise
+            # A graph this program cannot have is not a reason not to run it.
+            log.warning("%s runs without a CUDA graph: %s", self.name, e)
+            self._graph_mode = False
+            return
+        self._res.graph = self._graph.graph
+
     def _run_graph(self, args: list[Arg], outs: list[Arg] | None,
                    out: Any) -> tuple[Any, ...]:
         """Copy inputs into the static buffers, replay the graph, copy the outputs out."""
         dev, stream = self.device, self._stream
         if self._graph is None:
             with owner_scope(self._owner), dev.stream_guard(stream):
-                try:
-                    self._graph = self._capture()
-                except Unsupported as e:
-                    if self._graph_asked:
-                        raise
-                    # A graph this program cannot have is not a reason not to run it.
-                    log.warning("%s runs without a CUDA graph: %s", self.name, e)
-                    self._graph_mode = False
-                    return self._run(args, outs, out)
-                self._res.graph = self._graph.graph
+                self._run_graph_capture()
+            if not self._graph_mode:
+                return self._run(args, outs, out)
         g = self._graph
         if lean_ok(stream, args, outs):
             with owner_scope(self._owner), dev.stream_guard(stream):
@@ -672,6 +738,27 @@ class Delegate:
         return f"<aotrt.Delegate {self.name} {state}>"
 
     @property
+    def methods(self) -> tuple[str, ...]:
+        """The one method a lone delegate runs (a Module has several)."""
+        return ("forward",)
+
+    def method(self, name: str) -> "Delegate":
+        """This delegate, as its program's only method "forward"."""
+        if name != "forward":
+            raise InvalidArgument(f"method {name!r}: {self.name} has methods ['forward']")
+        return self
+
+    @property
+    def state(self) -> Mapping[str, Tensor]:
+        """The program's state buffers by name (copies; see Module.state)."""
+        from aotrt.runtime.module import StateView     # it builds on Delegate
+        return StateView(self._loaded)
+
+    def reset(self) -> None:
+        """Give the program's state its initial values again (see Module.reset)."""
+        self._loaded.reset()
+
+    @property
     def uses_graph(self) -> bool:
         """True when runs replay one captured graph (the default where the device has them)."""
         return self._graph_mode
@@ -687,6 +774,56 @@ class Delegate:
         return self._stream
 
 
+class Binding:
+    """A method bound once to buffers of its own (Delegate.bind): `inputs` and `outputs`
+    are Tensors over them; `run` copies what it is given in, launches, and returns
+    `outputs` (the same Tensors each time, holding the last run's values)."""
+
+    def __init__(self, delegate: Delegate, inputs: tuple[Tensor, ...],
+                 outputs: tuple[Tensor, ...], ins: list[Handle],
+                 launch: Callable[[], None]) -> None:
+        self._delegate = delegate
+        self.inputs = inputs
+        self.outputs = outputs
+        self._ins = ins
+        self._launch = launch
+        self._plan = delegate._graph if delegate._graph_mode else delegate._static_io
+
+    @property
+    def stale(self) -> bool:
+        """True when the method's plan was rebuilt since (after a failed run)."""
+        d = self._delegate
+        return self._plan is not (d._graph if d._graph_mode else d._static_io)
+
+    def run(self, *inputs: Any) -> tuple[Tensor, ...]:
+        """Copy `inputs` (all of them, or none) into the bound buffers, launch once, and
+        return the bound outputs."""
+        return self._delegate._run_bound(self, inputs)
+
+    def __repr__(self) -> str:
+        return f"<aotrt.Binding of {self._delegate.name}>"
+
+
+def resolve_options(device: Any, check_hazards: Any, cuda_graph: Any, threads: Any,
+                    fp32_math: Any) -> tuple[Device, StreamOptions]:
+    """Check load's arguments; the device and the stream options they ask for."""
+    if not isinstance(check_hazards, bool):
+        raise InvalidArgument(f"check_hazards: expected a bool, got {check_hazards!r}")
+    if cuda_graph is not None and not isinstance(cuda_graph, bool):
+        raise InvalidArgument(f"cuda_graph: expected a bool or None, got {cuda_graph!r}")
+    check_threads(threads)
+    fp32_math = Fp32Math() if fp32_math is None else fp32_math
+    if not isinstance(fp32_math, Fp32Math):
+        raise InvalidArgument(f"fp32_math: expected an aotrt.Fp32Math or None, got "
+                              f"{fp32_math!r}")
+    dev = get_device(default_device() if device is None else device)
+    if cuda_graph and not dev.supports_graphs:
+        raise InvalidArgument(f"cuda_graph: the {dev.name} device cannot replay graphs; "
+                              f"leave cuda_graph unset or False there")
+    return dev, StreamOptions.from_env(check_hazards=check_hazards, threads=threads,
+                                       fp32_math=fp32_math)
+
+
 def _settle_other_streams(alloc: Allocation, stream: Stream, writes_only: bool) -> None:
     """Wait for other streams' unfinished work on memory this stream is about to use."""
     for other in list(alloc.uses):
@@ -696,8 +833,9 @@ def _settle_other_streams(alloc: Allocation, stream: Stream, writes_only: bool) 
 
 def load(prog_or_path: Any, device: Any = None, check_hazards: bool = False,
          cuda_graph: bool | None = None, limits: Limits | None = None,
-         threads: int | None = None, fp32_math: Fp32Math | None = None) -> Delegate:
-    """Load a Program (or a .aotp path) as a Delegate on `device` (None: cuda if present).
+         threads: int | None = None, fp32_math: Fp32Math | None = None) -> Any:
+    """Load a Program (or a .aotp path) on `device` (None: cuda if present): a Delegate for
+    a program of one method without state, else an aotrt.Module (methods, state, reset).
 
     On a device that supports graphs (cuda) the whole run is captured as one CUDA graph on
     the first run and replayed afterwards (inputs are copied into static buffers and outputs
@@ -717,9 +855,13 @@ def load(prog_or_path: Any, device: Any = None, check_hazards: bool = False,
     else:
         raise InvalidArgument(f"prog_or_path: expected an aotrt.Program or a path, got "
                               f"{type(prog_or_path).__name__}")
-    return Delegate(prog, device=device, check_hazards=check_hazards, cuda_graph=cuda_graph,
-                    limits=limits, threads=threads, fp32_math=fp32_math,
-                    _validated=prog is not prog_or_path)
+    kwargs = dict(device=device, check_hazards=check_hazards, cuda_graph=cuda_graph,
+                  limits=limits, threads=threads, fp32_math=fp32_math,
+                  _validated=prog is not prog_or_path)
+    if prog.has_methods or prog.state:
+        from aotrt.runtime.module import Module    # it builds on Delegate
+        return Module(prog, **kwargs)
+    return Delegate(prog, **kwargs)
 
 
 __all__ = ["Delegate", "load", "library_ops"]

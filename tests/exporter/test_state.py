@@ -5,6 +5,7 @@ asked, weights are stored once, and a decoder block's prefill and decode match e
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -249,3 +250,48 @@ def test_inspect_lists_methods_state_and_sharing(tmp_path: Path,
     assert "out: float32[4]" in capsys.readouterr().out
     assert main(["run", str(path)]) == 2
     assert "--method: the program has methods ['a', 'b']" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_bound_decode_step_allocates_nothing(device: str,
+                                             monkeypatch: pytest.MonkeyPatch) -> None:
+    """A decode method bound once: each step copies its inputs into the bound buffers,
+    launches once and returns the same output Tensors, with no allocation."""
+    torch.manual_seed(1)
+    blk = Block().eval()
+    prog = aotrt.export({"prefill": (blk, (torch.randn(1, 4, 32), torch.arange(4))),
+                         "decode": (blk, (torch.randn(1, 1, 32), torch.tensor([4])))},
+                        share_state=True)
+    ref = Block().eval()
+    ref.load_state_dict(blk.state_dict())
+    with aotrt.load(prog, device=device) as mod:
+        x = torch.randn(1, 4, 32)
+        mod.method("prefill").run(x.numpy(), np.arange(4))
+        ref(x, torch.arange(4))
+        binding = mod.method("decode").bind()
+        assert [t.shape for t in binding.outputs] == [(1, 1, 32)]
+        memory = mod.device.memory
+        made: list[int] = []
+        real = type(memory).allocate
+
+        def counting(self: Any, nbytes: int, *args: Any, **kwargs: Any) -> Any:
+            made.append(nbytes)
+            return real(self, nbytes, *args, **kwargs)
+
+        xs = [torch.randn(1, 1, 32) for _ in range(16)]
+        host = [(x.numpy(), np.array([4 + i])) for i, x in enumerate(xs)]
+        monkeypatch.setattr(type(memory), "allocate", counting)
+        outs = []
+        for x, pos in host:
+            got = binding.run(x, pos)
+            assert got is binding.outputs
+            outs.append(np.asarray(got[0]).copy())
+        monkeypatch.undo()
+        assert made == []
+        for i, x in enumerate(xs):
+            want = ref(x, torch.tensor([4 + i])).detach().numpy()
+            assert rel_err(outs[i], want) < 1e-4
+        with pytest.raises(InvalidArgument, match="or none to run on the bound ones"):
+            binding.run(host[0][0])
+    with pytest.raises(InvalidArgument, match="closed"):
+        binding.run()
