@@ -31,6 +31,7 @@ from aotrt.runtime import shims
 from aotrt.runtime.device import StreamOptions, get_device
 from aotrt.runtime.devices import cpu as cpu_device
 from aotrt.runtime.memory import Owner, owner_scope
+from tests.exporter.harness import rel_err
 
 aten = torch.ops.aten
 TOL = {torch.float32: 1e-4, torch.bfloat16: 2e-2, torch.float16: 2e-2}
@@ -402,14 +403,9 @@ def _run_group(plan: Plan, i: int, lib: Any, env: dict, stream: Any) -> None:
 
 
 def _rel_err(got: torch.Tensor, ref: torch.Tensor) -> float:
-    got64, ref64 = got.double(), ref.double()
-    if not torch.isfinite(got64).all():
-        same = (got64 == ref64) | (got64.isnan() & ref64.isnan())
-        if not same[~torch.isfinite(got64)].all():
-            return math.inf
-        got64 = torch.where(torch.isfinite(got64), got64, 0.0)
-        ref64 = torch.where(torch.isfinite(ref64), ref64, 0.0)
-    return float((got64 - ref64).norm() / max(float(ref64.norm()), 1e-30))
+    # The harness's measure: inf where a NaN or an infinity of either side is not the
+    # other's (a lost -inf once gave inf / inf = NaN here, and NaN > tol passed).
+    return rel_err(got.detach().cpu().double().numpy(), ref.detach().cpu().double().numpy())
 
 
 def _compare(case: Case, got: list[Any], eager: list[Any], ref64: list[Any],
@@ -536,6 +532,19 @@ def test_case_matches_torch(suite: str, case: str, mode: str) -> None:
     """The case's outputs computed by generated kernels match torch."""
     err = _suite_run().results[(case, suite, mode)]
     assert err is None, err
+
+
+def test_compare_refuses_a_lost_infinity_or_nan() -> None:
+    """where_scalar's -inf (and a NaN) replaced by a finite value is a mismatch, as is a
+    NaN that the reference does not have: each once counted as a match (NaN error)."""
+    case = next(c for c in CASES if c.name == "where_scalar")
+    ref = torch.tensor([1.0, float("-inf"), 2.0, float("nan")], dtype=torch.float64)
+    good = ref.float()
+    assert _compare(case, [good], [good], [ref], torch.float32) is None
+    for wrong in ([1.0, -3.4e38, 2.0, float("nan")], [1.0, float("-inf"), 2.0, 0.0],
+                  [1.0, float("inf"), 2.0, float("nan")], [float("nan")] * 4):
+        got = torch.tensor(wrong, dtype=torch.float32)
+        assert _compare(case, [got], [good], [ref], torch.float32) is not None, wrong
 
 
 # ---------------------------------------------------------------------------------------------
