@@ -11,6 +11,7 @@ import torch.nn as nn
 import aotrt
 from aotrt.errors import InvalidArgument
 from aotrt.exporter import layout
+from aotrt.runtime.device import cuda_available
 from tests.conftest import DEVICES
 from tests.exporter import modules as M
 from tests.exporter.harness import check_module, count_ops
@@ -210,7 +211,9 @@ def test_auto_asks_the_default_device_in_the_model_dtype(monkeypatch: pytest.Mon
     assert layout.model_dtype(nn.ReLU()) == "float32"          # nothing to go by
 
 
-@pytest.mark.skipif("cuda" not in DEVICES, reason="needs the cuda device")
+# DEVICES holds a pytest.param for cuda, never the string: the test asks the device itself.
+@pytest.mark.cuda
+@pytest.mark.skipif(not cuda_available(), reason="no CUDA device here")
 def test_cuda_prefers_channels_last_in_half_types_only() -> None:
     from aotrt.runtime.device import get_device
 
