@@ -433,14 +433,30 @@ def test_reads_after_a_wait_on_an_async_stream_see_the_work(dev, owner, stream):
     s.close()
 
 
-def test_hazard_checks_off_allow_reads_without_a_wait(dev, owner, stream):
+def test_hazard_checks_off_allow_reads_without_a_wait(dev, owner, stream, monkeypatch):
+    """check_hazards=False with AOTRT_CHECK_HAZARDS unset turns the checker off: a read
+    without a wait is not refused, and sees the data from before the queued work (deferred
+    mode runs it at the wait); the same read on a checked stream is refused."""
+    monkeypatch.setenv("AOTRT_CHECK_HAZARDS", "0")
+    fn = kernel_fn(dev, iota_kernel([4], [1]))
     s = dev.create_stream(StreamOptions(deferred=True, check_hazards=False))
-    s.hazards.enabled = False
+    assert not s.hazards.enabled            # the options and the environment decide it
     with dev.stream_guard(s):
         h = shims.empty_strided([4], None, "float32", dev)
-    kernel_fn(dev, iota_kernel([4], [1]))(s, h)
-    dev.read(h)                      # unchecked: no error (and no guarantee)
+    upload(h, np.full(4, -1.0, np.float32))
+    fn(s, h)
+    # unchecked: no error, and no guarantee: here the queued write has not happened yet
+    np.testing.assert_array_equal(dev.read(h), np.full(4, -1.0, np.float32))
+    s.commit_and_wait()
+    np.testing.assert_array_equal(dev.read(h), iota([4]))
     s.close()
+    checked = dev.create_stream(StreamOptions(deferred=True, check_hazards=True))
+    assert checked.hazards.enabled
+    fn(checked, h)
+    with pytest.raises(HazardError, match="host read .* no wait"):
+        dev.read(h)
+    checked.commit_and_wait()
+    checked.close()
     shims.delete_tensor_object(h)
 
 
