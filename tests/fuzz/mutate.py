@@ -123,10 +123,12 @@ def seed_where_clamp() -> Program:
     of = b.output("of", "float32", [2, 6])
     lx, ly = ir.load(0, [6, 1], "int16"), ir.load(1, [6, 1], "int16")
     lf = ir.load(2, [6, 1], "float32")
+    # where's dtype is its branches' (_op would take the bool condition's): int16, float32
     v = _op("where", _op("gt", lx, _c(0, "int16"), dt="bool"),
-            _op("minimum", lx, _c(100, "int16")), _op("maximum", ly, _c(-100, "int16")))
+            _op("minimum", lx, _c(100, "int16")), _op("maximum", ly, _c(-100, "int16")),
+            dt="int16")
     vf = _op("where", _op("isnan", lf, dt="bool"), _c(-0.0, "float32"),
-             _op("mul", lf, _c(-0.0, "float32")))
+             _op("mul", lf, _c(-0.0, "float32")), dt="float32")
     k = _k("where", (2, 6), (Arg("int16", "r"), Arg("int16", "r"), Arg("float32", "r"),
                              Arg("int16", "w"), Arg("float32", "w")),
            (ir.store(3, [6, 1], v), ir.store(4, [6, 1], vf)))
@@ -200,7 +202,8 @@ def seed_bits() -> Program:
     lx, ls, lm = Load(0, Idx(0), I64), Load(1, Idx(0), I64), Load(2, Idx(0), "bool")
     v = _op("bitwise_xor", _op("shl", lx, ls), _op("shr", lx, ls))
     v2 = _op("pow", lx, _op("bitwise_and", ls, _c(7)))
-    v3 = _op("where", lm, ir.cast(lx, "uint8"), ir.cast(_op("bitwise_not", lx), "uint8"))
+    v3 = _op("where", lm, ir.cast(lx, "uint8"), ir.cast(_op("bitwise_not", lx), "uint8"),
+             dt="uint8")
     k = _k("bits", (10,), (Arg(I64, "r"), Arg(I64, "r"), Arg("bool", "r"), Arg(I64, "w"),
                            Arg(I64, "w"), Arg("uint8", "w")),
            (Store(3, Idx(0), v), Store(4, Idx(0), v2), Store(5, Idx(0), v3)))
