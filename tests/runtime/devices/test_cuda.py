@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from aotrt import dtypes
-from aotrt.errors import CompileError, HazardError, InvalidArgument
+from aotrt.errors import CompileError, DeviceError, HazardError, InvalidArgument
 from aotrt.kernels import ir
 from aotrt.kernels.render_cuda import BLOCK, CudaRenderer
 from aotrt.runtime import shims
@@ -264,11 +264,16 @@ def test_int_ops_match_python_semantics(dev, stream) -> None:
 
 @needs_gpu
 def test_cuda_matches_cpu_device_on_same_ir(dev, stream) -> None:
-    """The same IR on both devices gives the same numbers (within rounding)."""
+    """The same IR on both devices gives the same numbers (within rounding), and both are
+    right: each is also held to numpy in float64, so that a shared fault (in the IR, or in
+    a path both devices take) cannot pass as agreement."""
     cpu = get_device("cpu")
     rng = np.random.default_rng()
     k = k_layer_norm("float32", 16, 128)
     vals = [rng.standard_normal(s).astype(np.float32) for s in ((16, 128), (128,), (128,))]
+    x64, w64, b64 = (v.astype(np.float64) for v in vals)
+    mean = x64.mean(1, keepdims=True)
+    ref = (x64 - mean) / np.sqrt(x64.var(1, keepdims=True) + 1e-5) * w64 + b64
     results = []
     for d in (cpu, dev):
         s = d.create_stream(StreamOptions(check_hazards=True))
@@ -276,6 +281,8 @@ def test_cuda_matches_cpu_device_on_same_ir(dev, stream) -> None:
         ho, hm = _empty(d, s, (16, 128), "float32"), _empty(d, s, (16,), "float32")
         d.kernel_library([k]).kernel(k.name)(s, *hs, ho, hm)
         results.append(ho.numpy())
+        assert rel_err(results[-1], ref) < TOL["float32"], d.name
+        assert rel_err(hm.numpy(), mean[:, 0]) < TOL["float32"], d.name
         s.close()
     assert rel_err(results[1], results[0]) < 1e-5
 
@@ -420,7 +427,7 @@ def test_graph_capture_and_replay(dev, stream) -> None:
 def test_wait_while_capturing_is_refused(dev, stream) -> None:
     stream.begin_capture()
     try:
-        with pytest.raises(Exception):
+        with pytest.raises(DeviceError, match="cannot wait while capturing a graph"):
             stream.commit_and_wait()
     finally:
         stream.abort_capture()
