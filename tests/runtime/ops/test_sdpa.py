@@ -10,6 +10,7 @@ import torch
 import torch.nn.functional as F
 
 from aotrt.errors import InvalidArgument, Unsupported
+from aotrt.runtime.device import cuda_available
 from aotrt.runtime.ops import OPS, cpu_attention, sdpa
 
 DTYPES = ("float32", "bfloat16", "float16")
@@ -378,14 +379,15 @@ def test_refuses_non_numeric_scale(kit, stream):
         _call(kit, stream, scale="1")
 
 
-@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
-@pytest.mark.parametrize("case", ["plain", "bshd", "causal", "mask", "bool_mask", "f32_mask",
-                                  "gqa"])
+# Generated for cuda only, where a GPU is: else no case at all (one skip per stream mode
+# shows it, not one per case and device).
+@pytest.mark.parametrize("dev,dtype,case", [
+    ("cuda", dtype, case) for dtype in ("float16", "bfloat16")
+    for case in ("plain", "bshd", "causal", "mask", "bool_mask", "f32_mask", "gqa")
+] if cuda_available() else [], indirect=["dev"])
 def test_sdpa_half_types_take_cudnns_fused_attention_on_cuda(kit, stream, dtype, case):
     """Half-type attention with 16-byte rows runs as one cuDNN graph, reading the heads by
     strides (no copies), and matches torch; checked through the device's graph cache."""
-    if not hasattr(kit.dev, "libraries"):
-        pytest.skip("the fused path is the cuda device's")
     from aotrt.runtime.ops.cuda.libraries import Dnn
 
     dnn = kit.dev.libraries.state(Dnn)
@@ -409,6 +411,7 @@ def test_sdpa_half_types_take_cudnns_fused_attention_on_cuda(kit, stream, dtype,
     assert len(built) == 1 and built[0] is not None, "the fused cuDNN path was not taken"
 
 
+@pytest.mark.parametrize("dev", ["cpu"], indirect=True)     # oneDNN serves the cpu device
 @pytest.mark.parametrize("is_causal", [False, True])
 def test_cpu_sdpa_gemms_run_on_onednn_where_the_device_gemms_do(kit, stream, monkeypatch,
                                                                  is_causal):
@@ -417,8 +420,8 @@ def test_cpu_sdpa_gemms_run_on_onednn_where_the_device_gemms_do(kit, stream, mon
     from aotrt.runtime.ops import cpu_dnnl
 
     dnnl = getattr(kit.dev, "dnnl", None)
-    if kit.dev.name != "cpu" or dnnl is None:
-        pytest.skip("oneDNN serves the cpu device")
+    if dnnl is None:
+        pytest.skip("oneDNN is not installed")
     monkeypatch.setattr(cpu_dnnl, "FAST_MATMUL", ("",))
     # The block loop (masks, half types), not the fused kernel that takes unmasked float32.
     monkeypatch.setattr(cpu_attention, "takes", lambda *a: False)

@@ -9,19 +9,44 @@ import torch
 
 from aotrt.errors import InvalidArgument, Unsupported
 from aotrt.runtime.ops import OPS, linear, topk
+from aotrt.runtime.device import Device, get_device
+from tests.conftest import DEVICES
 from tests.runtime.ops.conftest import NP
+
+CUDA = DEVICES[1]
 
 DTYPES = ("float32", "bfloat16", "float16")
 LAYOUTS = ("packed", "offset", "strided", "transposed")
 
 
-@pytest.fixture(params=["rank", "rows"])
+#: (device, topk path) pairs: cuda runs each case through both of its kernels, a thread per
+#: element (rank) and a thread per row (rows); cpu has one path, so it has one variant (not
+#: a second one generated and then skipped)
+_PATHS = [pytest.param("cpu", "one", id="cpu"),
+          *(pytest.param("cuda", path, id=f"cuda-{path}", marks=CUDA.marks)
+            for path in ("rank", "rows"))]
+
+
+def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
+    """Parametrize a test that takes `cuda_kernel` by (dev, path) pairs (see _PATHS), any
+    other that takes `dev` by the devices, as conftest does."""
+    if "cuda_kernel" in metafunc.fixturenames:
+        metafunc.parametrize(("dev", "cuda_kernel"), _PATHS, indirect=True)
+    elif "dev" in metafunc.fixturenames:
+        metafunc.parametrize("dev", DEVICES, indirect=True)
+
+
+@pytest.fixture
+def dev(request: pytest.FixtureRequest) -> Device:
+    """The device of this variant: conftest's `dev` without its own params, which would
+    cross every device with every path."""
+    return get_device(request.param)
+
+
+@pytest.fixture
 def cuda_kernel(request, kit, monkeypatch):
-    """On cuda, each case runs through both kernels: a thread per element (rank) and a
-    thread per row (rows); cpu has one path, so its "rows" variant is skipped."""
+    """The topk path of this variant, forced on cuda (see _PATHS)."""
     if kit.dev.name != "cuda":
-        if request.param == "rows":
-            pytest.skip("cpu has one topk path")
         return request.param
     from aotrt.runtime.ops.cuda import topk as cuda_topk
     if request.param == "rows":
