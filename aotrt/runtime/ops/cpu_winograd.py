@@ -16,6 +16,14 @@ Rounding: F(2, 3)'s transforms are exact in binary (0, +-1, +-1/2), and its erro
 float64 was 1.7 to 2.5 times the direct convolution's (2.8e-7 against 1.6e-7, 64 to 512
 channels); F(4, 3)'s transforms round (1/6, 1/24), and its error was 12 to 16 times the
 direct one's (1.9e-6 to 4.8e-6). Which one runs is Fp32Math.conv_winograd (0: none).
+
+NaN and infinity: the transforms mix a tile's whole input patch, so one NaN made all m^2
+outputs of each tile whose patch held it NaN, and an infinity became NaNs (inf - inf),
+where torch's direct convolution gives a NaN or an infinity only where the window holds
+one. The output kernel checks each 16-channel block of a tile for a non-finite value
+(its corner outputs, which every patch element reaches) and computes a block that has one
+directly from x and the constant weights, before the same epilogue: torch's answer, at
+about no cost where all is finite (the corners: 3 adds and a fold a block).
 """
 
 from __future__ import annotations
@@ -46,7 +54,7 @@ LANES = 16
 #: the activation codes the output kernel applies (conv.ACTIVATIONS it has)
 ACTIVATION_CODES = {"none": 0, "relu": 1, "relu6": 2, "silu": 3}
 #: the int64 parameter block's length
-_NPARAMS = 26
+_NPARAMS = 30
 SYMBOLS = ("aot_wino_input", "aot_wino_output")
 
 # The transforms (Lavin and Gray's matrices): B^T (alpha x alpha), G (alpha x 3), A^T.
@@ -68,6 +76,8 @@ int32_t aotrt_error = 0;
 """ + MATH_C + r"""
 
 typedef float v16 __attribute__((vector_size(64)));
+typedef float v8 __attribute__((vector_size(32)));
+typedef float v4 __attribute__((vector_size(16)));
 
 static inline v16 ld(const float *p) { v16 v; memcpy(&v, p, sizeof v); return v; }
 static inline void st(float *p, v16 v) { memcpy(p, &v, sizeof v); }
@@ -104,7 +114,8 @@ static inline void at6(const v16 *m, int s, v16 *y, int ys) {
 
 /* p: 0 N, 1 H, 2 W, 3 C, 4 OH, 5 OW, 6 O, 7 pad top, 8 pad left, 9 tile rows, 10 tile cols,
    11 tiles (T), 12-15 x's strides (n, c, h, w), 16-19 out's, 20-23 the residual's, 24 the
-   activation, 25 m. Elements; the channel strides are 1. */
+   activation, 25 m, 26-29 the weights' (o, c, kh, kw). Elements; the activations' channel
+   strides are 1. */
 
 /* V[xi][t][c] for the tiles [t0, t1). */
 static void input_tiles(char **P, int64_t t0, int64_t t1) {
@@ -137,10 +148,60 @@ static void input_tiles(char **P, int64_t t0, int64_t t1) {
     }
 }
 
-/* out's tiles [t0, t1) from M[xi][t][o], with the bias, the residual and the activation. */
+/* Whether a lane of the tile's corner outputs y[0][0], y[0][m-1], y[m-1][0], y[m-1][m-1]
+   is a NaN or an infinity. Every element of the input patch reaches a corner through
+   nonzero products of B^T, the GEMM (which multiplies zeros too) and A^T: a NaN stays one,
+   an infinity stays one or becomes a NaN, never finite. So the corners find every tile whose
+   patch holds a NaN or an infinity, at 3 adds and a fold a 16-channel block; all m^2
+   outputs cost 5 times more (F(4, 3)). A finite sum that overflows only sends the tile to
+   the direct convolution too. */
+static inline int non_finite(const v16 *y, int m) {
+    v16 s = (y[0] + y[m - 1]) + (y[(m - 1) * m] + y[m * m - 1]);
+    v8 h[2];                              /* the lanes' sum by halves: vector adds */
+    memcpy(h, &s, sizeof s);
+    v8 e = h[0] + h[1];
+    v4 q[2];
+    memcpy(q, &e, sizeof e);
+    v4 f = q[0] + q[1];
+    float z = (f[0] + f[1]) + (f[2] + f[3]);
+    return !(z - z == 0.0f);              /* z - z: 0 where finite, NaN where not */
+}
+
+/* y[i * m + j] = the direct convolution of x at output (h0 + i, w0 + j), image n, output
+   channels [o0, o0 + 16), for the outputs inside out (torch's answer where the tile's
+   patch holds a NaN or an infinity: only outputs whose window holds it are non-finite). */
+__attribute__((noinline))
+static void direct_tile(const float *x, const float *wt, const int64_t *p, int64_t n,
+                        int64_t h0, int64_t w0, int64_t o0, v16 *y) {
+    const int64_t H = p[1], W = p[2], C = p[3], OH = p[4], OW = p[5], m = p[25];
+    const int64_t hn = OH - h0 < m ? OH - h0 : m, wn = OW - w0 < m ? OW - w0 : m;
+    const v16 zero = {0};
+    for (int k = 0; k < m * m; k++) y[k] = zero;
+    for (int kh = 0; kh < 3; kh++)
+        for (int kw = 0; kw < 3; kw++)
+            for (int64_t ch = 0; ch < C; ch++) {
+                v16 g;                        /* weights of 16 output channels, gathered */
+                const float *wp = wt + o0 * p[26] + ch * p[27] + kh * p[28] + kw * p[29];
+                for (int l = 0; l < 16; l++) g[l] = wp[l * p[26]];
+                for (int64_t i = 0; i < hn; i++) {
+                    int64_t h = h0 + i + kh - p[7];
+                    if (h < 0 || h >= H) continue;
+                    for (int64_t j = 0; j < wn; j++) {
+                        int64_t w = w0 + j + kw - p[8];
+                        if (w < 0 || w >= W) continue;
+                        y[i * m + j] += x[n * p[12] + h * p[14] + w * p[15] + ch] * g;
+                    }
+                }
+            }
+}
+
+/* out's tiles [t0, t1) from M[xi][t][o], with the bias, the residual and the activation;
+   a tile whose Winograd result is not finite is computed directly from x and the weights
+   (P[5], P[6]) before the same epilogue. */
 static void output_tiles(char **P, int64_t t0, int64_t t1) {
     const float *M = (const float *)P[0], *bias = (const float *)P[2];
     const float *res = (const float *)P[3];
+    const float *wt = (const float *)P[5], *x = (const float *)P[6];
     float *out = (float *)P[1];
     const int64_t *p = (const int64_t *)P[4];
     const int64_t OH = p[4], OW = p[5], O = p[6], th = p[9], tw = p[10], T = p[11];
@@ -159,6 +220,8 @@ static void output_tiles(char **P, int64_t t0, int64_t t1) {
                 for (int j = 0; j < 6; j++) at6(q + j, 6, u + j, 6);      /* 4 x 6 */
                 for (int i = 0; i < 4; i++) at6(u + 6 * i, 1, y + 4 * i, 1);  /* 4 x 4 */
             }
+            if (non_finite(y, (int)m))
+                direct_tile(x, wt, p, n, h0, w0, o0, y);
             v16 b = {0};
             if (bias) b = ld(bias + o0);
             for (int i = 0; i < m; i++) {
@@ -304,7 +367,8 @@ class Winograd(OpSource):
         res_strides = residual.strides if residual is not None else (0, 0, 0, 0)
         params[:12] = (n, h, wd, cin, oh, ow, o, p.padding[0], p.padding[1], th, tw, tiles)
         params[12:24] = (*x.strides, *out.strides, *res_strides)
-        params[24:] = (ACTIVATION_CODES[p.activation], tile)
+        params[24:26] = (ACTIVATION_CODES[p.activation], tile)
+        params[26:] = w.strides          # for tiles the direct convolution redoes
         try:
             loaded = self.library()
         except CompileError as e:
@@ -325,9 +389,10 @@ class Winograd(OpSource):
         def pointers() -> tuple[Any, Any]:
             zero = None
             ins = (ctypes.c_void_p * 3)(x.address, V.ctypes.data, params.ctypes.data)
-            outs = (ctypes.c_void_p * 5)(
+            outs = (ctypes.c_void_p * 7)(
                 M.ctypes.data, out.address, zero if bias is None else bias.address,
-                zero if residual is None else residual.address, params.ctypes.data)
+                zero if residual is None else residual.address, params.ctypes.data,
+                w.address, x.address)
             return ins, outs
 
         def work() -> None:

@@ -10,9 +10,24 @@ import pytest
 import aotrt
 from aotrt.errors import CompileError, InvalidArgument
 from aotrt.runtime.device import get_device
-from aotrt.runtime.ops import cpu_winograd
+from aotrt.runtime.ops import cpu_dnnl, cpu_winograd
 
 torch = pytest.importorskip("torch")
+from tests.exporter.harness import rel_err  # noqa: E402 - needs torch
+
+
+@pytest.fixture
+def dnnl(monkeypatch: pytest.MonkeyPatch) -> object:
+    """The cpu device's oneDNN state, taking any matmul implementation for the Winograd
+    GEMMs: without AVX-512, oneDNN 3.2 gives them its gemm:jit, not brgemm, and Winograd
+    would never run on such a CPU (the transforms are what these tests check). Skips where
+    onednn-cpu-gomp is not installed."""
+    if cpu_dnnl.find_library() is None:
+        pytest.skip(f"{cpu_dnnl.DIST} is not installed")
+    monkeypatch.setattr(cpu_dnnl, "FAST_MATMUL", ("",))
+    d = get_device("cpu").dnnl
+    assert d is not None, "onednn-cpu-gomp is installed but the device did not load it"
+    return d
 
 
 class _IntoCat(torch.nn.Module):
@@ -32,11 +47,16 @@ class _Block(torch.nn.Module):
     """A 1x1 convolution (so the 3x3 one reads a channels-last activation), then a 3x3 one
     with the given padding and epilogue."""
 
-    def __init__(self, c: int, o: int, padding: int, bias: bool, epilogue: str) -> None:
+    def __init__(self, c: int, o: int, padding: int, bias: bool, epilogue: str,
+                 positive: bool = False) -> None:
         super().__init__()
         self.pre = torch.nn.Conv2d(c, c, 1)
         self.conv = torch.nn.Conv2d(c, o, 3, padding=padding, bias=bias)
         self.epilogue = epilogue
+        if positive:        # an infinity then stays one (mixed signs make it a NaN)
+            with torch.no_grad():
+                for q in self.parameters():
+                    q.abs_()
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         y = self.pre(x)
@@ -100,16 +120,115 @@ def test_a_nan_reaches_exactly_the_outputs_whose_window_holds_it(dnnl, monkeypat
     with torch.no_grad():
         ref = m(x).numpy()
     for tile in (2, 4):
+        before = dnnl.stats["winograd"]
         with aotrt.load(prog, device="cpu", fp32_math=aotrt.Fp32Math(conv_winograd=tile)) as d:
             got = np.asarray(d.run(x.numpy())[0])
-        # A Winograd tile mixes its whole input patch: every output of a tile whose patch
-        # holds the NaN is NaN, a superset of the direct convolution's NaNs.
-        assert np.isnan(got[np.isnan(ref)]).all()
-        rows, cols = np.nonzero(np.isnan(got[0, 0]))
-        assert rows.min() >= 4 - tile and rows.max() <= 7 + tile
-        assert cols.min() >= 5 - tile and cols.max() <= 7 + tile
-        finite = ~np.isnan(got)
+        assert dnnl.stats["winograd"] - before == 1
+        # A Winograd tile mixes its whole input patch; the tiles holding the NaN are
+        # computed directly, so the NaNs are the direct convolution's, no more.
+        np.testing.assert_array_equal(np.isnan(got), np.isnan(ref))
+        assert np.isnan(ref).sum() == 16 * 9
+        finite = ~np.isnan(ref)
         np.testing.assert_allclose(got[finite], ref[finite], rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("tile", [2, 4])
+def test_a_non_finite_value_anywhere_in_a_tile_is_found(dnnl, monkeypatch, tile) -> None:
+    """Each pixel of a 12x12 image in turn, NaN, +inf and -inf: the kernel checks only a
+    tile's corner outputs, which every element of its input patch must reach."""
+    monkeypatch.setattr(cpu_winograd, "MIN_TILES", {4: 1, 2: 1})
+    torch.manual_seed(4)
+    m = torch.nn.Sequential(torch.nn.Conv2d(16, 16, 1), torch.nn.Conv2d(16, 16, 3, padding=1))
+    with torch.no_grad():
+        m[0].weight.abs_()      # an infinity reaches the 3x3 convolution as one
+    x = torch.randn(1, 16, 12, 12)
+    prog = aotrt.export(m.eval(), (x,), layout="channels_last")
+    before = dnnl.stats["winograd"]
+    with aotrt.load(prog, device="cpu", fp32_math=aotrt.Fp32Math(conv_winograd=tile)) as d:
+        for k in range(12 * 12 * 3):
+            xs = x.clone()
+            xs[0, :, k // 36, k // 3 % 12] = (float("nan"), float("inf"), float("-inf"))[k % 3]
+            with torch.no_grad():
+                ref = m(xs).numpy()
+            got = np.asarray(d.run(xs.numpy())[0])
+            with np.errstate(invalid="ignore"):
+                assert rel_err(got, ref) < 1e-5, (k // 36, k // 3 % 12, k % 3)
+    assert dnnl.stats["winograd"] - before == 12 * 12 * 3
+
+
+def test_the_issues_module_gives_torchs_nans_with_all_defaults(dnnl) -> None:
+    """Issue 34's case: 256 NaNs where torch has 144, with every default."""
+    torch.manual_seed(0)
+    m = torch.nn.Sequential(torch.nn.Conv2d(16, 16, 1), torch.nn.Conv2d(16, 16, 3, padding=1),
+                            torch.nn.ReLU()).eval()
+    x = torch.randn(1, 16, 32, 32)
+    prog = aotrt.export(m, (x,))
+    x[0, :, 10, 13] = float("nan")
+    with torch.no_grad():
+        ref = m(x).numpy()
+    before = dnnl.stats["winograd"]
+    with aotrt.load(prog, device="cpu") as d:
+        got = np.asarray(d.run(x.numpy())[0])
+    assert dnnl.stats["winograd"] - before == 1
+    assert np.isnan(got).sum() == np.isnan(ref).sum() == 144
+    assert rel_err(got, ref) < 1e-5
+
+
+#: where the non-finite pixel goes in each image of the batch: beside the padding (a corner,
+#: an edge), on a tile's corner, inside a tile, at the last row and column
+_PIXELS = [(0, 0), (4, 3), (10, 13), (-1, 7), (5, -1), (-1, -1)]
+
+
+@pytest.mark.parametrize("value", [float("nan"), float("inf"), float("-inf")])
+@pytest.mark.parametrize("case", [
+    # (size, batch, padding, Fp32Math.conv_winograd or None (the default), epilogue,
+    #  positive weights, the tile that runs)
+    (32, 1, 1, None, "relu", False, 4),
+    (56, 2, 1, None, "none", True, 4),
+    (30, 2, 1, None, "residual_relu", True, 4),      # partial tiles at the edges
+    (34, 1, 0, None, "silu", True, 4),               # no padding
+    (14, 2, 1, None, "relu6", True, 2),              # 49 tiles of 2: F(2) by default
+    (15, 1, 1, 2, "residual", True, 2),              # F(2), partial tiles
+    (32, 2, 2, 2, "silu", False, 2),                 # padding 2
+])
+def test_non_finite_inputs_give_torchs_outputs(dnnl, monkeypatch, case, value) -> None:
+    """A NaN, +inf or -inf pixel: the same NaNs and infinities (signs included) as torch
+    eager, every other output finite and float32-close, through Winograd's tiles."""
+    size, n, padding, tile, epilogue, positive, runs = case
+    torch.manual_seed(size + n)
+    m = _Block(16, 16, padding, True, epilogue, positive).eval()
+    x = torch.randn(n, 16, size, size)
+    if positive:
+        x = x.abs()
+    prog = aotrt.export(m, (x,))
+    tiles: list[int] = []
+    chosen = cpu_winograd.tile_for
+
+    def spy(out: object, t: int) -> int:
+        tiles.append(chosen(out, t))
+        return tiles[-1]
+    monkeypatch.setattr(cpu_winograd, "tile_for", spy)
+    fp32 = aotrt.Fp32Math() if tile is None else aotrt.Fp32Math(conv_winograd=tile)
+    with aotrt.load(prog, device="cpu", fp32_math=fp32) as d:
+        assert tiles == [runs]
+        for k, (i, j) in enumerate(_PIXELS):
+            xs = x.clone()
+            xs[k % n, :, i, j] = value
+            with torch.no_grad():
+                ref = m(xs).numpy()
+            before = dnnl.stats["winograd"]
+            got = np.asarray(d.run(xs.numpy())[0])
+            assert dnnl.stats["winograd"] - before == 1
+            if positive and np.isinf(value) and epilogue in ("none", "residual"):
+                assert np.isinf(ref).any(), "positive weights keep the infinity"
+            elif not np.isinf(value):
+                assert np.isnan(ref).any()
+            np.testing.assert_array_equal(np.isnan(got), np.isnan(ref), f"{(i, j)}")
+            np.testing.assert_array_equal(got[np.isinf(ref)], ref[np.isinf(ref)])
+            finite = np.isfinite(ref)
+            np.testing.assert_allclose(got[finite], ref[finite], rtol=1e-4, atol=1e-4)
+            with np.errstate(invalid="ignore"):      # inf - inf, outside rel_err's mask
+                assert rel_err(got, ref) < 1e-5
 
 
 def test_the_direct_convolution_runs_where_winograd_is_off(dnnl) -> None:
