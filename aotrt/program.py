@@ -179,7 +179,8 @@ class Program:
         if not isinstance(doc, dict):
             raise fail("document", "expected a JSON object")
         version = doc.get("version")
-        if isinstance(version, bool) or version not in VERSIONS:
+        # 2.0 == 2 in Python: the version must be a JSON integer
+        if type(version) is not int or version not in VERSIONS:
             raise fail("version", f"unknown format version {version!r}"[:200] +
                        f"; this runtime reads versions {list(VERSIONS)}")
         doc = check_dict(doc, "document", set(_TOP_KEYS if version == 1 else _TOP_KEYS_V2))
@@ -304,8 +305,8 @@ class Program:
             raise ProgramError(f"invalid program: {e}"[:500]) from None
 
     def _validate(self, lim: Limits) -> None:
-        if isinstance(self.version, bool) or self.version not in VERSIONS:
-            raise fail("version", f"unknown format version {self.version!r}")
+        if type(self.version) is not int or self.version not in VERSIONS:
+            raise fail("version", f"unknown format version {self.version!r}"[:200])
         if self.version == 1 and (self.state or self._methods is not None):
             raise fail("version", "state and several methods need format version 2")
         if self._methods is None:
@@ -319,18 +320,29 @@ class Program:
             raise fail("methods", f"expected 1 to {MAX_METHODS} methods, got "
                                   f"{len(self._methods)}")
         check_state(self.state, self.constants)
-        arenas = 0
+        arenas = instructions = stores = 0
+        first: Validator | None = None
         for name, m in self._methods.items():
             check_method_name(name, f"methods[{name!r}]"[:120])
             if (m.constants is not self.constants or m.kernels is not self.kernels
                     or m.state is not self.state):
                 raise fail(f"methods[{name!r}]", "a method must share its program's constants, "
                                                  "kernels and state (Program.with_methods)")
+            v = Validator(m, lim, kernels_of=first)
             try:
-                Validator(m, lim).run()
+                v.run()
             except ProgramError as e:
                 raise ProgramError(f"method {name!r}: {e}") from None
+            first = first or v
             arenas += check_int(m.arena_nbytes, f"methods[{name!r}].arena.nbytes")
+            # Each method was held to the budget alone; the file's budget is not multiplied
+            # by its methods: loading compiles and checks every method's instructions.
+            instructions += len(m.instructions)
+            within(instructions, lim, "max_instructions",
+                   f"methods[{name!r}]: instructions of the methods so far")
+            stores += v.store_writes
+            within(stores, lim, "max_ir_nodes", f"methods[{name!r}]: kernel store footprints "
+                                                f"into outputs of the methods so far")
         # Each method was held to the budget alone; the loaded program holds every arena
         # at once, beside one copy of the constants and the state.
         shared = sum(int(a.nbytes) for a in self.constants.values()) + \

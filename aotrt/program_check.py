@@ -141,9 +141,14 @@ def extent(sizes: Sequence[int], strides: Sequence[int], itemsize: int) -> tuple
 class Validator:
     """One pass over a Program; every message names the field it is about."""
 
-    def __init__(self, prog: Program, limits: Limits) -> None:
+    def __init__(self, prog: Program, limits: Limits,
+                 kernels_of: "Validator | None" = None) -> None:
         self.p = prog
         self.lim = limits
+        #: a Validator that has already checked these same kernels (another method of the
+        #: program): its results are reused, so that a file of many methods does not have
+        #: its kernels checked once per method
+        self.kernels_of = kernels_of
         #: elementary steps of one run (docs/limits.md), summed over the instructions
         self.work = 0
         #: output index -> the byte sets instructions write into it (see aotrt.analysis.Write)
@@ -268,6 +273,11 @@ class Validator:
             raise fail(where, f"tensor {tid} is a view of an {root}, which programs never write")
 
     def _kernels(self) -> None:
+        done = self.kernels_of
+        if done is not None and done.p.kernels is self.p.kernels:
+            self.kernel_by_name, self.iterations = done.kernel_by_name, done.iterations
+            self.memo, self.accesses, self.forms = done.memo, done.accesses, done.forms
+            return
         self.kernel_by_name: dict[str, ir.Kernel] = {}
         self.iterations: dict[str, int] = {}
         nodes = 0
