@@ -416,7 +416,7 @@ def env_info() -> dict:
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--out", default="bench/results/latest.json")
+    ap.add_argument("--out", default="bench/results/cuda/latest.json")
     ap.add_argument("--models", default=",".join(MODELS))
     ap.add_argument("--runners", default=",".join(RUNNERS))
     ap.add_argument("--iters", type=int, default=30)

@@ -443,7 +443,7 @@ def main() -> int:
     ap.add_argument("--layout", default="convnets-nhwc",
                     help="aotrt.export's layout, or convnets-nhwc: channels_last for models "
                          "with 2-D convolutions (oneDNN's faster path), else auto")
-    ap.add_argument("--out-dir", default=os.path.join(ROOT, "bench", "results"))
+    ap.add_argument("--out-dir", default=os.path.join(ROOT, "bench", "results", "cpu"))
     ap.add_argument("--tag", default=None, help="result file stem (cpu-bench-DATE)")
     ap.add_argument("--note", default="", help="a note for the report (what else ran)")
     ap.add_argument("--workdir", default="/tmp/aotrt-bench-cpu")

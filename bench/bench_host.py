@@ -10,7 +10,7 @@ Each timed iteration is `d.run(x)` then `d.stream.commit_and_wait()`; the number
 median over iterations divided by the instruction count; "run() only" is the time until
 run() returns (its work is submitted to the worker thread, which may still be running).
 The hazard checker is off unless --hazards (AOTRT_CHECK_HAZARDS is cleared for the process
-either way). Prints one markdown table row (see bench/results/cpu-host-*.md).
+either way). Prints one markdown table row (see bench/results/cpu/cpu-host-*.md).
 """
 
 from __future__ import annotations

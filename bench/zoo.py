@@ -5,7 +5,7 @@ torch eager.
     .venv/bin/python bench/zoo.py [--families torchvision,timm,hf,ultralytics]
         [--device cpu] [--dtypes float32[,float16]] [--only NAME,...] [--limit N]
         [--timeout 600] [--workers 1] [--threads 0] [--time] [--fp32-math ieee|eager]
-        [--out bench/results/zoo-cpu.json]
+        [--out bench/results/zoo/zoo-cpu.json]
 
 Each model runs in a subprocess of its own (a crash or a hang in one cannot stop the run),
 with a progress line as it ends. Per model and dtype it records one status:
@@ -660,7 +660,7 @@ def main() -> int:
     ap.add_argument("--only", default="", help="comma-separated model names")
     ap.add_argument("--limit", type=int, default=0, help="at most N models per family")
     ap.add_argument("--timeout", type=float, default=600.0, help="seconds per model")
-    ap.add_argument("--out", default=str(ROOT / "bench" / "results" / "zoo-latest.json"))
+    ap.add_argument("--out", default=str(ROOT / "bench" / "results" / "zoo" / "zoo-latest.json"))
     ap.add_argument("--workers", type=int, default=1, help="models run at once")
     ap.add_argument("--threads", type=int, default=0,
                     help="threads of each cpu delegate (0: the runtime's default)")

@@ -2,9 +2,9 @@
 
     .venv/bin/python scripts/fuzz_campaign.py --mutants 100000 [--sanitize] [--workers 2]
 
-Each chunk's counts land in a state file (bench/results/fuzz-state-<tag>.json); a rerun with
+Each chunk's counts land in a state file (bench/results/fuzz/fuzz-state-<tag>.json); a rerun with
 the same tag skips the chunks already done. At the end (and after every chunk) the results
-table goes to bench/results/fuzz-<date>.md and .json, with every bad outcome's mutant id,
+table goes to bench/results/fuzz/fuzz-<date>.md and .json, with every bad outcome's mutant id,
 seed program, mutation kinds and detail (mutant ids replay with tests.fuzz.mutate.mutant).
 """
 
@@ -37,7 +37,7 @@ def main() -> int:
     ap.add_argument("--timeout", type=float, default=60.0, help="seconds per mutant")
     ap.add_argument("--sanitize", action="store_true", help="ASan+UBSan kernels (C5)")
     ap.add_argument("--tag", default=None, help="state name (default: master and sanitize)")
-    ap.add_argument("--out", default=str(ROOT / "bench" / "results"))
+    ap.add_argument("--out", default=str(ROOT / "bench" / "results" / "fuzz"))
     args = ap.parse_args()
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)

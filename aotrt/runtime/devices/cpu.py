@@ -58,7 +58,7 @@ OPENMP_RUNTIMES = ("libgomp.so.1", "libomp.so", "libomp.so.5", "libiomp5.so")
 #: them once, when the first kernel library loads it. A pool thread spins briefly when a
 #: parallel region ends, then sleeps. Not for milliseconds (libgomp's default, 300,000
 #: spins): on a core the next library op (numpy's BLAS threads) or another process needs,
-#: that doubled the CPU time of a resnet18 run (bench/results/cpu-threads-2026-12-02.md).
+#: that doubled the CPU time of a resnet18 run (bench/results/cpu/cpu-threads-2026-12-02.md).
 #: Not at once either (a passive policy alone): waking the pool cost each oneDNN
 #: convolution about 50 us, a tiny one 95 against 10 us, MobileNet-v2 7.2-7.7 against
 #: 3.8-4.9 ms a run and YOLOv8n 14.8-15.2 against 11.0-11.1, at the same CPU time (2 cores,
@@ -340,7 +340,7 @@ class CpuDevice(Device):
     def prefers_channels_last(self, dtype: str) -> bool:
         """With oneDNN, in every dtype: its convolutions run NHWC on the views themselves,
         while NCHW goes through blocked copies of every activation (resnet18 86 against 139
-        ms, mobilenet_v2 44 against 66: bench/results/cpu-speed-2026-12-02.md). numpy's path
+        ms, mobilenet_v2 44 against 66: bench/results/cpu/cpu-speed-2026-12-02.md). numpy's path
         prefers NCHW."""
         return self.dnnl is not None
 

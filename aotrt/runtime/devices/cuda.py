@@ -376,7 +376,7 @@ class CudaDevice(Device):
     def prefers_channels_last(self, dtype: str) -> bool:
         """Half types: cuDNN's tensor-core engines are NHWC. Not float32, whose engines
         (without TF32) are NCHW kernels: ResNet-18 took 7.13 ms channels-last and 1.49 ms
-        NCHW on the H200, eager 2.07-2.39 (bench/results/h200-fp32-probe-2026-12-03.txt)."""
+        NCHW on the H200, eager 2.07-2.39 (bench/results/cuda/h200-fp32-probe-2026-12-03.txt)."""
         return dtype in ("float16", "bfloat16")
 
     def __init__(self) -> None:

@@ -40,8 +40,8 @@ def serialize_graph(graph: Any) -> int:
     on the promise that each instruction ends before the next begins, so an early start can
     overwrite what the one before still reads. ResNet-50 at batch 32 with graphs gave
     other answers from run to run (4 of 32 samples off by up to 15; probe of 2026-12-03,
-    scripts/cuda_first_replay_probe.py), and the same program without graphs, where each
-    library op is a graph of its own, never did.
+    bench/results/cuda/h200-2026-12-03-session23.md), and the same program without graphs,
+    where each library op is a graph of its own, never did.
     """
     # CUDA 12 bindings name the edge-data calls *_v2; CUDA 13's plain names take edge data
     get = getattr(_drv, "cuGraphGetEdges_v2", _drv.cuGraphGetEdges)

@@ -43,7 +43,7 @@ MAX_ARRAY_RUNS = 64
 
 #: oneDNN matmul implementations aotrt prefers to numpy's OpenBLAS: brgemm (AVX-512 and up).
 #: Where oneDNN 3.2 has only gemm:jit (AVX2), OpenBLAS took 1.5-1.8x less time at rest
-#: (bench/results/cpu-speed-2026-12-02.md), so GEMMs stay on numpy there.
+#: (bench/results/cpu/cpu-speed-2026-12-02.md), so GEMMs stay on numpy there.
 FAST_MATMUL = ("brg",)
 
 

@@ -1,6 +1,7 @@
 """aotrt/runtime/devices/cuda_graphs.py: a captured graph's programmatic edges become full
 dependencies. The driver's graph-edge calls are faked (no GPU needed); the effect on a real
-graph is measured by scripts/cuda_first_replay_probe.py on the H200."""
+graph was measured on the H200 by a probe of session 23 (2026-12-03), recorded in
+bench/results/cuda/h200-2026-12-03-session23.md."""
 
 from __future__ import annotations
 
