@@ -295,3 +295,16 @@ def test_bound_decode_step_allocates_nothing(device: str,
             binding.run(host[0][0])
     with pytest.raises(InvalidArgument, match="closed"):
         binding.run()
+
+
+def test_a_delegate_takes_one_method() -> None:
+    prog = _methods(True)
+    with pytest.raises(InvalidArgument, match="it has methods"):
+        aotrt.Delegate(prog, device="cpu")
+    # One method alone loads as a Delegate over the program's whole state.
+    with aotrt.Delegate(prog.method("b"), device="cpu") as d:
+        got, = d.run(np.ones(4, np.float32))
+        np.testing.assert_array_equal(np.asarray(got), np.full(4, 11.0))
+        np.testing.assert_array_equal(np.asarray(d.state["total"]), np.ones(4))
+        d.reset()
+        np.testing.assert_array_equal(np.asarray(d.state["steps"]), [10.0])
