@@ -112,22 +112,43 @@ def judge(data: bytes, seed: int) -> dict[str, Any]:
     except Exception as e:  # noqa: BLE001 - the finding itself
         return {"outcome": "raw_exception", "stage": "parse",
                 "detail": f"{type(e).__name__}: {e}"[:300] + _tb()}
-    inputs = make_inputs(prog, seed)
-    if inputs is None:
-        return {"outcome": "loaded_not_run", "detail": "inputs too big"}
+    # A program with state or several methods runs every method in the file's order, twice
+    # (the second round reads the state the first left); the reference follows the same
+    # runs, and the state is compared at the end.
+    names = list(prog.methods)
+    stateful = bool(prog.state) or prog.has_methods
+    plan = []
+    for j, name in enumerate(names * (2 if stateful else 1)):
+        inputs = make_inputs(prog.method(name), seed + 7919 * j)
+        if inputs is None:
+            return {"outcome": "loaded_not_run", "detail": "inputs too big"}
+        plan.append((name, inputs))
     stage = "load"
+    runs = []
     try:
         with aotrt.load(prog, device="cpu") as m:
             stage = "run"
-            outs = m.run(*inputs)
-            got = [np.array(np.asarray(o)) for o in outs]
+            for name, inputs in plan:
+                outs = (m.method(name) if prog.has_methods else m).run(*inputs)
+                runs.append([np.array(np.asarray(o)) for o in outs])
+            states = [np.array(np.asarray(m.state[s["name"]])) for s in prog.state]
     except AotrtError as e:
         return _refused(e, stage, f"{type(e).__name__}: {e}")
     except Exception as e:  # noqa: BLE001 - the finding itself
         return {"outcome": "raw_exception", "stage": stage,
                 "detail": f"{type(e).__name__}: {e}"[:300] + _tb()}
     try:
-        ref = R.Reference(prog).run(inputs)
+        ref = R.Reference(prog)
+        diffs = []
+        for j, ((name, inputs), got) in enumerate(zip(plan, runs)):
+            diff = R.compare(ref.run(inputs, name), got)
+            if diff:
+                diffs.append(f"run {j} ({name}): {diff}" if stateful else diff)
+                break
+        if not diffs and states:
+            diff = R.compare(ref.state_values(), states)
+            if diff:
+                diffs.append(f"state after {len(plan)} runs: {diff.replace('output', 'state')}")
     except R.RefRefusal as e:
         return {"outcome": "ran_different", "stage": "reference",
                 "detail": f"runtime ran, but the reference refuses: {e}"[:300]}
@@ -136,9 +157,8 @@ def judge(data: bytes, seed: int) -> dict[str, Any]:
     except Exception as e:  # noqa: BLE001 - a harness bug, reported as such
         return {"outcome": "raw_exception", "stage": "reference-bug",
                 "detail": f"{type(e).__name__}: {e}"[:300] + _tb()}
-    diff = R.compare(ref, got)
-    res["outcome"] = "ran_different" if diff else "ran_equal"
-    res["detail"] = diff
+    res["outcome"] = "ran_different" if diffs else "ran_equal"
+    res["detail"] = diffs[0] if diffs else ""
     return res
 
 

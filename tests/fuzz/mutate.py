@@ -2,9 +2,12 @@
 
 Seeds are small valid programs built with ProgramBuilder and the kernel IR: integer-heavy
 (gathers, clamps, division, casts, where, reductions, shifts), float pointwise, copies and
-a library op. A mutant is a seed's file bytes changed at one to three places: raw header
+a library op; and format version 2 (SEEDS_V2): a stateful method, methods sharing state and
+methods with their own state, built with ProgramBuilder.state and exporter.methods.merge.
+A mutant is a seed's file bytes changed at one to three places: raw header
 bytes, JSON values by type, list and dict structure, safetensors entries, constant data,
-truncation, or an IR node wrapped in a random op.
+truncation, or an IR node wrapped in a random op; a version-2 seed's also the state specs,
+the methods table and the tensors' state roots.
 """
 
 from __future__ import annotations
@@ -263,10 +266,97 @@ def seed_mm() -> Program:
     return b.build()
 
 
+def _stateful(b: ProgramBuilder, scale: float) -> None:
+    """The body of seed_state: an accumulator, a counter and a ring read at a clamped index
+    that depends on the counter (state written in place, read by the next run)."""
+    x = b.input("x", "float32", [6])
+    i = b.input("i", I64, [3])
+    acc = b.state("acc", np.zeros(6, np.float32))
+    ring = b.state("ring", np.array([5, -3, 7, 2**31 - 1], np.int32))
+    count = b.state("count", np.zeros(1, np.int64))
+    o = b.output("o", "float32", [6])
+    o_ring = b.output("o_ring", "int32", [3])
+    o_count = b.output("o_count", I64, [1])
+    lx = Load(0, Idx(0), "float32")
+    b.kernel(_k("acc", (6,), (Arg("float32", "r"), Arg("float32", "rw")),
+                (Store(1, Idx(0), _op("add", Load(1, Idx(0), "float32"),
+                                      _op("mul", lx, _c(scale, "float32")))),)), [x, acc])
+    b.kernel(_k("count", (1,), (Arg(I64, "rw"),),
+                (Store(0, Idx(0), _op("add", Load(0, Idx(0), I64), _c(1))),)), [count])
+    at = _clamp(_op("add", Load(0, Idx(0), I64), Load(2, _c(0), I64)), 0, 3)
+    b.kernel(_k("ring_at", (3,), (Arg(I64, "r"), Arg("int32", "r"), Arg(I64, "r"),
+                                  Arg("int32", "w")),
+                (Store(3, Idx(0), Load(1, at, "int32")),)), [i, ring, count, o_ring])
+    # ring = ring * 3 + 1, wrapping in int32
+    b.kernel(_k("ring_step", (4,), (Arg("int32", "rw"),),
+                (Store(0, Idx(0), _op("add", _op("mul", Load(0, Idx(0), "int32"),
+                                                 _c(3, "int32")), _c(1, "int32"))),)), [ring])
+    b.copy(o, acc)
+    b.copy(o_count, count)
+
+
+def seed_state() -> Program:
+    """One stateful method (format version 2, method "forward")."""
+    b = ProgramBuilder("state")
+    _stateful(b, 0.5)
+    return b.build()
+
+
+def _cache_method(which: str) -> Program:
+    """prefill (x -> cache[0:4], pos = 4, o = sum(cache)), decode (cache[clamp(pos)] = y,
+    pos += 1, o = cache) or peek (o = cache[1::2], a strided state view at byte 4)."""
+    b = ProgramBuilder(which)
+    cache = b.state("cache", np.zeros(8, np.float32))
+    pos = b.state("pos", np.zeros(1, np.int64))
+    if which == "prefill":
+        x = b.input("x", "float32", [4])
+        b.copy(b.tensor("state", 0, 0, "float32", [4]), x)
+        b.kernel(_k("set_pos", (1,), (Arg(I64, "w"),), (Store(0, Idx(0), _c(4)),)), [pos])
+        o = b.output("o", "float32", [1])
+        b.kernel(_k("total", (1,), (Arg("float32", "r"), Arg("float32", "w")),
+                    (Store(1, Idx(0), Reduce("sum", Load(0, Idx(1), "float32"), "float32")),),
+                    (8,)), [cache, o])
+    elif which == "decode":
+        y = b.input("y", "float32", [1])
+        at = _clamp(Load(0, _c(0), I64), 0, 7)
+        b.kernel(_k("put", (1,), (Arg(I64, "r"), Arg("float32", "r"), Arg("float32", "w")),
+                    (Store(2, at, Load(1, Idx(0), "float32")),)), [pos, y, cache])
+        b.kernel(_k("step", (1,), (Arg(I64, "rw"),),
+                    (Store(0, Idx(0), _op("add", Load(0, Idx(0), I64), _c(1))),)), [pos])
+        o = b.output("o", "float32", [8])
+        b.copy(o, cache)
+    else:
+        o = b.output("o", "float32", [4])
+        b.copy(o, b.tensor("state", 0, 4, "float32", [4], [2]))
+    return b.build()
+
+
+def seed_methods_shared() -> Program:
+    """Three methods sharing a cache and a position (format version 2)."""
+    from aotrt.exporter.methods import merge
+    return merge({m: _cache_method(m) for m in ("prefill", "decode", "peek")},
+                 share_state=True)
+
+
+def seed_methods_own() -> Program:
+    """Two methods of seed_state's body, each with its own state (`a.acc`, `b.acc`, ...)."""
+    from aotrt.exporter.methods import merge
+    methods = {}
+    for name, scale in (("a", 0.5), ("b", -2.0)):
+        b = ProgramBuilder("own")
+        _stateful(b, scale)
+        methods[name] = b.build()
+    return merge(methods, share_state=False)
+
+
 SEEDS: dict[str, Callable[[], Program]] = {
     f.__name__[5:]: f for f in (seed_gather, seed_division, seed_casts, seed_narrow_index,
                                 seed_where_clamp, seed_reduce, seed_softmax, seed_float_pointwise,
                                 seed_bits, seed_const_index, seed_copy_fill, seed_mm)}
+#: format version 2 seeds (state, several methods); kept apart from SEEDS so that the mutants
+#: of the version-1 seeds keep their ids (see `mutant`)
+SEEDS_V2: dict[str, Callable[[], Program]] = {
+    f.__name__[5:]: f for f in (seed_state, seed_methods_shared, seed_methods_own)}
 
 
 # ---------------------------------------------------------------------------------------------
@@ -539,17 +629,136 @@ def mutate_data(rng: random.Random, data: bytes) -> bytes:
     return bytes(b)
 
 
-KINDS = ("json_value", "structure", "ir", "entries", "bytes", "data", "ir_field")
+_DTYPES = ["float32", "float16", "bfloat16", "int64", "int32", "int16", "int8", "uint8", "bool"]
+
+
+def mutate_state_spec(rng: random.Random, doc: Any) -> Any:
+    """Change one state entry's dtype, shape, init or name, or drop or add a key."""
+    table = doc.get("state") if isinstance(doc, dict) else None
+    if not isinstance(table, list) or not table or not isinstance(table[0], dict):
+        return doc
+    e = table[rng.randrange(len(table))]
+    if not isinstance(e, dict):
+        return doc
+    names = [x.get("name") for x in table if isinstance(x, dict)]
+    consts = [c.get("name") for c in doc.get("constants", []) if isinstance(c, dict)]
+    field = rng.choice(["dtype", "shape", "shape", "init", "name", "keys"])
+    if field == "dtype":
+        e["dtype"] = rng.choice(_DTYPES + ["complex64", "float64", 3, None, ["float32"]])
+    elif field == "shape":
+        old = e.get("shape") if isinstance(e.get("shape"), list) else [1]
+        n = old[0] if old and isinstance(old[0], int) else 1
+        e["shape"] = rng.choice([old + [1], old[:-1], [n + 1, *old[1:]], [max(n - 1, 0),
+                                 *old[1:]], [0], [], [2 * n], [2**31], [-1], [2**31 - 1] * 2,
+                                 [1.5], "4", None, [1] * 65, [True], old[::-1]])
+    elif field == "init":
+        e["init"] = rng.choice([None, None, "nope", 0, [], {}, *consts, *names])
+    elif field == "name":
+        e["name"] = rng.choice([*names, "", 5, None, f"{e.get('name')}x", ["acc"]])
+    elif rng.random() < 0.5 and e:
+        del e[rng.choice(list(e))]
+    else:
+        e[rng.choice(["strides", "init_", "shared", "nbytes"])] = rng.choice([0, None, [1]])
+    return doc
+
+
+_METHOD_FIELDS = ("inputs", "outputs", "arena", "tensors", "instructions", "outputs_tensors")
+_METHOD_NAMES = ["forward", "m2", "_", "a" * 64, "a" * 65, "", "1a", "a-b", "a b", "\u00e9t\u00e9",
+                 "__init__", "prefill", "decode", "a", "b"]
+
+
+def mutate_methods(rng: random.Random, doc: Any) -> Any:
+    """Rename, drop or duplicate a method, swap a field between methods, or empty or
+    overfill the methods table."""
+    table = doc.get("methods") if isinstance(doc, dict) else None
+    if not isinstance(table, dict) or not table:
+        return doc
+    names = list(table)
+    name = rng.choice(names)
+    how = rng.choice(["rename", "rename", "drop", "dup", "swap", "swap", "empty", "many"])
+    if how == "rename":
+        new = rng.choice(_METHOD_NAMES + names)
+        # keep the table's order: a method's position is its order in the file
+        doc["methods"] = {(new if k == name else k): v for k, v in table.items()
+                          if k != new or k == name}
+    elif how == "drop":
+        del table[name]
+    elif how == "dup":
+        table[f"{name}_{len(table)}"] = copy.deepcopy(table[name])
+    elif how == "swap":
+        a, b = table[name], table[rng.choice(names)]
+        if isinstance(a, dict) and isinstance(b, dict):
+            f1 = rng.choice(_METHOD_FIELDS)
+            f2 = f1 if a is not b and rng.random() < 0.7 else rng.choice(_METHOD_FIELDS)
+            if f1 in a and f2 in b:
+                a[f1], b[f2] = b[f2], a[f1]
+    elif how == "empty":
+        doc["methods"] = rng.choice([{}, [], None, [table[name]]])
+    else:
+        n = rng.choice([2, 16, 64, 65, 200])
+        doc["methods"] = {f"m{i}": copy.deepcopy(table[names[i % len(names)]])
+                          for i in range(n)}
+    return doc
+
+
+def _all_tensors(doc: Any) -> list[dict]:
+    """Every tensor view dict of a document (a version-1 top level or every method)."""
+    if not isinstance(doc, dict):
+        return []
+    lists = [doc.get("tensors")]
+    if isinstance(doc.get("methods"), dict):
+        lists += [m.get("tensors") for m in doc["methods"].values() if isinstance(m, dict)]
+    return [t for ts in lists if isinstance(ts, list) for t in ts if isinstance(t, dict)]
+
+
+def mutate_state_root(rng: random.Random, doc: Any) -> Any:
+    """Switch a tensor's root to or from "state", or put a state index at an extreme."""
+    ts = _all_tensors(doc)
+    if not ts:
+        return doc
+    n = len(doc.get("state") or []) if isinstance(doc.get("state"), list) else 0
+    state = [t for t in ts if t.get("root") == "state"]
+    how = rng.choice(["to", "from", "index", "index"] if state else ["to"])
+    if how == "to":
+        t = rng.choice(ts)
+        t["root"] = "state"
+        t["index"] = rng.choice([0, max(n - 1, 0), rng.randrange(max(n, 1)), n])
+    elif how == "from":
+        rng.choice(state)["root"] = rng.choice(["arena", "input", "output", "constant"])
+    else:
+        rng.choice(state)["index"] = rng.choice([-1, n, n - 1, 0, n + 1, 2**31, 2**63, 2**64,
+                                                 -2**63, 1.0, True, None, "0"])
+    return doc
+
+
+KINDS = ("json_value", "structure", "ir", "entries", "bytes", "data", "ir_field",
+         "state_spec", "methods", "state_root")
+#: mutation kind weights for the version-1 seeds (unchanged, so their mutants keep their ids)
+WEIGHTS = {"json_value": 3, "structure": 1.5, "ir": 2, "entries": 0.7, "bytes": 1,
+           "data": 0.5, "ir_field": 1}
+#: ... and for the version-2 seeds: the same plus the state and methods kinds
+WEIGHTS_V2 = {**WEIGHTS, "state_spec": 1.5, "methods": 1.5, "state_root": 1.5}
+#: the share of mutants made from a version-2 seed
+V2_SHARE = 0.3
 
 
 def mutant(seed_files: dict[str, tuple[dict, dict, bytes]], index: int, master: int = 0,
            weights: dict[str, float] | None = None) -> tuple[str, str, bytes]:
-    """Mutant number `index`: (seed name, mutation kinds, file bytes); deterministic."""
+    """Mutant number `index`: (seed name, mutation kinds, file bytes); deterministic.
+
+    A share V2_SHARE of the ids go to the version-2 seeds, drawn from a stream of their own;
+    every other id makes the very mutant of a version-1 seed it made before they came."""
     rng = random.Random(master * 1_000_003 + index)
-    name = rng.choice(sorted(seed_files))
+    v2 = sorted(n for n in seed_files if n in SEEDS_V2)
+    pick = random.Random(f"aotrt-fuzz-v2:{master}:{index}")
+    if v2 and pick.random() < V2_SHARE:
+        rng = pick
+        name = rng.choice(v2)
+        w = weights or WEIGHTS_V2
+    else:
+        name = rng.choice(sorted(n for n in seed_files if n not in SEEDS_V2))
+        w = weights or WEIGHTS
     doc, entries, data = copy.deepcopy(seed_files[name])
-    w = weights or {"json_value": 3, "structure": 1.5, "ir": 2, "entries": 0.7, "bytes": 1,
-                    "data": 0.5, "ir_field": 1}
     kinds = rng.choices(list(w), weights=list(w.values()), k=rng.choice([1, 1, 1, 2, 3]))
     raw = False
     for kind in kinds:
@@ -565,6 +774,12 @@ def mutant(seed_files: dict[str, tuple[dict, dict, bytes]], index: int, master: 
             entries = mutate_entries(rng, entries)
         elif kind == "data":
             data = mutate_data(rng, data)
+        elif kind == "state_spec":
+            doc = mutate_state_spec(rng, doc)
+        elif kind == "methods":
+            doc = mutate_methods(rng, doc)
+        elif kind == "state_root":
+            doc = mutate_state_root(rng, doc)
         else:
             raw = True
     try:
@@ -578,4 +793,4 @@ def mutant(seed_files: dict[str, tuple[dict, dict, bytes]], index: int, master: 
 
 def seed_files() -> dict[str, tuple[dict, dict, bytes]]:
     """Every seed as (document, entries, data)."""
-    return {name: split(make()) for name, make in SEEDS.items()}
+    return {name: split(make()) for name, make in {**SEEDS, **SEEDS_V2}.items()}

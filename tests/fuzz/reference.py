@@ -484,22 +484,47 @@ class Reference:
     """
 
     def __init__(self, prog: Any) -> None:
-        self.p = prog
-        sizes = prog.root_nbytes()
-        total = sum(sum(v) for v in sizes.values())
+        self.prog = prog
+        methods = prog.methods
+        # the roots every method shares (constants, state) live as long as the Reference;
+        # a run gets fresh arena, input and output roots (a run may not rely on what an
+        # earlier run left in the arena: it starts undefined)
+        shared = prog.root_nbytes()
+        per_run = max((sum(sum(m.root_nbytes()[r]) for r in ("arena", "input", "output"))
+                       for m in methods.values()), default=0)
+        total = sum(shared["constant"]) + sum(shared["state"]) + per_run
         if total > MEMORY_LIMIT:
             raise RefUnchecked(f"{total} bytes of memory")
         self.mem: dict[tuple[str, int], dict[str, np.ndarray]] = {}
-        for root, ns in sizes.items():
-            for i, nb in enumerate(ns):
-                init = root in ("input", "constant")
+        for root in ("constant", "state"):
+            for i, nb in enumerate(shared[root]):
+                self.mem[(root, i)] = {
+                    "b": np.zeros(nb, np.uint8), "undef": np.zeros(nb, bool),
+                    "uninit": np.zeros(nb, bool), "approx": np.zeros(nb, bool),
+                    "written": np.ones(nb, bool)}
+        for i, arr in enumerate(prog.constants.values()):
+            self.mem[("constant", i)]["b"][:] = np.ascontiguousarray(arr).reshape(-1).view(
+                np.uint8)
+        # a state starts as its init constant's bytes, or zeros
+        for i, spec in enumerate(prog.state):
+            if spec["init"] is not None:
+                arr = prog.constants[spec["init"]]
+                self.mem[("state", i)]["b"][:] = np.ascontiguousarray(arr).reshape(-1).view(
+                    np.uint8)
+        self._begin(next(iter(methods)))
+
+    def _begin(self, method: str) -> None:
+        """Fresh per-run roots for a run of `method`."""
+        self.p = self.prog.methods[method]
+        for key in [k for k in self.mem if k[0] not in ("constant", "state")]:
+            del self.mem[key]
+        for root in ("arena", "input", "output"):
+            for i, nb in enumerate(self.p.root_nbytes()[root]):
+                init = root == "input"
                 self.mem[(root, i)] = {
                     "b": np.zeros(nb, np.uint8), "undef": np.full(nb, not init),
                     "uninit": np.full(nb, not init), "approx": np.zeros(nb, bool),
                     "written": np.full(nb, init)}
-        for i, arr in enumerate(prog.constants.values()):
-            self.mem[("constant", i)]["b"][:] = np.ascontiguousarray(arr).reshape(-1).view(
-                np.uint8)
         base = 0
         self.base: dict[tuple[str, int], int] = {}
         for key, m in self.mem.items():
@@ -584,8 +609,11 @@ class Reference:
         raw = np.ascontiguousarray(arr).view(np.uint8).reshape(*arr.shape, dt.itemsize)
         self.mem[("input", i)]["b"][pos[..., None] + np.arange(dt.itemsize)] = raw
 
-    def run(self, inputs: Sequence[np.ndarray]) -> list[dict[str, np.ndarray]]:
-        """Execute the instructions; the outputs as dicts of values and masks."""
+    def run(self, inputs: Sequence[np.ndarray],
+            method: str | None = None) -> list[dict[str, np.ndarray]]:
+        """Execute the instructions of `method` (default: the first) from the state the
+        runs before left; the outputs as dicts of values and masks."""
+        self._begin(next(iter(self.prog.methods)) if method is None else method)
         for i, x in enumerate(inputs):
             self.set_input(i, x)
         kernels = {k.name: k for k in self.p.kernels}
@@ -610,6 +638,25 @@ class Reference:
             unwritten = ~m["written"][byt].all(-1) if pos.size else np.zeros(pos.shape, bool)
             outs.append({"v": vals, "undef": und, "uninit": uni, "approx": apx,
                          "unwritten": unwritten, "dtype": dt.name})
+        return outs
+
+    def state_values(self) -> list[dict[str, np.ndarray]]:
+        """Every state buffer as it is now, as `run` gives outputs (for `compare`)."""
+        outs = []
+        for i, spec in enumerate(self.prog.state):
+            dt = dtypes.as_dtype(spec["dtype"])
+            shape = [int(n) for n in spec["shape"]]
+            strides, n = [], 1
+            for size in reversed(shape):
+                strides.insert(0, n)
+                n *= max(size, 1)
+            t = {"root": "state", "index": i, "byte_offset": 0, "dtype": dt.name,
+                 "sizes": shape, "strides": strides}
+            pos = self.positions(t)
+            vals, und, uni, apx = self._read(("state", i), pos, dt) if pos.size else (
+                np.zeros(pos.shape, np.uint8), *(np.zeros(pos.shape, bool),) * 3)
+            outs.append({"v": vals, "undef": und, "uninit": uni, "approx": apx,
+                         "unwritten": np.zeros(pos.shape, bool), "dtype": dt.name})
         return outs
 
     def _write(self, key: tuple[str, int], pos: np.ndarray, raw: np.ndarray,
