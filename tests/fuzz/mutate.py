@@ -563,7 +563,8 @@ def mutate_ir_field(rng: random.Random, doc: Any) -> Any:
     """Give one field of one IR node of any type (Kernel, Arg, Store and the expressions) a
     value of a wrong type, or one entry of a list field: the parser must name the field."""
     paths = [p for p in _paths(doc) if p and p[0] == "kernels"
-             and isinstance(_get(doc, p), dict) and _get(doc, p).get("t") in ir.FIELDS]
+             and isinstance(_get(doc, p), dict) and isinstance(_get(doc, p).get("t"), str)
+             and _get(doc, p)["t"] in ir.FIELDS]
     if not paths:
         return doc
     node = _get(doc, rng.choice(paths))

@@ -90,3 +90,12 @@ def test_v2_mutators_change_the_document(mutate: object) -> None:
         d = mutate(random.Random(i), d)
         changed += d != doc
     assert changed >= 30
+
+
+def test_a_mutator_meeting_an_earlier_mutation_of_a_node_type_goes_on() -> None:
+    # campaign mutant (1, 5577): a structure mutation nested an IR node's "t" in a list, and
+    # the IR field mutator after it looked the list up in a dict (TypeError: the campaign
+    # stopped at its generation)
+    name, kinds, data = M.mutant(M.seed_files(), 5577, 1)
+    assert (name, kinds) == ("copy_fill", "structure+ir_field+structure")
+    assert H.judge(data, 5577)["outcome"] in ("refused", "ran_equal")
