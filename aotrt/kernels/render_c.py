@@ -12,6 +12,7 @@ from typing import Any, Sequence
 from aotrt.analysis import IRMemo, uses_reduce_dim
 from aotrt.kernels import ir
 from aotrt.kernels.math_c import MATH_C
+from aotrt.sources import source
 
 #: codes a cpu kernel stores in its library's `aotrt_error` flag (contract C2)
 KERNEL_ERRORS: dict[int, str] = {1: "integer division or modulo by zero"}
@@ -92,42 +93,12 @@ _LOGICAL = {"and": "&&", "or": "||", "xor": "!="}
 class CStyleRenderer:
     """Shared C-like rendering; targets override the hooks at the bottom."""
 
-    #: helpers shared by every C-like target; `{q}` is the function qualifier. Integer
+    #: helpers shared by every C-like target (helpers.h); `{q}` is the function qualifier. Integer
     #: division never traps: a zero divisor gives 0 after AOT_DIV0() (the target's error
     #: report), x / -1 is -x wrapping (INT64_MIN / -1 == INT64_MIN, as torch), x % -1 is 0.
     #: Shifts and powers follow torch (ATen's lshift/rshift/powi); floats become integers
     #: saturating, NaN giving 0.
-    HELPERS = r"""
-{q} float aot_fmaxf(float a, float b) { return (a != a || a > b) ? a : b; }
-{q} float aot_fminf(float a, float b) { return (a != a || a < b) ? a : b; }
-{q} float aot_fmod_py(float a, float b) { float r = fmodf(a, b);
-  return (r != 0.0f && ((r < 0.0f) != (b < 0.0f))) ? r + b : r; }
-{q} float aot_floordivf(float a, float b) { if (b == 0.0f) return a / b;
-  float m = fmodf(a, b); float d = (a - m) / b;
-  if (m != 0.0f && ((b < 0.0f) != (m < 0.0f))) d -= 1.0f;
-  if (d == 0.0f) return copysignf(0.0f, a / b);
-  float f = floorf(d); return (d - f > 0.5f) ? f + 1.0f : f; }
-{q} int64_t aot_f2i(float x) { return x != x ? 0 : x >= 9223372036854775808.0f ? INT64_MAX
-  : x < -9223372036854775808.0f ? INT64_MIN : (int64_t)x; }
-{q} int64_t aot_iabs(int64_t a) { return a < 0 ? (int64_t)(0ULL - (uint64_t)a) : a; }
-{q} int64_t aot_tdiv(int64_t a, int64_t b) { if (b == 0) { AOT_DIV0(); return 0; }
-  if (b == -1) return (int64_t)(0ULL - (uint64_t)a); return a / b; }
-{q} int64_t aot_floordiv(int64_t a, int64_t b) { if (b == 0) { AOT_DIV0(); return 0; }
-  if (b == -1) return (int64_t)(0ULL - (uint64_t)a); int64_t q = a / b;
-  return (a % b != 0 && ((a < 0) != (b < 0))) ? q - 1 : q; }
-{q} int64_t aot_fmod(int64_t a, int64_t b) { if (b == 0) { AOT_DIV0(); return 0; }
-  return b == -1 ? 0 : a % b; }
-{q} int64_t aot_mod_py(int64_t a, int64_t b) { if (b == 0) { AOT_DIV0(); return 0; }
-  if (b == -1) return 0; int64_t r = a % b;
-  return (r != 0 && ((r < 0) != (b < 0))) ? r + b : r; }
-{q} int64_t aot_shl(int64_t a, int64_t b) {
-  return (b < 0 || b >= 64) ? 0 : (int64_t)((uint64_t)a << b); }
-{q} int64_t aot_shr(int64_t a, int64_t b) { return a >> ((b < 0 || b >= 63) ? 63 : b); }
-{q} int64_t aot_ipow(int64_t a, int64_t b) {
-  if (b < 0) return a == 1 ? 1 : a == -1 ? ((b & 1) ? -1 : 1) : 0;
-  uint64_t r = 1, x = (uint64_t)a;
-  while (b > 0) { if (b & 1) r *= x; x *= x; b >>= 1; } return (int64_t)r; }
-"""
+    HELPERS = source(__package__, "helpers.h")
 
     def render(self, kernels: Sequence[ir.Kernel]) -> str:
         """Source text of one library holding all `kernels`."""
@@ -500,29 +471,9 @@ class CRenderer(CStyleRenderer):
 
     def preamble(self) -> str:
         """Includes, bf16 conversions and helpers."""
-        return r"""#include <stdint.h>
-#include <stdbool.h>
-#include <string.h>
-#include <math.h>
-#include <stdlib.h>
-static inline float aot_bf16_to_f(uint16_t v) { uint32_t u = (uint32_t)v << 16; float f;
-  memcpy(&f, &u, 4); return f; }
-static inline uint16_t aot_f_to_bf16(float f) { uint32_t u; memcpy(&u, &f, 4);
-  if ((u & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((u >> 16) | 0x40);
-  u += 0x7fffu + ((u >> 16) & 1u); return (uint16_t)(u >> 16); }
-int32_t aotrt_error = 0;
-#define AOT_DIV0() __atomic_store_n(&aotrt_error, 1, __ATOMIC_RELAXED)
-/* Threads for n outer elements of `cost` work each: none below a grain of work per thread
-   (starting threads would cost more than they save), never more than asked or than n. */
-static inline int64_t aot_nthreads(int64_t n, int64_t cost, int64_t threads) {
-  if (threads <= 1 || n <= 1) return 1;
-  int64_t work = n > INT64_MAX / cost ? INT64_MAX : n * cost;
-  int64_t nt = work / """ + str(PARALLEL_GRAIN) + r"""LL;
-  if (nt > threads) nt = threads;
-  if (nt > n) nt = n;
-  return nt < 1 ? 1 : nt;
-}
-""" + self.HELPERS.replace("{q}", "static inline") + MATH_C
+        prelude = source(__package__, "render_c_prelude.h")
+        return (prelude.replace("{grain}", str(PARALLEL_GRAIN))
+                + self.HELPERS.replace("{q}", "static inline") + MATH_C)
 
     def _sum_in_double(self, e: ir.Reduce, scope: dict, depth: int) -> str:
         """A float sum adds SUM_BLOCK elements at a time in float and the blocks' sums in

@@ -8,7 +8,8 @@ coalesced instead of by one thread.
 
 The source needs no headers (NVRTC finds none on a bare machine): fixed-width types, the
 infinity macros and the half/bfloat16 conversions (one PTX instruction each) are defined
-here. Half-precision values are computed in float and rounded on store, as on the cpu.
+in render_cuda_prelude.cuh. Half-precision values are computed in float and rounded on
+store, as on the cpu.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from __future__ import annotations
 
 from aotrt.kernels import ir
 from aotrt.kernels.render_c import COMPUTE_TYPE, CStyleRenderer, _label
+from aotrt.sources import source
 
 #: threads per block of every generated kernel
 BLOCK = 256
@@ -31,79 +33,15 @@ STORAGE_TYPE_CUDA = {
     "bool": "bool",
 }
 
-_PREAMBLE = r"""typedef long long int64_t;
-typedef unsigned long long uint64_t;
-typedef int int32_t;
-typedef unsigned int uint32_t;
-typedef short int16_t;
-typedef unsigned short uint16_t;
-typedef signed char int8_t;
-typedef unsigned char uint8_t;
-#define INFINITY __int_as_float(0x7f800000)
-#define NAN __int_as_float(0x7fffffff)
-#define INT64_MIN (-9223372036854775807LL - 1LL)
-#define INT64_MAX 9223372036854775807LL
-#define AOT_DIV0() ((void)0)
-static __device__ __forceinline__ float aot_h2f(uint16_t h) {
-  float f; asm("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"(h)); return f; }
-static __device__ __forceinline__ uint16_t aot_f2h(float f) {
-  uint16_t h; asm("cvt.rn.f16.f32 %0, %1;" : "=h"(h) : "f"(f)); return h; }
-static __device__ __forceinline__ float aot_bf2f(uint16_t h) {
-  return __uint_as_float(((uint32_t)h) << 16); }
-static __device__ __forceinline__ uint16_t aot_f2bf(float f) {
-  uint16_t h; asm("cvt.rn.bf16.f32 %0, %1;" : "=h"(h) : "f"(f)); return h; }
-"""
+_PREAMBLE = source(__package__, "render_cuda_prelude.cuh")
 
 # Warp all-reduces: every lane ends with the result (butterfly), so later code may use it
 # from any lane. Bool values travel as int.
-_WARP = r"""
-#define AOT_FULL 0xffffffffu
-static __device__ __forceinline__ float aot_warp_sum(float v) {
-  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(AOT_FULL, v, o); return v; }
-static __device__ __forceinline__ int64_t aot_warp_sum(int64_t v) {
-  for (int o = 16; o > 0; o >>= 1)
-    v = (int64_t)((uint64_t)v + (uint64_t)__shfl_xor_sync(AOT_FULL, v, o)); return v; }
-static __device__ __forceinline__ float aot_warp_prod(float v) {
-  for (int o = 16; o > 0; o >>= 1) v *= __shfl_xor_sync(AOT_FULL, v, o); return v; }
-static __device__ __forceinline__ int64_t aot_warp_prod(int64_t v) {
-  for (int o = 16; o > 0; o >>= 1)
-    v = (int64_t)((uint64_t)v * (uint64_t)__shfl_xor_sync(AOT_FULL, v, o)); return v; }
-static __device__ __forceinline__ float aot_warp_max(float v) {
-  for (int o = 16; o > 0; o >>= 1) v = aot_fmaxf(v, __shfl_xor_sync(AOT_FULL, v, o));
-  return v; }
-static __device__ __forceinline__ int64_t aot_warp_max(int64_t v) {
-  for (int o = 16; o > 0; o >>= 1) { int64_t w = __shfl_xor_sync(AOT_FULL, v, o);
-    v = w > v ? w : v; } return v; }
-static __device__ __forceinline__ bool aot_warp_max(bool v) {
-  return __any_sync(AOT_FULL, v); }
-static __device__ __forceinline__ float aot_warp_min(float v) {
-  for (int o = 16; o > 0; o >>= 1) v = aot_fminf(v, __shfl_xor_sync(AOT_FULL, v, o));
-  return v; }
-static __device__ __forceinline__ int64_t aot_warp_min(int64_t v) {
-  for (int o = 16; o > 0; o >>= 1) { int64_t w = __shfl_xor_sync(AOT_FULL, v, o);
-    v = w < v ? w : v; } return v; }
-static __device__ __forceinline__ bool aot_warp_min(bool v) {
-  return __all_sync(AOT_FULL, v); }
-static __device__ __forceinline__ bool aot_warp_sum(bool v) { return __any_sync(AOT_FULL, v); }
-static __device__ __forceinline__ bool aot_warp_prod(bool v) { return __all_sync(AOT_FULL, v); }
-static __device__ __forceinline__ bool aot_warp_any(bool v) { return __any_sync(AOT_FULL, v); }
-static __device__ __forceinline__ bool aot_warp_all(bool v) { return __all_sync(AOT_FULL, v); }
-"""
+_WARP = source(__package__, "render_cuda_warp.cuh")
 
 # Block all-reduces: warp results meet in shared memory; the first barrier keeps a block
 # from overwriting partials that another warp of it still reads from the previous call.
-_BLOCK = r"""
-#define AOT_BLOCK(NAME, T, ID) static __device__ __forceinline__ T aot_block_##NAME(T v) { \
-  __shared__ T sh[32]; v = aot_warp_##NAME(v); __syncthreads(); \
-  if ((threadIdx.x & 31) == 0) sh[threadIdx.x >> 5] = v; __syncthreads(); \
-  T r = (threadIdx.x & 31) < (blockDim.x >> 5) ? sh[threadIdx.x & 31] : (T)(ID); \
-  return aot_warp_##NAME(r); }
-AOT_BLOCK(sum, float, 0.0f) AOT_BLOCK(sum, int64_t, 0) AOT_BLOCK(sum, bool, false)
-AOT_BLOCK(prod, float, 1.0f) AOT_BLOCK(prod, int64_t, 1) AOT_BLOCK(prod, bool, true)
-AOT_BLOCK(max, float, -INFINITY) AOT_BLOCK(max, int64_t, INT64_MIN) AOT_BLOCK(max, bool, false)
-AOT_BLOCK(min, float, INFINITY) AOT_BLOCK(min, int64_t, INT64_MAX) AOT_BLOCK(min, bool, true)
-AOT_BLOCK(any, bool, false) AOT_BLOCK(all, bool, true)
-"""
+_BLOCK = source(__package__, "render_cuda_block.cuh")
 
 
 def _prod(shape: tuple[int, ...]) -> int:

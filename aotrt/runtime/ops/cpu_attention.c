@@ -1,0 +1,179 @@
+
+#include <stdint.h>
+#include <string.h>
+#include <math.h>
+#include <omp.h>
+#pragma GCC optimize("fp-contract=fast")
+int32_t aotrt_error = 0;
+#include "../../kernels/math_c.h"
+typedef float v16 __attribute__((vector_size(64), aligned(64)));
+typedef float v16u __attribute__((vector_size(64), aligned(4)));
+#define BM 64
+#define BN 128
+#define LOWEST (-3.0e38f)
+/* Keeps a loaded vector in a register: gcc otherwise folds the load into each of the four
+   multiply-adds that use it, four loads where one does (half the speed on AMD Zen 4). */
+#if defined(__GNUC__) && defined(__AVX512F__)
+#define PIN(x) __asm__("" : "+v"(x))
+#else
+#define PIN(x) ((void)0)
+#endif
+
+static inline v16 splat(float x) {
+  return (v16){x, x, x, x, x, x, x, x, x, x, x, x, x, x, x, x};
+}
+static inline int64_t round16(int64_t n) { return (n + 15) & ~(int64_t)15; }
+
+/* Scores of rows [i, i + 4) over keys [0, jv) of the block: sb[r][j] = q[r] . kT[:, j0 + j]. */
+static void scores4(const float *qb, int64_t e_n, const float *kT, int64_t sp, int64_t j0,
+                    int64_t jv, float *sb) {
+  int64_t j = 0;
+  for (; j + 64 <= jv; j += 64) {
+    v16 acc[4][4];
+    for (int r = 0; r < 4; r++)
+      for (int x = 0; x < 4; x++) acc[r][x] = (v16){0};
+    const float *kp = kT + j0 + j;
+    for (int64_t e = 0; e < e_n; e++) {
+      const float *kr = kp + e * sp;
+      v16 k0 = *(const v16 *)kr, k1 = *(const v16 *)(kr + 16), k2 = *(const v16 *)(kr + 32),
+          k3 = *(const v16 *)(kr + 48);
+      PIN(k0); PIN(k1); PIN(k2); PIN(k3);
+      for (int r = 0; r < 4; r++) {
+        v16 qr = splat(qb[r * e_n + e]);
+        PIN(qr);
+        acc[r][0] += qr * k0; acc[r][1] += qr * k1; acc[r][2] += qr * k2;
+        acc[r][3] += qr * k3;
+      }
+    }
+    for (int r = 0; r < 4; r++)
+      for (int x = 0; x < 4; x++) *(v16 *)(sb + r * BN + j + 16 * x) = acc[r][x];
+  }
+  for (; j < jv; j += 16) {
+    v16 a0 = {0}, a1 = {0}, a2 = {0}, a3 = {0};
+    const float *kp = kT + j0 + j;
+    for (int64_t e = 0; e < e_n; e++) {
+      v16 k0 = *(const v16 *)(kp + e * sp);
+      a0 += qb[e] * k0; a1 += qb[e_n + e] * k0; a2 += qb[2 * e_n + e] * k0;
+      a3 += qb[3 * e_n + e] * k0;
+    }
+    *(v16 *)(sb + j) = a0; *(v16 *)(sb + BN + j) = a1;
+    *(v16 *)(sb + 2 * BN + j) = a2; *(v16 *)(sb + 3 * BN + j) = a3;
+  }
+}
+
+/* ob[r][:] += sum over keys j < jn of p[r][j] * v[j0 + j][:], rows [i, i + 4). */
+static void values4(const float *sb, const float *v, int64_t v_sl, int64_t j0, int64_t jn,
+                    int64_t ev, float *ob) {
+  int64_t c = 0;
+  for (; c + 64 <= ev; c += 64) {
+    v16 acc[4][4];
+    for (int r = 0; r < 4; r++)
+      for (int x = 0; x < 4; x++) acc[r][x] = *(const v16 *)(ob + r * ev + c + 16 * x);
+    const float *vr = v + j0 * v_sl + c;
+    for (int64_t j = 0; j < jn; j++, vr += v_sl) {
+      v16 v0 = *(const v16u *)vr, v1 = *(const v16u *)(vr + 16),
+          v2 = *(const v16u *)(vr + 32), v3 = *(const v16u *)(vr + 48);
+      PIN(v0); PIN(v1); PIN(v2); PIN(v3);
+      for (int r = 0; r < 4; r++) {
+        v16 p = splat(sb[r * BN + j]);
+        PIN(p);
+        acc[r][0] += p * v0; acc[r][1] += p * v1; acc[r][2] += p * v2; acc[r][3] += p * v3;
+      }
+    }
+    for (int r = 0; r < 4; r++)
+      for (int x = 0; x < 4; x++) *(v16 *)(ob + r * ev + c + 16 * x) = acc[r][x];
+  }
+  for (; c < ev; c += 16) {
+    v16 a0 = *(const v16 *)(ob + c), a1 = *(const v16 *)(ob + ev + c),
+        a2 = *(const v16 *)(ob + 2 * ev + c), a3 = *(const v16 *)(ob + 3 * ev + c);
+    const float *vr = v + j0 * v_sl + c;
+    for (int64_t j = 0; j < jn; j++, vr += v_sl) {
+      v16 v0 = *(const v16u *)vr;
+      a0 += sb[j] * v0; a1 += sb[BN + j] * v0; a2 += sb[2 * BN + j] * v0;
+      a3 += sb[3 * BN + j] * v0;
+    }
+    *(v16 *)(ob + c) = a0; *(v16 *)(ob + ev + c) = a1;
+    *(v16 *)(ob + 2 * ev + c) = a2; *(v16 *)(ob + 3 * ev + c) = a3;
+  }
+}
+
+/* P: q, k, v, out (float32, unit stride along the head dim), the int64 parameters, the
+   float64 scale, and per-thread scratch. Items [begin, end) are (batch, head, row block). */
+void aot_attention_f32(char **P, int64_t begin, int64_t end, int64_t threads) {
+  const float *q = (const float *)P[0], *k = (const float *)P[1], *v = (const float *)P[2];
+  float *o = (float *)P[3];
+  const int64_t *a = (const int64_t *)P[4];
+  const float scale = (float)((const double *)P[5])[0];
+  char *scratch = P[6];
+  const int64_t H = a[1], L = a[2], S = a[3], E = a[4], EV = a[5], G = a[6], causal = a[7];
+  const int64_t q_sb = a[8], q_sh = a[9], q_sl = a[10], k_sb = a[11], k_sh = a[12],
+                k_sl = a[13], v_sb = a[14], v_sh = a[15], v_sl = a[16], o_sb = a[17],
+                o_sh = a[18], o_sl = a[19], per_thread = a[20];
+  const int64_t nblk = (L + BM - 1) / BM, sp = round16(S);
+  int64_t items = end - begin;
+  int nt = (int)(threads < items ? threads : items);
+  if (nt < 1) nt = 1;
+#pragma omp parallel num_threads(nt)
+  {
+    float *kT = (float *)(scratch + (int64_t)omp_get_thread_num() * per_thread);
+    float *qb = kT + E * sp, *sb = qb + BM * E, *ob = sb + BM * BN, *mrow = ob + BM * EV,
+          *lrow = mrow + BM;
+    int64_t packed = -1;
+#pragma omp for schedule(static)
+    for (int64_t it = begin; it < end; it++) {
+      const int64_t b = it / (H * nblk), h = (it / nblk) % H, l0 = (it % nblk) * BM;
+      const int64_t rows = L - l0 < BM ? L - l0 : BM, rows4 = (rows + 3) & ~(int64_t)3;
+      const int64_t kend = causal ? (S < l0 + rows ? S : l0 + rows) : S;
+      const int64_t kv = b * (H / G) + h / G;
+      const float *vh = v + b * v_sb + (h / G) * v_sh;
+      if (kv != packed) {          /* this head's keys, transposed: kT[e][j] */
+        const float *kh = k + b * k_sb + (h / G) * k_sh;
+        for (int64_t j = 0; j < S; j++)
+          for (int64_t e = 0; e < E; e++) kT[e * sp + j] = kh[j * k_sl + e];
+        for (int64_t e = 0; e < E; e++)
+          for (int64_t j = S; j < sp; j++) kT[e * sp + j] = 0.0f;
+        packed = kv;
+      }
+      const float *qh = q + b * q_sb + h * q_sh + l0 * q_sl;
+      for (int64_t i = 0; i < rows4; i++)
+        for (int64_t e = 0; e < E; e++) qb[i * E + e] = i < rows ? qh[i * q_sl + e] * scale : 0;
+      memset(ob, 0, sizeof(float) * BM * EV);
+      for (int64_t i = 0; i < BM; i++) { mrow[i] = LOWEST; lrow[i] = 0.0f; }
+      for (int64_t j0 = 0; j0 < kend; j0 += BN) {
+        const int64_t jn = kend - j0 < BN ? kend - j0 : BN, jv = round16(jn);
+        for (int64_t i = 0; i < rows4; i += 4) scores4(qb + i * E, E, kT, sp, j0, jv, sb + i * BN);
+        for (int64_t i = 0; i < rows4; i++) {
+          float *s = sb + i * BN;
+          /* keys this row sees in the block: all jn, or up to its own position (causal) */
+          int64_t see = causal ? l0 + i - j0 + 1 : jn;
+          if (see > jn) see = jn;
+          if (see < 0) see = 0;
+          float mx = LOWEST;
+#pragma omp simd reduction(max : mx)
+          for (int64_t j = 0; j < see; j++) mx = s[j] > mx ? s[j] : mx;
+          const float mnew = mx > mrow[i] ? mx : mrow[i];
+          const float corr = aot_expf(mrow[i] - mnew);
+          float sum = 0.0f;
+#pragma omp simd reduction(+ : sum)
+          for (int64_t j = 0; j < jv; j++) {
+            float p = j < see ? aot_expf(s[j] - mnew) : 0.0f;
+            s[j] = p;
+            sum += p;
+          }
+          lrow[i] = lrow[i] * corr + sum;
+          mrow[i] = mnew;
+          float *orow = ob + i * EV;
+#pragma omp simd
+          for (int64_t e = 0; e < EV; e++) orow[e] *= corr;
+        }
+        for (int64_t i = 0; i < rows4; i += 4)
+          values4(sb + i * BN, vh, v_sl, j0, jn, EV, ob + i * EV);
+      }
+      float *oh = o + b * o_sb + h * o_sh + l0 * o_sl;
+      for (int64_t i = 0; i < rows; i++) {
+        const float inv = 1.0f / lrow[i];
+        for (int64_t e = 0; e < EV; e++) oh[i * o_sl + e] = ob[i * EV + e] * inv;
+      }
+    }
+  }
+}
