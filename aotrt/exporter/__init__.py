@@ -92,8 +92,8 @@ def _refuse_training_norms(model: Any) -> None:
         if isinstance(mod, torch.nn.modules.batchnorm._BatchNorm) and mod.training \
                 and mod.track_running_stats:
             raise Unsupported(f"{path or type(model).__name__}: a batch norm in training mode "
-                              f"updates its batch-norm statistics at every run (call "
-                              f"model.eval())")
+                              f"updates its running_mean and running_var (batch-norm "
+                              f"statistics) at every run: call model.eval()")
 
 
 def _export_methods(methods: dict[str, Any], *, name: str | None, strict: bool, layout: str,
