@@ -310,7 +310,8 @@ class Validator:
         if not isinstance(ins, dict):
             raise fail(w, f"expected an object, got {type(ins).__name__}")
         op = ins.get("op")
-        if op not in _INSTR_KEYS:
+        # a list or object here is unhashable: check the type before the lookup
+        if not isinstance(op, str) or op not in _INSTR_KEYS:
             raise fail(f"{w}.op", f"unknown opcode {op!r}"[:200] + f" (known: {list(OPCODES)})")
         required, optional = _INSTR_KEYS[op]
         check_dict(ins, w, required, optional)

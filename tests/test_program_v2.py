@@ -339,3 +339,13 @@ def test_a_method_of_a_hand_built_program_is_still_checked_in_full() -> None:
     with pytest.raises(ProgramError, match=r"method 'b': instructions\[1\] \(kernel\)\.args"
                                            r"\[2\]: tensor 0 is a view of an input"):
         p.validate()
+
+
+@pytest.mark.parametrize("op", [["kernel"], {}, None, 3])
+def test_an_instruction_op_of_a_wrong_type_is_refused(tmp_path: Path, op: Any) -> None:
+    # a list or an object was looked up in a dict of opcodes: TypeError (fuzz mutant 6920)
+    doc, arrays = v2_doc()
+    doc["methods"]["b"]["instructions"][0]["op"] = op
+    with pytest.raises(ProgramError, match=r"method 'b': instructions\[0\]\.op: unknown "
+                                           r"opcode"):
+        load(tmp_path, doc, arrays)

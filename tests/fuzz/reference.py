@@ -757,7 +757,10 @@ class Reference:
         lane_of = dict(zip(wb_a.tolist(), wl_a.tolist()))
         for b, lane, it in zip(rb_a[hit].tolist(), rl_a[hit].tolist(), rit_a[hit].tolist()):
             w = lane_of[b]
-            if lane != w and lane != it * (kern.R + 1):   # same lane, or before its loop
+            # Fine: the writing lane itself, or its own outer lane before its reduce loop. A
+            # read by another outer lane of what this one writes depends on the lanes' order
+            # (an in-place kernel reading a neighbour: acc[i] = acc[i - 1] + x[i]).
+            if lane != w and not (lane == it * (kern.R + 1) and w // (kern.R + 1) == it):
                 return True
         return False
 

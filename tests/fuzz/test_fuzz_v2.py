@@ -99,3 +99,36 @@ def test_a_mutator_meeting_an_earlier_mutation_of_a_node_type_goes_on() -> None:
     name, kinds, data = M.mutant(M.seed_files(), 5577, 1)
     assert (name, kinds) == ("copy_fill", "structure+ir_field+structure")
     assert H.judge(data, 5577)["outcome"] in ("refused", "ran_equal")
+
+
+def test_reference_marks_a_lane_reading_what_another_lane_writes_undefined() -> None:
+    # acc[i] = acc[min(i, 1)] + x[i] in place: lanes 2.. read what lane 1 writes, so their
+    # answer depends on the lanes' order; lane 0 and 1 read only what they write themselves
+    from aotrt.exporter.builder import ProgramBuilder
+    from aotrt.kernels.ir import Arg, Const, Idx, Kernel, Load, Op, Store
+
+    b = ProgramBuilder("t")
+    x = b.input("x", "float32", [4])
+    acc = b.state("acc", np.arange(1, 5, dtype=np.float32))
+    o = b.output("o", "float32", [4])
+    at = Op("minimum", (Idx(0), Const(1, "int64")), "int64")
+    b.kernel(Kernel("k", (4,), (), (Arg("float32", "r"), Arg("float32", "rw")),
+                    (Store(1, Idx(0), Op("add", (Load(1, at, "float32"),
+                                                 Load(0, Idx(0), "float32")), "float32")),)),
+             [x, acc])
+    b.copy(o, acc)
+    out, = R.Reference(b.build()).run([np.zeros(4, np.float32)])
+    assert out["undef"].all()       # one store, so the whole store is marked racy
+
+
+#: (master, id) of campaign mutants that once gave a bad outcome
+KNOWN_V2 = [(1, 4532),    # ring[i >> (2**63 - 1)] read by lanes 1.. was not seen as a race
+            (1, 11509),   # acc[bool(i)] likewise (the reference read the old value)
+            (1, 6074),    # an instruction's op a list: TypeError in the validator
+            (1, 6920)]    # ... in a method of a version-2 file
+
+
+@pytest.mark.parametrize("master,index", KNOWN_V2)
+def test_known_v2_findings_stay_fixed(master: int, index: int) -> None:
+    r = H.judge(M.mutant(M.seed_files(), index, master)[2], index)
+    assert r["outcome"] in ("refused", "ran_equal"), r
