@@ -518,3 +518,20 @@ class CpuDevice(Device):
     def host_view(self, handle: Handle) -> np.ndarray:
         """Zero-copy numpy view of the elements."""
         return host_array(handle)
+
+
+def _register_ops() -> None:
+    """Register the cpu op implementations (ops/cpu_<op>.py) under CpuDevice."""
+    # Imported here, once CpuDevice exists: the op modules are of this backend and the generic
+    # ops dispatch through the registry, never importing a device.
+    from aotrt.runtime.ops import _common, cpu_conv, cpu_max_pool, cpu_mm, cpu_sdpa, cpu_topk, \
+        cpu_upsample
+
+    for impl, make in (("convolution", cpu_conv.make_conv), ("matmul", cpu_mm.make_matmul),
+                       ("linear", cpu_mm.make_linear), ("max_pool2d", cpu_max_pool.make_max_pool),
+                       ("sdpa", cpu_sdpa.make_sdpa), ("topk", cpu_topk.make_topk),
+                       ("upsample_nearest2d", cpu_upsample.make_upsample)):
+        _common.register(CpuDevice, impl, make)
+
+
+_register_ops()

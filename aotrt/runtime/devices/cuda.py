@@ -664,3 +664,24 @@ class CudaDevice(Device):
             value = _check(_drv.cuMemPoolGetAttribute(pool, attr), "mem pool attribute")
             out[key] = int(value)
         return out
+
+
+def _register_ops() -> None:
+    """Register the cuda op implementations (ops/cuda/<op>.py) under CudaDevice."""
+    # Imported here, once CudaDevice exists (the op modules name it for type checks only).
+    from aotrt.runtime.ops import _common
+    from aotrt.runtime.ops.cuda import conv, gemm, pool, sdpa, topk, upsample
+
+    def convolution(out: Handle, x: Handle, w: Handle, bias: Handle | None, p: Any,
+                    residual: Handle | None, fp32: Any) -> Any:
+        # The stream's Fp32Math says whether a float32 convolution may use TF32.
+        return conv.make_conv(out, x, w, bias, p, residual, fp32.conv_tf32)
+
+    for impl, make in (("convolution", convolution), ("matmul", gemm.make_matmul),
+                       ("linear", gemm.make_linear), ("max_pool2d", pool.make_maxpool),
+                       ("sdpa", sdpa.make_sdpa), ("topk", topk.make_topk),
+                       ("upsample_nearest2d", upsample.make_upsample)):
+        _common.register(CudaDevice, impl, make)
+
+
+_register_ops()

@@ -57,7 +57,7 @@ from dataclasses import dataclass
 from typing import Any, Callable, Mapping, Sequence
 
 from aotrt.errors import InvalidArgument, Unsupported
-from aotrt.runtime.ops._common import OpCost, TensorMeta, view_of
+from aotrt.runtime.ops._common import OpCost, TensorMeta, register, view_of
 from aotrt.runtime.ops.conv import check_convolution, convolution
 from aotrt.runtime.ops.mm import addmm, bmm, check_addmm, check_bmm, check_linear, check_mm, \
     linear, mm
@@ -200,4 +200,4 @@ def check(fn: str, outs: Sequence[TensorMeta], ins: Sequence[TensorMeta | None],
 
 
 __all__ = ["OPS", "OpCost", "PARAM_NAMES", "TensorMeta", "check", "mm", "bmm", "addmm", "linear",
-           "convolution", "sdpa", "topk", "max_pool2d", "upsample_nearest2d"]
+           "convolution", "sdpa", "topk", "max_pool2d", "upsample_nearest2d", "register"]

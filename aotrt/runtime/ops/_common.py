@@ -2,9 +2,10 @@
 
 Every op validates all of its arguments before it records anything, so a refused call
 leaves the stream, the handles and the memory exactly as they were. Each op then records
-ONE command whose accesses name every view it reads and writes; the work itself is picked
-by the stream's device name from the op's implementation table (cpu: a closure run on the
-stream's worker thread; cuda: the make_* functions of aotrt.runtime.ops.cuda.<op>).
+ONE command whose accesses name every view it reads and writes; the work itself comes from
+the implementation its device's backend registered for the op (`register`, called by the
+device modules when they are imported: cpu, the make_* functions of ops/cpu_<op>.py; cuda,
+those of ops/cuda/<op>.py), so no op asks a device for its name.
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ import contextlib
 import math
 import numbers
 from dataclasses import dataclass
-from typing import Any, Callable, Mapping, Sequence
+from typing import Any, Callable, Sequence
 
 import numpy as np
 
@@ -254,19 +255,39 @@ def overlaps(a: Handle, b: Handle) -> bool:
     return views_meet(a, b)
 
 
-def launch(op: str, stream: Stream, outs: Sequence[Handle | None],
-           ins: Sequence[Handle | None], impls: Mapping[str, Callable[..., Any]],
-           *args: Any) -> int:
-    """Record one command of `op`: reads of `ins`, writes of `outs`, work from `impls`.
+# implementation key -> device class -> maker of the work. Backends fill it when their device
+# module is imported (a device exists only once its module is), so an op never imports one.
+_IMPLS: dict[str, dict[type, Callable[..., Any]]] = {}
 
-    `impls[device name](*args)` returns the device work. A command whose outputs have no
-    elements does nothing, so nothing is recorded and the stream's last sequence number is
-    returned. The caller has validated everything; `impls` may still refuse (Unsupported).
+
+def register(device_type: type, impl: str, make: Callable[..., Any]) -> None:
+    """Make `make(*args)` the work of implementation key `impl` on `device_type` devices."""
+    _IMPLS.setdefault(impl, {})[device_type] = make
+
+
+def implementation(impl: str, device: Any) -> Callable[..., Any] | None:
+    """The maker registered for `impl` on the device's class or its nearest base, or None."""
+    table = _IMPLS.get(impl, {})
+    for cls in type(device).__mro__:
+        make = table.get(cls)
+        if make is not None:
+            return make
+    return None
+
+
+def launch(op: str, stream: Stream, outs: Sequence[Handle | None],
+           ins: Sequence[Handle | None], impl: str, *args: Any) -> int:
+    """Record one command of `op`: reads of `ins`, writes of `outs`, work from `impl`.
+
+    The maker registered for `impl` on the stream's device returns the device work of
+    `make(*args)`. A command whose outputs have no elements does nothing, so nothing is
+    recorded and the stream's last sequence number is returned. The caller has validated
+    everything; the maker may still refuse (Unsupported).
     """
     live_outs = [h for h in outs if h is not None]
     if all(h.numel == 0 for h in live_outs):
         return stream.recorded_seq
-    make = impls.get(stream.device.name)
+    make = implementation(impl, stream.device)
     if make is None:
         raise Unsupported(f"{op}: not implemented on the {stream.device.name} device yet")
     work = make(*args)

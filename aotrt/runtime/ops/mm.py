@@ -10,20 +10,12 @@ thread where the device's GEMMs run on oneDNN's pool (`Dnnl.numpy_blas`).
 
 from __future__ import annotations
 
-import dataclasses
-import logging
-from typing import Any, Callable
+from typing import Any
 
-import numpy as np
-
-from aotrt.errors import DeviceError, InvalidArgument
+from aotrt.errors import InvalidArgument
 from aotrt.runtime.device import Stream
 from aotrt.runtime.ops import _common as c
-from aotrt.runtime.ops.cuda import gemm as cuda_gemm
 from aotrt.runtime.tensor import Handle
-
-log = logging.getLogger(__name__)
-
 
 
 def _dtypes(op: str, out: Any, named: list[tuple[Any, str]]) -> None:
@@ -65,7 +57,7 @@ def mm(stream: Stream, out: Handle, a: Handle, b: Handle) -> int:
     """out[M,N] = a[M,K] @ b[K,N]."""
     c.check_handles("mm", stream, [(out, "out"), (a, "a"), (b, "b")])
     check_mm(out, a, b)
-    return c.launch("mm", stream, [out], [a, b], _MATMUL, out, a, b, None, 1.0, 1.0,
+    return c.launch("mm", stream, [out], [a, b], "matmul", out, a, b, None, 1.0, 1.0,
                     _tf32(stream))
 
 
@@ -88,7 +80,7 @@ def bmm(stream: Stream, out: Handle, a: Handle, b: Handle) -> int:
     """out[B,M,N] = a[B,M,K] @ b[B,K,N] (any strides)."""
     c.check_handles("bmm", stream, [(out, "out"), (a, "a"), (b, "b")])
     check_bmm(out, a, b)
-    return c.launch("bmm", stream, [out], [a, b], _MATMUL, out, a, b, None, 1.0, 1.0,
+    return c.launch("bmm", stream, [out], [a, b], "matmul", out, a, b, None, 1.0, 1.0,
                     _tf32(stream))
 
 
@@ -124,7 +116,7 @@ def addmm(stream: Stream, out: Handle, bias: Handle, a: Handle, b: Handle,
     """
     c.check_handles("addmm", stream, [(out, "out"), (bias, "bias"), (a, "a"), (b, "b")])
     (beta, alpha), _ = check_addmm(out, bias, a, b, beta, alpha)
-    return c.launch("addmm", stream, [out], [bias, a, b], _MATMUL, out, a, b, bias, beta,
+    return c.launch("addmm", stream, [out], [bias, a, b], "matmul", out, a, b, bias, beta,
                     alpha, _tf32(stream))
 
 
@@ -154,151 +146,10 @@ def linear(stream: Stream, out: Handle, x: Handle, w: Handle, bias: Handle | Non
     """out[..., N] = x[..., K] @ w[N, K].T (+ bias[N]), x of any rank >= 1."""
     c.check_handles("linear", stream, [(out, "out"), (x, "x"), (w, "w"), (bias, "bias")])
     check_linear(out, x, w, bias)
-    return c.launch("linear", stream, [out], [x, w, bias], _LINEAR, out, x, w, bias,
+    return c.launch("linear", stream, [out], [x, w, bias], "linear", out, x, w, bias,
                     _tf32(stream))
 
 
 def _tf32(stream: Stream) -> bool:
     """Whether the stream lets a float32 matmul run as TF32 (cuda; the cpu has no TF32)."""
     return stream.options.fp32_math.matmul_tf32
-
-
-# -- cpu ----------------------------------------------------------------------------------------
-
-def _cpu_matmul(out: Handle, a: Handle, b: Handle, bias: Handle | None, beta: float,
-                alpha: float, tf32: bool = False) -> Callable[[], None]:
-    from aotrt.runtime.devices.cpu import host_array
-
-    del tf32    # the cpu has no TF32: float32 stays float32
-
-    if a.ndim == 2 and b.ndim == 2 and alpha == 1.0 and beta in (0.0, 1.0):
-        # mm and addmm (bmm stays on numpy); beta == 0 ignores the bias, as torch does.
-        use = bias if beta == 1.0 else None
-        cost = (check_mm(out, a, b) if bias is None else
-                check_addmm(out, bias, a, b, beta, alpha))[1]
-        dnnl_work = _dnnl_gemm(out, a, b, (tuple(b.sizes), tuple(b.strides)), use,
-                               cost.scratch_bytes)
-        if dnnl_work is not None:
-            return dnnl_work
-
-    blas = c.blas_scope(out.device)
-
-    def work() -> None:
-        o = host_array(out)
-        with blas():
-            res = np.matmul(c.load_f32(host_array(a)), c.load_f32(host_array(b)))
-        if alpha != 1.0:
-            res *= np.float32(alpha)
-        if bias is not None and beta != 0.0:
-            bv = c.load_f32(host_array(bias))
-            res += bv if beta == 1.0 else bv * np.float32(beta)
-        # res is a fresh temporary, so an out that overlaps an input is still right.
-        c.store(o, res)
-    return work
-
-
-def _rows(h: Handle) -> tuple[tuple[int, ...], tuple[int, ...]] | None:
-    """A view of rank >= 1 as 2-D (rows, last dim) sizes and strides, without a copy; None
-    where its leading dims do not fold into one."""
-    sizes, strides = tuple(h.sizes), tuple(h.strides)
-    if len(sizes) == 1:
-        return (1, sizes[0]), (sizes[0] * strides[0] or 1, strides[0])
-    lead = [(n, st) for n, st in zip(sizes[:-1], strides[:-1]) if n != 1]
-    rows = 1
-    for n, _ in lead:
-        rows *= n
-    row_stride = lead[-1][1] if lead else sizes[-1] * strides[-1] or 1
-    for (n0, s0), (n1, s1) in zip(lead, lead[1:]):
-        if s0 != n1 * s1:
-            return None
-    return (rows, sizes[-1]), (row_stride, strides[-1])
-
-
-def _bias_row(bias: Handle | None, n: int) -> tuple[bool, int | None]:
-    """(usable, stride) of a bias oneDNN adds as one row of `n`: None, or n dense elements
-    along its last dim (leading dims of size 1). oneDNN 3.2's gemm matmul reads a strided
-    bias as a dense one, so those stay on numpy."""
-    if bias is None:
-        return True, None
-    if bias.ndim == 0 or bias.sizes[-1] != n or any(s != 1 for s in bias.sizes[:-1]) or (
-            n > 1 and bias.strides[-1] != 1):
-        return False, None
-    return True, bias.strides[-1]
-
-
-def _dnnl_gemm(out: Handle, x: Handle, w: Handle, w_kn: tuple[tuple[int, ...], tuple[int, ...]],
-               bias: Handle | None, budget: int) -> Callable[[], None] | None:
-    """The oneDNN work of out = x @ w (+ bias), float32, `w` seen as [K, N] through `w_kn`;
-    None (logged) where it cannot serve."""
-    dnnl = getattr(out.device, "dnnl", None)
-    if dnnl is None or out.dtype.name != "float32":
-        return None
-    from aotrt.runtime.ops import cpu_dnnl
-
-    xr, outr = _rows(x), _rows(out)
-    ok, bias_stride = _bias_row(bias, w_kn[0][1])
-    if xr is None or outr is None or not ok:
-        return None
-    keep = w.alloc is not None and w.alloc.kind == "constants" and not c.overlaps(out, w)
-    # Weights only this instruction reads are re-laid into brgemm's blocked layout in place.
-    in_place = keep and cpu_dnnl.sole_read(w)
-    key = cpu_dnnl.MatmulKey("float32", xr, w_kn, bias_stride, outr,
-                             cpu_dnnl.stream_threads(out.device), packed=in_place)
-    prim = dnnl.matmul(key)
-    if in_place and (prim is None or prim.w.bytes not in (0, w.numel * w.dtype.itemsize)):
-        key = dataclasses.replace(key, packed=False)
-        prim, in_place = dnnl.matmul(key), False
-    relaid = dnnl.relaid(w)
-
-    def numpy_instead(why: str) -> None:
-        if relaid is not None:
-            # Its bytes are in another layout now: nothing may read them as a view.
-            raise DeviceError(f"linear: weights re-laid in place for {relaid}, but {why}")
-        log.debug("oneDNN matmul %s: %s; numpy runs it", key, why)
-        dnnl.stats["numpy"] += 1
-
-    if relaid is not None and relaid != key:
-        return numpy_instead(f"{key} asks for them")
-    if prim is None or not prim.impl.startswith(cpu_dnnl.FAST_MATMUL):
-        return numpy_instead("no brgemm implementation")
-    detach = [h for h in (x, w, bias) if h is not None and c.overlaps(out, h)]
-    extra = prim.extra_bytes() + sum(hi - lo + 128 for lo, hi in (h.byte_range() for h in detach))
-    if in_place:
-        extra -= prim.w.extra_bytes()       # re-laid where they lie: no copy is kept
-    if extra > budget:
-        # The check charged the numpy path's scratch: stay within it.
-        return numpy_instead(f"{extra} scratch bytes are over the {budget} charged")
-    return dnnl.work(prim, x, w, bias, out, detach, keep, in_place=in_place)
-
-
-def _cpu_linear(out: Handle, x: Handle, w: Handle, bias: Handle | None,
-                tf32: bool = False) -> Callable[[], None]:
-    from aotrt.runtime.devices.cpu import host_array
-
-    del tf32    # the cpu has no TF32: float32 stays float32
-
-    n, k = w.sizes
-    # w[N, K] read as its transpose [K, N]: the same bytes, the strides swapped.
-    dnnl_work = _dnnl_gemm(out, x, w, ((k, n), (w.strides[1], w.strides[0])), bias,
-                           check_linear(out, x, w, bias)[1].scratch_bytes)
-    if dnnl_work is not None:
-        return dnnl_work
-
-    blas = c.blas_scope(out.device)
-
-    def work() -> None:
-        xv = c.load_f32(host_array(x))
-        wv = c.load_f32(host_array(w))
-        lead = xv.shape[:-1]
-        rows = int(np.prod(lead, dtype=np.int64))
-        # One 2-D GEMM instead of a stack of small ones (reshape copies only if it must).
-        with blas():
-            res = np.matmul(xv.reshape(rows, xv.shape[-1]), wv.T)
-        if bias is not None:
-            res += c.load_f32(host_array(bias))
-        c.store(host_array(out), res.reshape(lead + (wv.shape[0],)))
-    return work
-
-
-_MATMUL: dict[str, Callable[..., Any]] = {"cpu": _cpu_matmul, "cuda": cuda_gemm.make_matmul}
-_LINEAR: dict[str, Callable[..., Any]] = {"cpu": _cpu_linear, "cuda": cuda_gemm.make_linear}

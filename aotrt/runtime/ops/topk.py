@@ -13,15 +13,12 @@ ranks the same way), so any change to the tie or NaN rule changes sort too.
 
 from __future__ import annotations
 
-from typing import Any, Callable
-
-import numpy as np
+from typing import Any
 
 from aotrt import dtypes
 from aotrt.errors import InvalidArgument
 from aotrt.runtime.device import Stream
 from aotrt.runtime.ops import _common as c
-from aotrt.runtime.ops.cuda import topk as cuda_topk
 from aotrt.runtime.tensor import Handle
 
 DTYPES = c.FLOATS + c.INTS
@@ -76,42 +73,5 @@ def topk(stream: Stream, values_out: Handle, indices_out: Handle, x: Handle, k: 
     c.check_handles(op, stream, [(x, "x"), (values_out, "values_out"),
                                  (indices_out, "indices_out")])
     (k, dim, largest), _ = check_topk(values_out, indices_out, x, k, dim, largest, sorted)
-    return c.launch(op, stream, [values_out, indices_out], [x], _TOPK, values_out, indices_out,
+    return c.launch(op, stream, [values_out, indices_out], [x], "topk", values_out, indices_out,
                     x, k, dim, largest)
-
-
-# -- cpu ----------------------------------------------------------------------------------------
-
-def stable_topk_indices(a: np.ndarray, k: int, largest: bool) -> np.ndarray:
-    """Indices of the top k along the last axis; ties in ascending index order."""
-    if a.dtype == dtypes.bfloat16.np:
-        a = a.astype(np.float32)  # exact; numpy sorts float32 natively
-    if not largest:
-        return np.argsort(a, axis=-1, kind="stable")[..., :k]
-    # Stable descending: sort the reversed row ascending, then reverse back. numpy puts NaN
-    # last in ascending order, so it comes first here, as torch ranks it.
-    n = a.shape[-1]
-    order = np.argsort(a[..., ::-1], axis=-1, kind="stable")[..., ::-1]
-    return (n - 1) - order[..., :k]
-
-
-def _cpu_topk(values_out: Handle, indices_out: Handle, x: Handle, k: int, dim: int,
-              largest: bool) -> Callable[[], None]:
-    from aotrt.runtime.devices.cpu import host_array
-
-    def work() -> None:
-        xv = host_array(x)
-        vo, io = host_array(values_out), host_array(indices_out)
-        if xv.ndim == 0:
-            # torch: a 0-D input gives itself and index 0 for k of 0 or 1.
-            vo[...], io[...] = xv.copy(), 0
-            return
-        xm = np.moveaxis(xv, dim, -1)
-        idx = stable_topk_indices(xm, k, largest)
-        vals = np.take_along_axis(xm, idx, axis=-1)  # a copy, so outputs may overlap x
-        c.store(np.moveaxis(vo, dim, -1), vals)
-        c.store(np.moveaxis(io, dim, -1), idx)
-    return work
-
-
-_TOPK: dict[str, Callable[..., Any]] = {"cpu": _cpu_topk, "cuda": cuda_topk.make_topk}

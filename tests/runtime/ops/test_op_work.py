@@ -21,7 +21,8 @@ from numpy.lib.stride_tricks import sliding_window_view
 from aotrt.errors import ProgramError
 from aotrt.limits import Limits
 from aotrt.program import Program
-from aotrt.runtime.ops import OPS, conv, cpu_pool, pool, upsample
+from aotrt.runtime.ops import OPS, cpu_conv, cpu_max_pool, cpu_pool, cpu_upsample, pool, \
+    upsample
 from aotrt.runtime.ops._common import View
 from aotrt import dtypes
 
@@ -179,7 +180,7 @@ def test_numpy_pool_of_a_big_window_takes_few_python_steps(k: int, s: int, p: in
                                       View(dtypes.float32, x.shape, (0,) * 4), [k, k], [s, s],
                                       [p, p], [d, d])
     out = np.full(ref.shape, 7.0, np.float32)
-    steps = python_steps(lambda: pool._pool(x, out, None, params))
+    steps = python_steps(lambda: cpu_max_pool._pool(x, out, None, params))
     np.testing.assert_array_equal(out, ref.astype(np.float32))
     assert np.isnan(out[0, 1]).any() and not np.isnan(out[1]).any()
     # A 3x3 window folds its 9 taps in python; 10,000 taps take one reduction.
@@ -193,7 +194,7 @@ def test_depthwise_convolution_of_a_big_kernel_takes_few_python_steps() -> None:
     ref = (sliding_window_view(x.astype(np.float64), (40, 40), axis=(3, 4))
            * w[:, 0, 0][None, :, None, None, None].astype(np.float64)).sum(axis=(-2, -1))
     got: list[np.ndarray] = []
-    steps = python_steps(lambda: conv._forward(x, w, (1, 1, 1), (0, 0, 0), (1, 1, 1), 3,
+    steps = python_steps(lambda: cpu_conv._forward(x, w, (1, 1, 1), (0, 0, 0), (1, 1, 1), 3,
                                                (1, 11, 11), lambda a, b, r: got.append(r)))
     np.testing.assert_allclose(got[0], ref, rtol=1e-4, atol=1e-4)
     assert steps < STEPS, steps        # 1600 taps were 3200 python lines
@@ -212,7 +213,7 @@ def test_transposed_convolution_of_a_big_kernel_takes_few_python_steps() -> None
                 "c,cokl->okl", x[0, :, 0, i, j].astype(np.float64), w[:, :, 0])
     ref = full[:, :, :, pad:pad + out_sp[1], pad:pad + out_sp[2]]
     got: list[np.ndarray] = []
-    steps = python_steps(lambda: conv._transposed(x, w, (1, s, s), (0, pad, pad), (1, 1, 1),
+    steps = python_steps(lambda: cpu_conv._transposed(x, w, (1, s, s), (0, pad, pad), (1, 1, 1),
                                                   out_sp, 1, lambda a, b, r: got.append(r)))
     np.testing.assert_allclose(got[0], ref, rtol=1e-4, atol=1e-4)
     assert steps < STEPS, steps        # 576 taps were 8,700 python lines
@@ -226,7 +227,7 @@ def test_upsample_by_a_big_integer_factor_takes_few_python_steps(kit: Any, strea
     rows = upsample.source_indices(3, 3 * 96, None)
     cols = upsample.source_indices(2, 2 * 96, None)
     stream.synchronize()
-    work = upsample._cpu_upsample(out, hx, rows, cols)
+    work = cpu_upsample.make_upsample(out, hx, rows, cols)
     steps = python_steps(work)
     np.testing.assert_array_equal(kit.read(out), np.repeat(np.repeat(x, 96, 2), 96, 3))
     assert steps < STEPS, steps        # 96 * 96 phases were 37,000 python lines
