@@ -22,6 +22,7 @@ from aotrt.runtime.hazards import Access
 from aotrt.runtime.memory import PROCESS_OWNER, owner_scope
 from aotrt.runtime.public import Tensor
 from aotrt.runtime.tensor import Handle
+from aotrt.runtime.work import Work
 
 log = logging.getLogger(__name__)
 
@@ -183,15 +184,15 @@ def _moves_to(slot: np.ndarray, moves: list[tuple[int, int, int]], device: Any
         for off, src, n in moves:
             ctypes.memmove(base + off, src, n)
 
-    work.native = lambda: device.native_moves(slot, moves)  # type: ignore[attr-defined]
+    moved = Work(work, native=lambda: device.native_moves(slot, moves))
     try:
-        plan = device.native_plan([("outputs", work)])
+        plan = device.native_plan([("outputs", moved)])
     except (AotrtError, OSError) as e:
         log.debug("lean run: its outputs are copied from Python (%s)", e)
         plan = None
-    if plan is not None:
-        work.native_jobs = lambda: plan.jobs  # type: ignore[attr-defined]
-    return work
+    if plan is None:
+        return moved
+    return Work(work, native=moved.native, native_jobs=lambda: plan.jobs)
 
 
 def _whole(steps: Sequence[tuple[str, tuple[Command, ...]]], device: Any,
@@ -230,8 +231,7 @@ def _whole(steps: Sequence[tuple[str, tuple[Command, ...]]], device: Any,
     # A stream with its queue in C runs the plan's native segments itself (cpu_queue.py).
     def native_jobs() -> list[Any] | None:
         return getattr(runs[0], "jobs", None) if runs else None
-    run_all.native_jobs = native_jobs  # type: ignore[attr-defined]
-    return Command(accesses, run_all, "static-I/O plan")
+    return Command(accesses, Work(run_all, native_jobs=native_jobs), "static-I/O plan")
 
 
 def _python(works: Sequence[tuple[str, Callable[[], None]]]) -> Callable[[], None]:

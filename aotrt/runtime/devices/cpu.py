@@ -34,6 +34,7 @@ from aotrt.runtime.devices.cpu_loaded import LoadedLibrary  # noqa: F401 - its h
 from aotrt.runtime.devices.cpu_stream import CpuStream
 # host_array lives beside Handle; the ops import it from here, as they always have.
 from aotrt.runtime.tensor import Handle, host_array, physical_memory  # noqa: F401
+from aotrt.runtime.work import Work
 
 log = logging.getLogger(__name__)
 
@@ -95,9 +96,8 @@ class CpuKernelFunction(KernelFunction):
         def work() -> None:
             library.loaded.call(symbol, label, ptrs, n, getattr(worker, "threads", 1))
 
-        work.native = lambda: cpu_native.kernel(  # type: ignore[attr-defined]
-            library.loaded, symbol, label, ptrs, n, getattr(worker, "threads", 1))
-        return work
+        return Work(work, native=lambda: cpu_native.kernel(
+            library.loaded, symbol, label, ptrs, n, getattr(worker, "threads", 1)))
 
 
 class CpuKernelLibrary(KernelLibrary):

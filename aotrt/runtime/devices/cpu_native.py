@@ -21,6 +21,7 @@ from typing import Any, Callable, Sequence
 import numpy as np
 
 from aotrt.errors import DeviceError
+from aotrt.runtime.work import native_of
 from aotrt.sources import source
 
 #: step kinds (the C loop's switch); MOVE_AT: a memmove to the address held in `a`, plus `m`
@@ -255,7 +256,7 @@ class NativePlan:
         self.jobs: list[Any] = []
         seg: Segment | None = None
         for label, work in works:
-            make = getattr(work, "native", None)
+            make = native_of(work)
             nat = make() if make is not None else None
             if nat is None:
                 seg = None

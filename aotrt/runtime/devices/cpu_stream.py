@@ -18,6 +18,7 @@ from aotrt.runtime import finalize
 from aotrt.runtime.device import Stream, StreamOptions
 from aotrt.runtime.devices import cpu_native, cpu_queue
 from aotrt.runtime.tensor import Handle, host_array
+from aotrt.runtime.work import Work, native_jobs_of
 
 if TYPE_CHECKING:
     from aotrt.runtime.devices.cpu import CpuDevice
@@ -125,7 +126,7 @@ class CpuStream(Stream):
             self._prune()
         python: list[Callable[[], None]] = []
         for work in batch:
-            offer = getattr(work, "native_jobs", None)
+            offer = native_jobs_of(work)
             jobs = offer() if offer is not None else None
             if jobs is None:
                 python.append(work)
@@ -235,9 +236,8 @@ class CpuStream(Stream):
         def work() -> None:
             np.copyto(host_array(dst), host_array(src))
 
-        work.native = lambda: cpu_native.copies(  # type: ignore[attr-defined]
-            [(host_array(dst), host_array(src))])
-        return work
+        return Work(work, native=lambda: cpu_native.copies(
+            [(host_array(dst), host_array(src))]))
 
     def _fill_work(self, view: Handle, byte: int) -> Any:
         value = np.frombuffer(bytes([byte]) * view.dtype.itemsize, dtype=view.dtype.np)[0]

@@ -21,6 +21,7 @@ from aotrt.errors import CompileError
 from aotrt.runtime.devices import cpu_native
 from aotrt.runtime.devices.cpu_loaded import OpSource
 from aotrt.runtime.tensor import Handle
+from aotrt.runtime.work import Work, native_of
 from aotrt.sources import source
 
 if TYPE_CHECKING:
@@ -106,7 +107,7 @@ class Activation(OpSource):
                 stats["activations"] += 1
 
         def native() -> cpu_native.Native | None:
-            make = getattr(work, "native", None)
+            make = native_of(work)
             first = make() if make is not None else None
             if first is None or first.library not in (None, loaded):
                 return None     # a Native keeps one library mapped: run from Python
@@ -118,9 +119,7 @@ class Activation(OpSource):
                                      library=loaded, label=label, dnnl=first.dnnl,
                                      counts=counts)
 
-        run.native = native  # type: ignore[attr-defined]
-        run.keep = (work, params, loaded)  # type: ignore[attr-defined]
-        return run
+        return Work(run, native=native, keep=(work, params, loaded))
 
 
 __all__ = ["CHUNK", "CODES", "MAX_DIMS", "SOURCE", "SYMBOL", "Activation", "geometry"]

@@ -33,6 +33,7 @@ from aotrt.runtime.ops.cpu_dnnl_primitives import (  # noqa: F401
     DATA_TYPES, SLOW, STREAM_IN_ORDER, ConvKey, ConvPrimitive, MatmulKey, MatmulPrimitive,
     Operand, Primitive, aligned, check)
 from aotrt.runtime.tensor import Handle, host_array
+from aotrt.runtime.work import Work
 
 log = logging.getLogger(__name__)
 
@@ -555,9 +556,7 @@ class Dnnl:
             return cpu_native.Native(steps, keep=keep, dnnl=self, counts={
                 "runs": 1, "epilogues": epilogue, "copies": ncopies})
 
-        work.native = native  # type: ignore[attr-defined]
-        work.keep = (run, copies, prim)  # type: ignore[attr-defined]  # live as the work
-        return work
+        return Work(work, native=native, keep=(run, copies, prim))   # live as the work
 
     def wait(self) -> None:
         """Wait for the calling thread's dnnl stream (after a native plan's oneDNN calls)."""

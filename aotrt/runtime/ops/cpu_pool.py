@@ -22,6 +22,7 @@ from aotrt.runtime.devices import cpu_native
 from aotrt.runtime.device import KernelLibrary, arg_bounds
 from aotrt.runtime.ops import _common as c
 from aotrt.runtime.tensor import Handle
+from aotrt.runtime.work import Work
 
 if TYPE_CHECKING:
     from aotrt.runtime.devices.cpu import CpuDevice
@@ -140,12 +141,13 @@ def compiled_max_pool(out: Handle, x: Handle, p: "PoolParams") -> Callable[[], N
         ptrs = (ctypes.c_void_p * 2)(x.address, out.address)
         library.loaded.call(symbol, label, ptrs, n, getattr(worker, "threads", 1))
 
-    work.native = lambda: cpu_native.kernel(  # type: ignore[attr-defined]
-        library.loaded, symbol, label, (ctypes.c_void_p * 2)(x.address, out.address), n,
-        getattr(worker, "threads", 1))
+    def native() -> cpu_native.Native:
+        return cpu_native.kernel(library.loaded, symbol, label,
+                                 (ctypes.c_void_p * 2)(x.address, out.address), n,
+                                 getattr(worker, "threads", 1))
 
-    work.keep = library  # type: ignore[attr-defined]  # the code lives as long as the work
-    return work
+    # The code lives as long as the work.
+    return Work(work, native=native, keep=library)
 
 
 class PoolKernels:

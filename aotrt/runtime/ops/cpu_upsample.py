@@ -11,6 +11,7 @@ from aotrt.runtime.devices import cpu_native
 from aotrt.runtime.ops import _common as c
 from aotrt.runtime.ops.upsample import MAX_COPIES
 from aotrt.runtime.tensor import Handle, host_array
+from aotrt.runtime.work import Work
 
 
 def make_upsample(out: Handle, x: Handle, rows: np.ndarray,
@@ -38,8 +39,7 @@ def make_upsample(out: Handle, x: Handle, rows: np.ndarray,
             # (YOLOv8n's two 2x upsamples: 0.36 ms a run through fancy indexing).
             for dst, src in pairs():
                 np.copyto(dst, src)
-        copies.native = lambda: cpu_native.copies(pairs())  # type: ignore[attr-defined]
-        return copies
+        return Work(copies, native=lambda: cpu_native.copies(pairs()))
 
     def work() -> None:
         # Fancy indexing gathers into a fresh array, so an out overlapping x is still right.

@@ -40,6 +40,7 @@ from aotrt.runtime.devices import cpu_native
 from aotrt.runtime.devices.cpu_loaded import OpSource
 from aotrt.runtime.ops import _common as c
 from aotrt.runtime.tensor import Handle, host_array
+from aotrt.runtime.work import Work
 from aotrt.sources import source
 
 if TYPE_CHECKING:
@@ -220,9 +221,7 @@ class Winograd(OpSource):
                                      keep=[ins, outs, gemm], library=loaded, label=label,
                                      dnnl=dnnl, counts={"runs": 1, "winograd": 1})
 
-        work.native = native  # type: ignore[attr-defined]
-        work.keep = (V, M, weights, params, gemm, loaded)  # type: ignore[attr-defined]
-        return work
+        return Work(work, native=native, keep=(V, M, weights, params, gemm, loaded))
 
 
 __all__ = ["ACTIVATION_CODES", "AT", "BT", "G", "LANES", "MIN_TILES", "SOURCE", "SYMBOLS", "TILES",

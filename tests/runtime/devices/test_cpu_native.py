@@ -13,6 +13,7 @@ import aotrt
 from aotrt.errors import DeviceError, InvalidArgument
 from aotrt.runtime.device import get_device
 from aotrt.runtime.devices import cpu_native, cpu_queue
+from aotrt.runtime.work import Work
 from tests.support import FLAG_SOURCE
 
 
@@ -38,7 +39,7 @@ def _plan(runner, natives_or_works, threads: int = 1) -> cpu_native.NativePlan:
         if isinstance(w, cpu_native.Native):
             def work() -> None:
                 raise AssertionError("a native work ran from Python")
-            work.native = lambda w=w: w
+            work = Work(work, native=lambda w=w: w)
             works.append((f"instruction #{i}", work))
         else:
             works.append((f"instruction #{i}", w))

@@ -10,6 +10,7 @@ import pytest
 
 from aotrt.runtime.device import get_device
 from aotrt.runtime.devices import cpu_native, cpu_queue
+from aotrt.runtime.work import Work
 
 
 @pytest.fixture
@@ -22,7 +23,7 @@ def q():
 def _segment(dst: np.ndarray, src: np.ndarray) -> cpu_native.Segment:
     def work() -> None:
         raise AssertionError("ran from Python")
-    work.native = lambda: cpu_native.copies([(dst, src)])
+    work = Work(work, native=lambda: cpu_native.copies([(dst, src)]))
     (seg,) = cpu_native.NativePlan(get_device("cpu").native_runner(), [("copy", work)]).jobs
     return seg
 

@@ -15,6 +15,7 @@ from aotrt.errors import DeviceError, InvalidArgument
 from aotrt.runtime.device import StreamOptions, get_device
 from aotrt.runtime.devices import cpu_native, cpu_queue
 from aotrt.runtime.devices.cpu_stream import PRUNE_AT, CpuStream
+from aotrt.runtime.work import Work
 from tests.conftest import make_stream
 from tests.support import FLAG_SOURCE
 
@@ -39,7 +40,7 @@ def _copy_plan(dst: np.ndarray, src: np.ndarray, label: str = "instruction #0"
     """A native plan of one strided copy (one segment)."""
     def work() -> None:
         raise AssertionError("a native work ran from Python")
-    work.native = lambda: cpu_native.copies([(dst, src)])
+    work = Work(work, native=lambda: cpu_native.copies([(dst, src)]))
     return cpu_native.NativePlan(get_device("cpu").native_runner(), [(label, work)])
 
 
@@ -48,7 +49,7 @@ def _offering(plan: cpu_native.NativePlan):
     and runs the plan itself where the stream takes no native jobs."""
     def work() -> None:
         plan()
-    work.native_jobs = lambda: plan.jobs
+    work = Work(work, native_jobs=lambda: plan.jobs)
     return work
 
 
@@ -114,7 +115,7 @@ def test_the_c_queue_runs_a_segment_without_python():
 
     def work() -> None:
         raise AssertionError("ran from Python")
-    work.native_jobs = lambda: plan.jobs
+    work = Work(work, native_jobs=lambda: plan.jobs)
     s.record([], work)
     s.commit_and_wait()
     s.close()
@@ -132,7 +133,7 @@ def test_a_failed_native_step_names_its_instruction_and_skips_what_follows(queue
 
     def work() -> None:
         raise AssertionError("a native work ran from Python")
-    work.native = lambda: cpu_native.kernel(lib, "k_flag", "k_flag", ptrs, 1, 1)
+    work = Work(work, native=lambda: cpu_native.kernel(lib, "k_flag", "k_flag", ptrs, 1, 1))
     plan = cpu_native.NativePlan(dev.native_runner(), [("instruction #7 (flag)", work)])
     s = _stream("deferred")
     log = []
@@ -218,7 +219,7 @@ def test_a_segment_of_a_closed_library_is_refused_at_the_wait(queue_kind):
 
     def work() -> None:
         raise AssertionError("a native work ran from Python")
-    work.native = lambda: cpu_native.kernel(lib, "k_flag", "k_flag", ptrs, 1, 1)
+    work = Work(work, native=lambda: cpu_native.kernel(lib, "k_flag", "k_flag", ptrs, 1, 1))
     plan = cpu_native.NativePlan(dev.native_runner(), [("instruction #2 (flag)", work)])
     lib.close()
     s = _stream()
