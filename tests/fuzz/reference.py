@@ -134,7 +134,8 @@ def _f_unary(op: str, x: np.ndarray) -> np.ndarray | None:
     if op == "sigmoid":
         return (f32(1) / (f32(1) + np.exp(-x))).astype(f32)
     if op == "relu":
-        return np.where(x > 0, x, f32(0)).astype(f32)
+        # relu(-0.0) is -0.0, as torch.relu and the renderer's (x < 0 ? 0 : x); NaN stays
+        return np.where(x < 0, f32(0), x).astype(f32)
     if op == "erf":
         return _erf(x.astype(np.float64)).astype(f32)
     if op == "round":

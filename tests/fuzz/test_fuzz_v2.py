@@ -132,3 +132,15 @@ KNOWN_V2 = [(1, 4532),    # ring[i >> (2**63 - 1)] read by lanes 1.. was not see
 def test_known_v2_findings_stay_fixed(master: int, index: int) -> None:
     r = H.judge(M.mutant(M.seed_files(), index, master)[2], index)
     assert r["outcome"] in ("refused", "ran_equal"), r
+
+
+def test_reference_relu_keeps_the_sign_of_zero_and_nan() -> None:
+    # campaign mutant (1, 18663): relu(-0.0) is -0.0 (torch.relu, render_c); the reference
+    # said +0.0
+    from aotrt.kernels.ir import Op
+
+    from tests.fuzz.test_fuzz import _run1
+    x = np.array([-0.0, 0.0, -1.0, 2.0, np.nan], np.float32)
+    got = _run1(lambda e: Op("relu", (e,), "float32"), x, "float32")
+    assert np.signbit(got).tolist() == [True, False, False, False, False]
+    assert got[2:4].tolist() == [0.0, 2.0] and np.isnan(got[4])
