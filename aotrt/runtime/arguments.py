@@ -181,7 +181,7 @@ class Arguments:
 
     def _device(self, imp: dlpack.Imported, x: Any, spec: Spec, what: str) -> Arg:
         check_meta(what, spec, imp.dtype, imp.shape)
-        if imp.device != self.device.name or imp.device_id != 0:
+        if dlpack.DEVICE_TYPES.get(imp.device) != self.device.dlpack_type or imp.device_id != 0:
             raise InvalidArgument(f"{what}: tensor is on {imp.device}:{imp.device_id}, the "
                                   f"delegate on {self.device.name}")
         if not spec.nbytes:

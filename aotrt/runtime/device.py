@@ -541,6 +541,9 @@ class Device(ABC):
     supports_graphs: bool = False
     #: its memory is host memory: a host pointer can be bound as a view without a copy
     host_addressable: bool = False
+    #: the DLPack device type (kDLCPU 1, kDLCUDA 2) of a foreign tensor it can take in place
+    dlpack_type: int = 0
+
     def prefers_channels_last(self, dtype: str) -> bool:
         """True when its convolutions of this dtype ("float32", ...) run fastest on
         channels-last (NHWC) activations."""

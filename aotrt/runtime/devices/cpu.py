@@ -304,6 +304,7 @@ class CpuDevice(Device):
 
     name = "cpu"
     host_addressable = True
+    dlpack_type = 1     # kDLCPU
     renderer = CRenderer()
 
     def __init__(self) -> None:

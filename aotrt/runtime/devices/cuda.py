@@ -371,6 +371,7 @@ class CudaDevice(Device):
 
     name = "cuda"
     supports_graphs = True
+    dlpack_type = 2     # kDLCUDA
     renderer = CudaRenderer()
 
     def prefers_channels_last(self, dtype: str) -> bool:
