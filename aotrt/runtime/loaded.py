@@ -71,9 +71,12 @@ class LoadedProgram:
         # for that instruction (cpu oneDNN): a read from any other method forbids it.
         methods = list(prog.methods.values())
         used = [{t["index"] for t in m.tensors if t["root"] == "constant"} for m in methods]
+        # A state's initial value is read by reset() too: never re-laid.
+        names = list(prog.constants)
+        inits = {names.index(s["init"]) for s in prog.state if s["init"] is not None}
         sole = {c for i, m in enumerate(methods)
                 for c in sole_read_constants(m.tensors, m.instructions)
-                if not any(c in u for j, u in enumerate(used) if j != i)}
+                if c not in inits and not any(c in u for j, u in enumerate(used) if j != i)}
         calloc.sole_read = frozenset((offsets[c], offsets[c] + int(arrays[c].nbytes))
                                      for c in sole)
         for arr, off in zip(arrays, offsets):

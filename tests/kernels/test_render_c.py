@@ -829,3 +829,22 @@ def test_a_float_sum_adds_in_its_defined_lane_order_bit_for_bit(run, cols):
     (got,) = run(k, [x], [((rows,), "float32")])
     want = np.array([_lane_sum(r) for r in x], np.float32)
     assert got.tobytes() == want.tobytes(), (got, want)
+
+
+def test_float_through_int64_and_back_is_a_positive_zero() -> None:
+    """(float)(int64)x for x in (-1, 0) is +0.0 as in torch: gcc folds the round trip into
+    truncf(x), which keeps the sign, under the cpu device's flags with -march=native."""
+    import torch
+
+    import aotrt
+
+    class RoundTrip(torch.nn.Module):
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return x.to(torch.int64).to(torch.float32) * 1.0
+
+    x = torch.tensor([-0.75, -0.25, -0.0, 0.5, -1.5, 2.5] * 8)
+    want = RoundTrip()(x).numpy()
+    with aotrt.load(aotrt.export(RoundTrip(), (x,)), device="cpu") as m:
+        got = np.asarray(m.run(x.numpy())[0])
+    np.testing.assert_array_equal(got, want)
+    np.testing.assert_array_equal(np.signbit(got), np.signbit(want))
