@@ -20,8 +20,8 @@ from aotrt.errors import (AotrtError, CompileError, DeviceError, HazardError, In
 from aotrt.limits import Limits
 from aotrt.exporter.builder import ProgramBuilder
 from aotrt.program import Program
-from aotrt.runtime.delegate import Delegate, load
-from aotrt.runtime.module import Module
+from aotrt.runtime.delegate import Delegate
+from aotrt.runtime.module import Module, load
 from aotrt.runtime.options import Fp32Math
 from aotrt.runtime.public import Tensor
 

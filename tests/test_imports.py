@@ -194,7 +194,6 @@ def backend(module: str) -> str | None:
 # Cycles through generic modules held open by imports inside functions, recorded when the
 # cross-backend one was broken (issue 36): they may shrink, never grow or gain a member.
 KNOWN_GENERIC_CYCLES = [
-    ["aotrt.runtime.delegate", "aotrt.runtime.module"],
     ["aotrt.runtime.device", "aotrt.runtime.memory"],
 ]
 

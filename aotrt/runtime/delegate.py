@@ -14,7 +14,6 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import logging
-import os
 import threading
 import time
 from dataclasses import dataclass
@@ -23,7 +22,6 @@ from typing import Any, Callable, Iterator, Mapping, Sequence
 import numpy as np
 
 from aotrt import dtypes
-from aotrt.analysis import sole_read_constants
 from aotrt.dtypes import DType
 from aotrt.errors import AotrtError, InvalidArgument, Unsupported
 from aotrt.limits import Limits
@@ -32,7 +30,7 @@ from aotrt.runtime import finalize, shims
 from aotrt.runtime.arguments import Arg, Arguments, spec_of
 from aotrt.runtime.device import Command, Device, Stream, default_device, get_device
 from aotrt.runtime.hazards import Access
-from aotrt.runtime.loaded import LoadedProgram
+from aotrt.runtime.loaded import LoadedProgram, StateView
 from aotrt.runtime.memory import PROCESS_OWNER, Allocation, Owner, owner_scope
 from aotrt.runtime.options import Fp32Math, StreamOptions, check_threads
 from aotrt.runtime.public import Tensor
@@ -767,7 +765,6 @@ class Delegate:
     @property
     def state(self) -> Mapping[str, Tensor]:
         """The program's state buffers by name (copies; see Module.state)."""
-        from aotrt.runtime.module import StateView     # it builds on Delegate
         return StateView(self._loaded)
 
     def reset(self) -> None:
@@ -847,37 +844,4 @@ def _settle_other_streams(alloc: Allocation, stream: Stream, writes_only: bool) 
             other.wait_for(alloc, writes_only)
 
 
-def load(prog_or_path: Any, device: Any = None, check_hazards: bool = False,
-         cuda_graph: bool | None = None, limits: Limits | None = None,
-         threads: int | None = None, fp32_math: Fp32Math | None = None) -> Any:
-    """Load a Program (or a .aotp path) on `device` (None: cuda if present): a Delegate for
-    a program of one method without state, else an aotrt.Module (methods, state, reset).
-
-    On a device that supports graphs (cuda) the whole run is captured as one CUDA graph on
-    the first run and replayed afterwards (inputs are copied into static buffers and outputs
-    out of them); `cuda_graph=False` opts out. `cuda_graph=True` on a device without graphs
-    is an InvalidArgument.
-    `limits` (aotrt.Limits, docs/limits.md) is the load-time budget; None: the defaults.
-    `threads` (a positive int) is how many threads one generated kernel call may use on the
-    cpu device (large kernels only; None: every core this process may run on, its CPU
-    affinity); it belongs to this delegate's stream. On cuda it is accepted and ignored.
-    `fp32_math` (aotrt.Fp32Math; None: float32 everywhere) lets float32 convolutions or
-    matmuls run as TF32 on a device that has it, as torch's `allow_tf32` flags do.
-    """
-    if isinstance(prog_or_path, Program):
-        prog = prog_or_path         # the Delegate validates it
-    elif isinstance(prog_or_path, (str, os.PathLike)):
-        prog = Program.load(prog_or_path, limits)
-    else:
-        raise InvalidArgument(f"prog_or_path: expected an aotrt.Program or a path, got "
-                              f"{type(prog_or_path).__name__}")
-    kwargs = dict(device=device, check_hazards=check_hazards, cuda_graph=cuda_graph,
-                  limits=limits, threads=threads, fp32_math=fp32_math,
-                  _validated=prog is not prog_or_path)
-    if prog.has_methods or prog.state:
-        from aotrt.runtime.module import Module    # it builds on Delegate
-        return Module(prog, **kwargs)
-    return Delegate(prog, **kwargs)
-
-
-__all__ = ["Delegate", "load", "library_ops"]
+__all__ = ["Binding", "Delegate", "library_ops", "resolve_options"]

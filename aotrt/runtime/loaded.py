@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import logging
 import threading
-from typing import Any
+from typing import Iterator, Mapping
 
 import numpy as np
 
@@ -170,7 +170,7 @@ class LoadedProgram:
                     self.stream.commit()
             finally:
                 shims.delete_tensor_object(view)
-            return Tensor._adopt(out)
+            return Tensor(out)      # it owns the copy (process memory) from now on
 
     @property
     def state_names(self) -> tuple[str, ...]:
@@ -192,4 +192,20 @@ class LoadedProgram:
         return f"<aotrt.LoadedProgram {self.name} {'closed' if self.closed else 'open'}>"
 
 
-__all__ = ["LoadedProgram"]
+class StateView(Mapping[str, Tensor]):
+    """`module.state`: name -> a copy of that state buffer, read when asked."""
+
+    def __init__(self, loaded: LoadedProgram) -> None:
+        self._loaded = loaded
+
+    def __getitem__(self, name: str) -> Tensor:
+        return self._loaded.read_state(name)
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._loaded.state_names)
+
+    def __len__(self) -> int:
+        return len(self._loaded.state_names)
+
+
+__all__ = ["LoadedProgram", "StateView"]

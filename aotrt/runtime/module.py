@@ -13,32 +13,16 @@ the next in stream order.
 
 from __future__ import annotations
 
+import os
 import time
-from typing import Any, Iterator, Mapping
+from typing import Any
 
 from aotrt.errors import InvalidArgument
 from aotrt.limits import Limits
 from aotrt.program import Program
 from aotrt.runtime.delegate import Delegate, resolve_options
-from aotrt.runtime.loaded import LoadedProgram
+from aotrt.runtime.loaded import LoadedProgram, StateView
 from aotrt.runtime.options import Fp32Math
-from aotrt.runtime.public import Tensor
-
-
-class StateView(Mapping[str, Tensor]):
-    """`module.state`: name -> a copy of that state buffer, read when asked."""
-
-    def __init__(self, loaded: LoadedProgram) -> None:
-        self._loaded = loaded
-
-    def __getitem__(self, name: str) -> Tensor:
-        return self._loaded.read_state(name)
-
-    def __iter__(self) -> Iterator[str]:
-        return iter(self._loaded.state_names)
-
-    def __len__(self) -> int:
-        return len(self._loaded.state_names)
 
 
 class Module:
@@ -128,4 +112,36 @@ class Module:
         return f"<aotrt.Module {self.name} methods {list(self._methods)} {state}>"
 
 
-__all__ = ["Module", "StateView"]
+def load(prog_or_path: Any, device: Any = None, check_hazards: bool = False,
+         cuda_graph: bool | None = None, limits: Limits | None = None,
+         threads: int | None = None, fp32_math: Fp32Math | None = None) -> Any:
+    """Load a Program (or a .aotp path) on `device` (None: cuda if present): a Delegate for
+    a program of one method without state, else an aotrt.Module (methods, state, reset).
+
+    On a device that supports graphs (cuda) the whole run is captured as one CUDA graph on
+    the first run and replayed afterwards (inputs are copied into static buffers and outputs
+    out of them); `cuda_graph=False` opts out. `cuda_graph=True` on a device without graphs
+    is an InvalidArgument.
+    `limits` (aotrt.Limits, docs/limits.md) is the load-time budget; None: the defaults.
+    `threads` (a positive int) is how many threads one generated kernel call may use on the
+    cpu device (large kernels only; None: every core this process may run on, its CPU
+    affinity); it belongs to this delegate's stream. On cuda it is accepted and ignored.
+    `fp32_math` (aotrt.Fp32Math; None: float32 everywhere) lets float32 convolutions or
+    matmuls run as TF32 on a device that has it, as torch's `allow_tf32` flags do.
+    """
+    if isinstance(prog_or_path, Program):
+        prog = prog_or_path         # the Delegate validates it
+    elif isinstance(prog_or_path, (str, os.PathLike)):
+        prog = Program.load(prog_or_path, limits)
+    else:
+        raise InvalidArgument(f"prog_or_path: expected an aotrt.Program or a path, got "
+                              f"{type(prog_or_path).__name__}")
+    kwargs = dict(device=device, check_hazards=check_hazards, cuda_graph=cuda_graph,
+                  limits=limits, threads=threads, fp32_math=fp32_math,
+                  _validated=prog is not prog_or_path)
+    if prog.has_methods or prog.state:
+        return Module(prog, **kwargs)
+    return Delegate(prog, **kwargs)
+
+
+__all__ = ["Module", "load"]

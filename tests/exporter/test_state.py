@@ -97,11 +97,23 @@ def test_two_loads_keep_separate_state(tmp_path: Path) -> None:
         np.testing.assert_array_equal(np.asarray(a.state["total"]), np.full(4, 2.0))
 
 
-def test_state_read_is_a_copy() -> None:
-    with aotrt.load(aotrt.export(Counter().eval(), (torch.zeros(4),)), device="cpu") as mod:
+def test_state_read_is_a_copy_that_frees_its_memory() -> None:
+    import gc
+
+    from aotrt.runtime.device import get_device
+
+    prog = aotrt.export(Counter().eval(), (torch.zeros(4),))
+    memory = get_device("cpu").memory
+    gc.collect()
+    live = len(memory.live())
+    with aotrt.load(prog, device="cpu") as mod:
         before = mod.state["total"]
         mod.run(np.ones(4, np.float32))
         np.testing.assert_array_equal(np.asarray(before), np.zeros(4))
+        np.asarray(mod.state["steps"])
+    del before
+    gc.collect()
+    assert len(memory.live()) == live
 
 
 def test_closed_module_refuses() -> None:
