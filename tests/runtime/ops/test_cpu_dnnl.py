@@ -248,7 +248,12 @@ def test_a_fixed_matmul_with_packed_weights_reads_its_own_copy(dnnl):
     a, b = _rng(16, 40, 64), _rng(16, 64, 64)
     out = np.empty((16, 40, 64), np.float32)
     mm = dnnl.fixed_matmul(a, np.empty_like(b), out, 1, pack=True)
-    assert mm is not None and mm.packed     # brgemm lays weights out in blocks of its own
+    assert mm is not None
+    if not mm.prim.impl.startswith("brg"):
+        # gemm:jit (AVX2 CPUs with oneDNN 3.2) reads weights as they are: nothing to pack.
+        assert not mm.packed
+        pytest.skip(f"oneDNN's matmul here is {mm.prim.impl}, not brgemm: nothing is packed")
+    assert mm.packed        # brgemm lays weights out in blocks of its own
     mm.pack(b)
     kept = b.copy()
     b[...] = 0.0            # the matmul no longer reads b
