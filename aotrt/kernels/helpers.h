@@ -8,8 +8,17 @@
   if (m != 0.0f && ((b < 0.0f) != (m < 0.0f))) d -= 1.0f;
   if (d == 0.0f) return copysignf(0.0f, a / b);
   float f = floorf(d); return (d - f > 0.5f) ? f + 1.0f : f; }
+/* An integer the optimiser cannot see through: gcc folds (float)(int64_t)x into truncf(x)
+   without trapping math, which keeps -0.0 for x in (-1, 0) where the integer's zero is +0.0
+   (torch's answer), wherever the integer goes back to a float (a cast, a store, an operand).
+   NVRTC has no such fold, and the identity there costs nothing. */
+#ifdef __CUDACC__
+{q} int64_t aot_opaque(int64_t v) { return v; }
+#else
+{q} int64_t aot_opaque(int64_t v) { __asm__("" : "+r"(v)); return v; }
+#endif
 {q} int64_t aot_f2i(float x) { return x != x ? 0 : x >= 9223372036854775808.0f ? INT64_MAX
-  : x < -9223372036854775808.0f ? INT64_MIN : (int64_t)x; }
+  : x < -9223372036854775808.0f ? INT64_MIN : aot_opaque((int64_t)x); }
 {q} int64_t aot_iabs(int64_t a) { return a < 0 ? (int64_t)(0ULL - (uint64_t)a) : a; }
 {q} int64_t aot_tdiv(int64_t a, int64_t b) { if (b == 0) { AOT_DIV0(); return 0; }
   if (b == -1) return (int64_t)(0ULL - (uint64_t)a); return a / b; }
@@ -28,10 +37,3 @@
   if (b < 0) return a == 1 ? 1 : a == -1 ? ((b & 1) ? -1 : 1) : 0;
   uint64_t r = 1, x = (uint64_t)a;
   while (b > 0) { if (b & 1) r *= x; x *= x; b >>= 1; } return (int64_t)r; }
-/* An integer the optimiser cannot see through (render_c.py's cast of a float through an
-   integer and back); NVRTC has no such fold, and the identity there costs nothing. */
-#ifdef __CUDACC__
-{q} int64_t aot_opaque(int64_t v) { return v; }
-#else
-{q} int64_t aot_opaque(int64_t v) { __asm__("" : "+r"(v)); return v; }
-#endif

@@ -158,8 +158,6 @@ class CStyleRenderer:
         dtype = self._k.args[st.arg].dtype
         if st.value.dtype in ir.FLOAT_DTYPES and dtype not in ir.FLOAT_DTYPES:
             val = self.cast(val, st.value.dtype, dtype)   # never C's UB float conversion
-        elif dtype in ir.FLOAT_DTYPES and _float_through_int(st.value):
-            val = f"aot_opaque({val})"      # see op(): the store converts it back
         self._emit(depth, self.store(dtype, st.arg, idx, val))
 
     def _rnumel(self) -> int:
@@ -326,13 +324,7 @@ class CStyleRenderer:
     def op(self, e: ir.Op, args: list[str]) -> str:
         """Text of one pointwise op."""
         if e.op == "cast":
-            x, inner = args[0], e.args[0]
-            if e.dtype in ir.FLOAT_DTYPES and _float_through_int(inner):
-                # A float through an integer and back: gcc folds (float)(int64_t)x into
-                # truncf(x) without trapping math, which keeps -0.0 for x in (-1, 0) where
-                # the integer's zero is +0.0 (torch's answer). The barrier stops the fold.
-                x = f"aot_opaque({x})"
-            return self.cast(x, inner.dtype, e.dtype)
+            return self.cast(args[0], e.args[0].dtype, e.dtype)
         if e.op == "where":
             a, b = args[1], args[2]
             if e.dtype in ir.INT_DTYPES:
@@ -448,11 +440,6 @@ def _children(e: ir.Expr) -> tuple[ir.Expr, ...]:
     # A Reduce's body runs in its own loop: callers here never look inside it.
     return () if isinstance(e, ir.Reduce) else ir.children(e)
 
-
-def _float_through_int(e: ir.Expr) -> bool:
-    """An integer made by casting a float (converting it back to a float needs a barrier)."""
-    return (e.dtype not in ir.FLOAT_DTYPES and isinstance(e, ir.Op) and e.op == "cast"
-            and e.args[0].dtype in ir.FLOAT_DTYPES)
 
 
 def _direct_reduces(roots: list[ir.Expr], done: Any = None) -> list[ir.Reduce]:

@@ -839,12 +839,14 @@ def test_float_through_int64_and_back_is_a_positive_zero() -> None:
     import aotrt
 
     class RoundTrip(torch.nn.Module):
-        def forward(self, x: torch.Tensor) -> torch.Tensor:
-            return x.to(torch.int64).to(torch.float32) * 1.0
+        def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+            # an explicit cast back, and an implicit one (the integer promoted by a product)
+            return x.to(torch.int64).to(torch.float32) * 1.0, x.to(torch.int64) * -0.0
 
     x = torch.tensor([-0.75, -0.25, -0.0, 0.5, -1.5, 2.5] * 8)
-    want = RoundTrip()(x).numpy()
+    wants = [w.numpy() for w in RoundTrip()(x)]
     with aotrt.load(aotrt.export(RoundTrip(), (x,)), device="cpu") as m:
-        got = np.asarray(m.run(x.numpy())[0])
-    np.testing.assert_array_equal(got, want)
-    np.testing.assert_array_equal(np.signbit(got), np.signbit(want))
+        gots = [np.asarray(g) for g in m.run(x.numpy())]
+    for got, want in zip(gots, wants):
+        np.testing.assert_array_equal(got, want)
+        np.testing.assert_array_equal(np.signbit(got), np.signbit(want))
