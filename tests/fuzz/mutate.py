@@ -349,6 +349,49 @@ def seed_methods_own() -> Program:
     return merge(methods, share_state=False)
 
 
+def _lib_seed(name: str, fn: str, x_shape: list, out_shapes: list, params: dict,
+              weight: np.ndarray | None = None, out_dtypes: tuple = ("float32",)) -> Program:
+    """One library op over an input (and a constant weight), straight into the outputs."""
+    b = ProgramBuilder(name)
+    x = b.input("x", "float32", x_shape)
+    ins: list = [x]
+    if weight is not None:
+        ins += [b.constant("w", weight), None]
+    outs = [b.output(f"o{i}", dt, shape) for i, (shape, dt) in
+            enumerate(zip(out_shapes, out_dtypes))]
+    b.library(fn, outs, ins, params)
+    return b.build()
+
+
+def seed_lib_pool() -> Program:
+    """max_pool2d 3x3 stride 2 padding 1 over [1, 4, 12, 12], with indices."""
+    return _lib_seed("lib_pool", "max_pool2d", [1, 4, 12, 12], [[1, 4, 6, 6]] * 2,
+                     {"kernel_size": [3, 3], "stride": [2, 2], "padding": [1, 1],
+                      "dilation": [1, 1], "ceil_mode": False},
+                     out_dtypes=("float32", "int64"))
+
+
+def seed_lib_conv() -> Program:
+    """A grouped, dilated, strided 3x3 convolution over [1, 4, 10, 10]."""
+    w = (np.arange(4 * 2 * 9, dtype=np.float32).reshape(4, 2, 3, 3) % 7 - 3) / 5
+    return _lib_seed("lib_conv", "convolution", [1, 4, 10, 10], [[1, 4, 4, 4]],
+                     {"stride": [2, 2], "padding": [1, 1], "dilation": [2, 2],
+                      "transposed": False, "output_padding": [0, 0], "groups": 2}, w)
+
+
+def seed_lib_upsample() -> Program:
+    """upsample_nearest2d of [1, 2, 5, 5] to 10x15."""
+    return _lib_seed("lib_upsample", "upsample_nearest2d", [1, 2, 5, 5], [[1, 2, 10, 15]],
+                     {"output_size": [10, 15], "scale_factors": None})
+
+
+def seed_lib_topk() -> Program:
+    """topk 3 of [4, 9] along the last dim."""
+    return _lib_seed("lib_topk", "topk", [4, 9], [[4, 3]] * 2,
+                     {"k": 3, "dim": -1, "largest": True, "sorted": True},
+                     out_dtypes=("float32", "int64"))
+
+
 SEEDS: dict[str, Callable[[], Program]] = {
     f.__name__[5:]: f for f in (seed_gather, seed_division, seed_casts, seed_narrow_index,
                                 seed_where_clamp, seed_reduce, seed_softmax, seed_float_pointwise,
@@ -357,6 +400,12 @@ SEEDS: dict[str, Callable[[], Program]] = {
 #: of the version-1 seeds keep their ids (see `mutant`)
 SEEDS_V2: dict[str, Callable[[], Program]] = {
     f.__name__[5:]: f for f in (seed_state, seed_methods_shared, seed_methods_own)}
+#: library ops with geometry params (pooling, convolution, upsampling, topk), mutated at the
+#: params' extremes; drawn from a stream of their own from master LIB_FROM_MASTER on, so
+#: that the mutants of earlier campaigns keep their ids
+SEEDS_LIB: dict[str, Callable[[], Program]] = {
+    f.__name__[5:]: f for f in (seed_lib_pool, seed_lib_conv, seed_lib_upsample,
+                                seed_lib_topk)}
 
 
 # ---------------------------------------------------------------------------------------------
@@ -733,7 +782,7 @@ def mutate_state_root(rng: random.Random, doc: Any) -> Any:
 
 
 KINDS = ("json_value", "structure", "ir", "entries", "bytes", "data", "ir_field",
-         "state_spec", "methods", "state_root")
+         "state_spec", "methods", "state_root", "lib_params")
 #: mutation kind weights for the version-1 seeds (unchanged, so their mutants keep their ids)
 WEIGHTS = {"json_value": 3, "structure": 1.5, "ir": 2, "entries": 0.7, "bytes": 1,
            "data": 0.5, "ir_field": 1}
@@ -741,6 +790,54 @@ WEIGHTS = {"json_value": 3, "structure": 1.5, "ir": 2, "entries": 0.7, "bytes": 
 WEIGHTS_V2 = {**WEIGHTS, "state_spec": 1.5, "methods": 1.5, "state_root": 1.5}
 #: the share of mutants made from a version-2 seed
 V2_SHARE = 0.3
+#: ... and for the library-op seeds: mostly their params at extremes
+WEIGHTS_LIB = {"lib_params": 6, "json_value": 1, "structure": 0.5, "entries": 0.3}
+LIB_SHARE = 0.15
+LIB_FROM_MASTER = 32
+
+#: extreme values of a geometry param: zero, negative, int32's edges, 2**62, 2**63, wrong
+#: lengths and types
+_EXTREME_INTS = [0, -1, 1, 2, 3, 2**28, 2**31 - 1, 2**31, 2**62, 2**63 - 1, 2**63, -2**63]
+
+
+def mutate_lib_params(rng: random.Random, doc: Any) -> Any:
+    """Set one param of one library instruction to an extreme value (kernel sizes, strides,
+    paddings, dilations, groups, output sizes, k and dim)."""
+    lib = [ins for m in _method_docs(doc) for ins in m.get("instructions", [])
+           if isinstance(ins, dict) and ins.get("op") == "library"]
+    if not lib:
+        return doc
+    ins = rng.choice(lib)
+    params = ins.setdefault("params", {})
+    if not isinstance(params, dict) or not params:
+        ins["params"] = {"kernel_size": [2**31, 1]}
+        return doc
+    name = rng.choice(sorted(params))
+    v = params[name]
+    pick = rng.random()
+    if isinstance(v, list) and pick < 0.6:
+        i = rng.randrange(len(v)) if v else 0
+        v = list(v) or [0]
+        v[min(i, len(v) - 1)] = rng.choice(_EXTREME_INTS)
+        if rng.random() < 0.3:
+            v = [rng.choice(_EXTREME_INTS) for _ in v]
+    elif pick < 0.8:
+        v = rng.choice(_EXTREME_INTS)
+    else:
+        v = rng.choice([[], [1], [1, 2, 3], None, True, 1.5, "3", [[1]], {"a": 1},
+                        [2**31, 2**31], [1, 2**62], [-1, -1]])
+    params[name] = v
+    return doc
+
+
+def _method_docs(doc: Any) -> list[dict]:
+    """The method documents of a version-1 (the top level) or version-2 document."""
+    if not isinstance(doc, dict):
+        return []
+    methods = doc.get("methods")
+    if isinstance(methods, dict):
+        return [m for m in methods.values() if isinstance(m, dict)]
+    return [doc]
 
 
 def mutant(seed_files: dict[str, tuple[dict, dict, bytes]], index: int, master: int = 0,
@@ -751,13 +848,20 @@ def mutant(seed_files: dict[str, tuple[dict, dict, bytes]], index: int, master: 
     every other id makes the very mutant of a version-1 seed it made before they came."""
     rng = random.Random(master * 1_000_003 + index)
     v2 = sorted(n for n in seed_files if n in SEEDS_V2)
+    libs = sorted(n for n in seed_files if n in SEEDS_LIB)
     pick = random.Random(f"aotrt-fuzz-v2:{master}:{index}")
-    if v2 and pick.random() < V2_SHARE:
+    pick_lib = random.Random(f"aotrt-fuzz-lib:{master}:{index}")
+    if libs and master >= LIB_FROM_MASTER and pick_lib.random() < LIB_SHARE:
+        rng = pick_lib
+        name = rng.choice(libs)
+        w = weights or WEIGHTS_LIB
+    elif v2 and pick.random() < V2_SHARE:
         rng = pick
         name = rng.choice(v2)
         w = weights or WEIGHTS_V2
     else:
-        name = rng.choice(sorted(n for n in seed_files if n not in SEEDS_V2))
+        name = rng.choice(sorted(n for n in seed_files
+                                 if n not in SEEDS_V2 and n not in SEEDS_LIB))
         w = weights or WEIGHTS
     doc, entries, data = copy.deepcopy(seed_files[name])
     kinds = rng.choices(list(w), weights=list(w.values()), k=rng.choice([1, 1, 1, 2, 3]))
@@ -781,6 +885,8 @@ def mutant(seed_files: dict[str, tuple[dict, dict, bytes]], index: int, master: 
             doc = mutate_methods(rng, doc)
         elif kind == "state_root":
             doc = mutate_state_root(rng, doc)
+        elif kind == "lib_params":
+            doc = mutate_lib_params(rng, doc)
         else:
             raw = True
     try:
@@ -794,4 +900,4 @@ def mutant(seed_files: dict[str, tuple[dict, dict, bytes]], index: int, master: 
 
 def seed_files() -> dict[str, tuple[dict, dict, bytes]]:
     """Every seed as (document, entries, data)."""
-    return {name: split(make()) for name, make in {**SEEDS, **SEEDS_V2}.items()}
+    return {name: split(make()) for name, make in {**SEEDS, **SEEDS_V2, **SEEDS_LIB}.items()}
