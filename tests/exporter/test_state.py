@@ -242,8 +242,8 @@ def test_decoder_block_prefill_then_64_decode_steps(device: str, pos_rank: int) 
             got, = decode.run(x.numpy(), pos)
             want = ref(x, torch.tensor([step])).detach().numpy()
             worst = max(worst, rel_err(np.asarray(got), want))
-        np.testing.assert_allclose(np.asarray(mod.state["blk.cache_k"]), ref.cache_k.detach().numpy(),
-                                   rtol=1e-4, atol=1e-5)
+        np.testing.assert_allclose(np.asarray(mod.state["blk.cache_k"]),
+                                   ref.cache_k.detach().numpy(), rtol=1e-4, atol=1e-5)
     assert worst < 1e-4, worst
 
 
