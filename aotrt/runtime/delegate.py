@@ -28,13 +28,16 @@ from aotrt.limits import Limits
 from aotrt.program import Program
 from aotrt.runtime import finalize, shims
 from aotrt.runtime.arguments import Arg, Arguments, spec_of
-from aotrt.runtime.device import Command, Device, Stream, default_device, get_device
-from aotrt.runtime.hazards import Access
+from aotrt.runtime.device import Command, Device, Stream
+from aotrt.runtime import binding
+from aotrt.runtime.binding import Binding
+from aotrt.runtime.load_options import resolve_options
 from aotrt.runtime.loaded import LoadedProgram, StateView
 from aotrt.runtime.memory import PROCESS_OWNER, Allocation, Owner, owner_scope
-from aotrt.runtime.options import Fp32Math, StreamOptions, check_threads
+from aotrt.runtime.options import Fp32Math, StreamOptions
 from aotrt.runtime.public import Tensor
-from aotrt.runtime.replays import GraphReplay, StaticIO, lean_ok, output_views, static_inputs
+from aotrt.runtime.replays import (GraphReplay, StaticIO, capture, lean_ok, output_views,
+                                   static_inputs)
 from aotrt.runtime.teardown import Resources, teardown
 from aotrt.runtime.tensor import Handle
 
@@ -259,79 +262,10 @@ class Delegate:
                 if not self._runs:
                     self._gate.notify_all()
 
-    def bind(self) -> "Binding":
-        """Bind the method once to static input and output buffers of its own (ONNX
-        Runtime's IOBinding): `binding.run(...)` copies only the inputs it is given into
-        them, replays the captured graph (or the static plan), and returns the same output
-        Tensors every time, so that a decode step allocates nothing. The outputs hold the
-        last run's values until the next run."""
-        with self._running():
-            with owner_scope(self._owner), self.device.stream_guard(self._stream):
-                if self._graph_mode and self._graph is None:
-                    self._run_graph_capture()
-                if self._graph_mode:
-                    g = self._graph
-                    ins, outs, views = g.ins, g.outs, g.out_views
-                    graph, accesses = g.graph, g.accesses
-
-                    def launch() -> None:
-                        self._stream.record(accesses, lambda st: graph.launch(st),
-                                            "cuda graph replay")
-                else:
-                    if self._static_io is None:
-                        self._static_io = self._plan_static_io()
-                    p = self._static_io
-                    ins, outs, views, launch = p.ins, p.outs, p.out_views, p.queue
-                in_tensors = tuple(
-                    Tensor(shims.reinterpret_tensor(b, s.shape, s.strides, 0, dtype=s.dtype))
-                    for b, s in zip(ins, self.inputs))
-                out_tensors = tuple(
-                    Tensor(shims.reinterpret_tensor(outs[k], sizes, strides, off, dtype=dt))
-                    for k, sizes, strides, off, dt in views)
-        return Binding(self, in_tensors, out_tensors, list(ins), launch)
-
-    def _run_bound(self, b: "Binding", inputs: tuple[Any, ...]) -> tuple[Tensor, ...]:
-        """Binding.run: the given inputs copied into the bound buffers, one launch."""
-        if inputs and len(inputs) != len(self.inputs):
-            names = ", ".join(s.name for s in self.inputs)
-            raise InvalidArgument(f"inputs: {self.name} takes {len(self.inputs)} inputs "
-                                  f"({names}), or none to run on the bound ones; got "
-                                  f"{len(inputs)}")
-        dev, stream = self.device, self._stream
-        with self._running():
-            if b.stale:
-                raise InvalidArgument(f"binding of {self.name}: the method's plan was "
-                                      f"rebuilt after a failed run; bind again")
-            args = self._args.classify_inputs(inputs) if inputs else []
-            temps: list[Handle] = []
-            failed = True
-            try:
-                with owner_scope(self._owner), dev.stream_guard(stream):
-                    if args and dev.host_addressable and lean_ok(stream, args, None):
-                        # Host memory both sides: once no queued run reads the bound
-                        # inputs, a memmove each (as run_lean), not a queued copy.
-                        stream.commit_and_wait()
-                        for k, a in enumerate(args):
-                            if a.spec.nbytes:
-                                ctypes.memmove(b._ins[k].address, a.ptr, a.spec.nbytes)
-                    else:
-                        for k, a in enumerate(args):
-                            if not a.spec.nbytes:
-                                continue
-                            if a.kind == "stage" and a.array is not None:
-                                # A host array: written straight into the bound buffer once
-                                # the last replay is done reading it, with no staging root.
-                                typed = b.inputs[k].handle
-                                typed.alloc.settle()
-                                dev.write(typed, a.array)
-                            else:
-                                stream.copy(b._ins[k], self._bind(a, temps, output=False))
-                    b._launch()
-                    stream.commit()
-                failed = False
-            finally:
-                self._cleanup(temps, failed)
-        return b.outputs
+    def bind(self) -> Binding:
+        """Bind the method once to static buffers of its own (ONNX Runtime's IOBinding); see
+        runtime/binding.py."""
+        return binding.bind(self)
 
     def _run_locked(self, inputs: tuple[Any, ...], out: Any) -> tuple[Any, ...]:
         """run(), within `_lock`."""
@@ -390,44 +324,8 @@ class Delegate:
     # -- CUDA graphs --------------------------------------------------------------------------
 
     def _capture(self) -> GraphReplay:
-        """Static input/output buffers, one eager warm-up over them (plans, workspaces and
-        kernels get made), then the whole instruction list captured as one CUDA graph."""
-        stream = self._stream
-        keep: list[Handle] = []
-        try:
-            ins, outs, handles = self._static_buffers(keep)
-            for b in ins:
-                stream.fill(b, 0)
-            # The warm-up runs the method on zeros: the state it writes is put back after.
-            saved = self._loaded.snapshot_state()
-            self._execute(handles)
-            stream.label = ""
-            self._loaded.restore_state(saved)
-            stream.begin_capture()
-            try:
-                self._execute(handles)
-            except BaseException:
-                stream.abort_capture()
-                raise
-            finally:
-                stream.label = ""
-            graph = stream.end_capture()
-        except BaseException:
-            # The static buffers go now, not with the delegate (it may run on without a
-            # graph), once the warm-up run over them is done.
-            try:
-                stream.commit_and_wait()
-            except AotrtError as e:
-                log.debug("%s: queued work before a failed capture: %s", self.name, e)
-            for h in reversed(keep):
-                if h.state == "live":
-                    shims.delete_tensor_object(h)
-            raise
-        allocs = {h.alloc for h in [*self._static, *ins, *outs]
-                  if h is not None and h.alloc is not None}
-        accesses = [Access(a, 0, a.nbytes, True) for a in allocs]
-        out_views = output_views(self._per_run, len(outs), self.program.outputs_tensors)
-        return GraphReplay(graph, ins, outs, keep, accesses, [h.address for h in ins], out_views)
+        """The method captured as one CUDA graph over static buffers (replays.capture)."""
+        return capture(self)
 
     def _static_buffers(self, keep: list[Handle]
                         ) -> tuple[list[Handle], list[Handle], list[Handle | None]]:
@@ -787,56 +685,6 @@ class Delegate:
         return self._stream
 
 
-class Binding:
-    """A method bound once to buffers of its own (Delegate.bind): `inputs` and `outputs`
-    are Tensors over them; `run` copies what it is given in, launches, and returns
-    `outputs` (the same Tensors each time, holding the last run's values)."""
-
-    def __init__(self, delegate: Delegate, inputs: tuple[Tensor, ...],
-                 outputs: tuple[Tensor, ...], ins: list[Handle],
-                 launch: Callable[[], None]) -> None:
-        self._delegate = delegate
-        self.inputs = inputs
-        self.outputs = outputs
-        self._ins = ins
-        self._launch = launch
-        self._plan = delegate._graph if delegate._graph_mode else delegate._static_io
-
-    @property
-    def stale(self) -> bool:
-        """True when the method's plan was rebuilt since (after a failed run)."""
-        d = self._delegate
-        return self._plan is not (d._graph if d._graph_mode else d._static_io)
-
-    def run(self, *inputs: Any) -> tuple[Tensor, ...]:
-        """Copy `inputs` (all of them, or none) into the bound buffers, launch once, and
-        return the bound outputs."""
-        return self._delegate._run_bound(self, inputs)
-
-    def __repr__(self) -> str:
-        return f"<aotrt.Binding of {self._delegate.name}>"
-
-
-def resolve_options(device: Any, check_hazards: Any, cuda_graph: Any, threads: Any,
-                    fp32_math: Any) -> tuple[Device, StreamOptions]:
-    """Check load's arguments; the device and the stream options they ask for."""
-    if not isinstance(check_hazards, bool):
-        raise InvalidArgument(f"check_hazards: expected a bool, got {check_hazards!r}")
-    if cuda_graph is not None and not isinstance(cuda_graph, bool):
-        raise InvalidArgument(f"cuda_graph: expected a bool or None, got {cuda_graph!r}")
-    check_threads(threads)
-    fp32_math = Fp32Math() if fp32_math is None else fp32_math
-    if not isinstance(fp32_math, Fp32Math):
-        raise InvalidArgument(f"fp32_math: expected an aotrt.Fp32Math or None, got "
-                              f"{fp32_math!r}")
-    dev = get_device(default_device() if device is None else device)
-    if cuda_graph and not dev.supports_graphs:
-        raise InvalidArgument(f"cuda_graph: the {dev.name} device cannot replay graphs; "
-                              f"leave cuda_graph unset or False there")
-    return dev, StreamOptions.from_env(check_hazards=check_hazards, threads=threads,
-                                       fp32_math=fp32_math)
-
-
 def _settle_other_streams(alloc: Allocation, stream: Stream, writes_only: bool) -> None:
     """Wait for other streams' unfinished work on memory this stream is about to use."""
     for other in list(alloc.uses):
@@ -844,4 +692,4 @@ def _settle_other_streams(alloc: Allocation, stream: Stream, writes_only: bool) 
             other.wait_for(alloc, writes_only)
 
 
-__all__ = ["Binding", "Delegate", "library_ops", "resolve_options"]
+__all__ = ["Delegate", "library_ops"]

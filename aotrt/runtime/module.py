@@ -20,7 +20,8 @@ from typing import Any
 from aotrt.errors import InvalidArgument
 from aotrt.limits import Limits
 from aotrt.program import Program
-from aotrt.runtime.delegate import Delegate, resolve_options
+from aotrt.runtime.delegate import Delegate
+from aotrt.runtime.load_options import resolve_options
 from aotrt.runtime.loaded import LoadedProgram, StateView
 from aotrt.runtime.options import Fp32Math
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 import ctypes
 import logging
 from dataclasses import dataclass
-from typing import Any, Callable, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Mapping, Sequence
 
 import numpy as np
 
@@ -23,6 +23,9 @@ from aotrt.runtime.memory import PROCESS_OWNER, owner_scope
 from aotrt.runtime.public import Tensor
 from aotrt.runtime.tensor import Handle
 from aotrt.runtime.work import Work
+
+if TYPE_CHECKING:   # the delegate imports this module
+    from aotrt.runtime.delegate import Delegate
 
 log = logging.getLogger(__name__)
 
@@ -39,6 +42,47 @@ class GraphReplay:
     accesses: list[Any]
     in_ptrs: list[int]
     out_views: list[tuple[int, tuple, tuple, int, DType]]
+
+
+def capture(d: Delegate) -> GraphReplay:
+    """Static input/output buffers, one eager warm-up over them (plans, workspaces and
+    kernels get made), then the whole instruction list captured as one CUDA graph."""
+    stream = d._stream
+    keep: list[Handle] = []
+    try:
+        ins, outs, handles = d._static_buffers(keep)
+        for b in ins:
+            stream.fill(b, 0)
+        # The warm-up runs the method on zeros: the state it writes is put back after.
+        saved = d._loaded.snapshot_state()
+        d._execute(handles)
+        stream.label = ""
+        d._loaded.restore_state(saved)
+        stream.begin_capture()
+        try:
+            d._execute(handles)
+        except BaseException:
+            stream.abort_capture()
+            raise
+        finally:
+            stream.label = ""
+        graph = stream.end_capture()
+    except BaseException:
+        # The static buffers go now, not with the delegate (it may run on without a
+        # graph), once the warm-up run over them is done.
+        try:
+            stream.commit_and_wait()
+        except AotrtError as e:
+            log.debug("%s: queued work before a failed capture: %s", d.name, e)
+        for h in reversed(keep):
+            if h.state == "live":
+                shims.delete_tensor_object(h)
+        raise
+    allocs = {h.alloc for h in [*d._static, *ins, *outs]
+              if h is not None and h.alloc is not None}
+    accesses = [Access(a, 0, a.nbytes, True) for a in allocs]
+    out_views = output_views(d._per_run, len(outs), d.program.outputs_tensors)
+    return GraphReplay(graph, ins, outs, keep, accesses, [h.address for h in ins], out_views)
 
 
 def lean_ok(stream: Stream, args: list[Arg], outs: list[Arg] | None) -> bool:
