@@ -1,0 +1,88 @@
+"""Greedy Whisper transcription with a program from aotrt.llm.whisper (numpy only, no torch).
+
+    with aotrt.load(prog) as m:
+        ids = transcribe(m, features, max_new_tokens=64,
+                         decoder_prompt_ids=[sot, lang, task, notimestamps], eos_token_id=eos)
+
+The rows of a batch share the prompt's length, so every row is at the same position and
+one slot serves them all.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable, Sequence
+
+import numpy as np
+
+from aotrt.errors import InvalidArgument
+
+_METHODS = ("encode", "prefill", "decode")
+
+
+def _state_len(module: Any) -> int:
+    """The self-attention cache's length (prompt + new tokens), from the state's specs."""
+    for s in module.program.state:
+        if s["name"] == "kv.k0":
+            return int(s["shape"][2])
+    raise InvalidArgument("module: no self-attention cache 'kv.k0' in its state (export it "
+                          "with aotrt.llm.whisper.export_whisper)")
+
+
+def transcribe(module: Any, features: Any, max_new_tokens: int,
+               decoder_prompt_ids: Sequence[int] | np.ndarray, eos_token_id: int | None,
+               pad_token_id: int | None = None,
+               on_token: Callable[[np.ndarray], None] | None = None) -> np.ndarray:
+    """Greedy token ids `[batch, n]` (n <= max_new_tokens) after the prompt, as HF's
+    generate returns them: a row's eos is kept, later steps hold `pad_token_id` (eos by
+    default), and decoding stops once every row has ended."""
+    missing = [n for n in _METHODS if n not in getattr(module, "methods", ())]
+    if missing:
+        raise InvalidArgument(f"module: expected methods {_METHODS}, missing {missing}")
+    feats = np.asarray(features, dtype=np.float32)
+    enc_spec = module.program.methods["encode"].inputs[0]["shape"]
+    pre_spec = module.program.methods["prefill"].inputs[0]["shape"]
+    max_batch, prompt_cap = int(pre_spec[0]), int(pre_spec[1])
+    if feats.ndim != 3 or list(feats.shape[1:]) != list(enc_spec[1:]):
+        raise InvalidArgument(f"features: expected [batch, {enc_spec[1]}, {enc_spec[2]}], "
+                              f"got {list(feats.shape)}")
+    batch = feats.shape[0]
+    if not 1 <= batch <= max_batch:
+        raise InvalidArgument(f"features: batch {batch} is outside 1..{max_batch} (the "
+                              f"exported max_batch)")
+    prompt = np.asarray(decoder_prompt_ids, dtype=np.int64)
+    if prompt.ndim == 1:
+        prompt = np.broadcast_to(prompt, (batch, prompt.shape[0]))
+    if prompt.ndim != 2 or prompt.shape[0] != batch or not 1 <= prompt.shape[1] <= prompt_cap:
+        raise InvalidArgument(f"decoder_prompt_ids: expected 1 to {prompt_cap} ids (or "
+                              f"[batch, n] of them), got shape {list(prompt.shape)}")
+    p = prompt.shape[1]
+    cap = _state_len(module) - p
+    if not isinstance(max_new_tokens, (int, np.integer)) or not 1 <= max_new_tokens <= cap:
+        raise InvalidArgument(f"max_new_tokens: expected 1..{cap} for a prompt of {p} "
+                              f"(the exported cache), got {max_new_tokens!r}")
+    pad = eos_token_id if pad_token_id is None else pad_token_id
+
+    # Rows past `batch` are zeros whose tokens are dropped: the methods' batch is fixed.
+    x = np.zeros((max_batch, *feats.shape[1:]), np.float32)
+    x[:batch] = feats
+    ids = np.zeros((max_batch, prompt_cap), np.int64)
+    ids[:batch, :p] = prompt
+    module.method("encode").run(x)
+    out, = module.method("prefill").run(ids, np.array([p - 1], np.int64))
+    decode = module.method("decode")
+    done = np.zeros(batch, bool)
+    steps: list[np.ndarray] = []
+    tok = np.asarray(out).reshape(max_batch, 1).astype(np.int64)
+    for t in range(max_new_tokens):
+        if t:
+            out, = decode.run(tok, np.array([p + t - 1], np.int64))
+            tok = np.asarray(out).reshape(max_batch, 1).astype(np.int64)
+        row = np.where(done, pad, tok[:batch, 0]) if pad is not None else tok[:batch, 0]
+        steps.append(row)
+        if on_token is not None:
+            on_token(row)
+        if eos_token_id is not None:
+            done |= row == eos_token_id
+            if done.all():
+                break
+    return np.stack(steps, 1).astype(np.int64)
