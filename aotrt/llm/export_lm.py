@@ -1,0 +1,79 @@
+"""llm.export: a Hugging Face causal language model as one program of a `prefill` and a
+`decode` method that share the KV cache as state (the export side: imports torch).
+
+    prog = llm.export(hf_model, max_seq_len=512, max_batch=8)
+    prog.save("gpt2.aotp")
+
+`prefill` takes `prefill_len` tokens a call, `decode` one; both return arg-max token ids
+(aotrt/llm/causal.py). The file's provenance records the sizes `generate` needs, and
+`generate` checks them against the methods' own inputs (aotrt/llm/generate.py).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from aotrt import progress
+from aotrt.errors import InvalidArgument
+from aotrt.llm.causal import CausalStep
+from aotrt.llm.spec import LlmSpec
+from aotrt.program import Program
+
+
+def _positive(name: str, value: Any) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise InvalidArgument(f"{name}: expected a positive int, got {value!r}")
+    return value
+
+
+def export(model: torch.nn.Module, *, max_seq_len: int = 512, max_batch: int = 1,
+           prefill_len: int | None = None, dtype: torch.dtype | None = None) -> Program:
+    """Export `model` (a transformers causal LM) as methods `prefill` and `decode` over a
+    KV cache of `max_batch` rows and `max_seq_len` slots, in `dtype` (default: the model's).
+
+    `prefill_len` (default min(128, max_seq_len)) is how many tokens one prefill call takes;
+    `generate` left-pads a prompt to a multiple of it.
+    """
+    _positive("max_seq_len", max_seq_len)
+    _positive("max_batch", max_batch)
+    prefill_len = min(128, max_seq_len) if prefill_len is None else prefill_len
+    _positive("prefill_len", prefill_len)
+    if prefill_len > max_seq_len:
+        raise InvalidArgument(f"prefill_len: {prefill_len} is over max_seq_len {max_seq_len}")
+    if not isinstance(model, torch.nn.Module) or not hasattr(model, "config"):
+        raise InvalidArgument("model: expected a transformers model (an nn.Module with a "
+                              f"config), got {type(model).__name__}")
+    dtype = dtype or next(model.parameters()).dtype
+    model = model.eval().to(dtype)
+    step = CausalStep(model, max_batch, max_seq_len, dtype).eval()
+    i64 = torch.int64
+
+    def args(n: int) -> tuple[torch.Tensor, ...]:
+        return (torch.zeros(max_batch, n, dtype=i64), torch.tensor(0, dtype=i64),
+                torch.zeros(max_batch, dtype=i64))
+
+    name = type(model).__name__
+    with progress.step(f"exporting {name} (prefill {prefill_len}, decode 1)"), \
+            torch.no_grad():
+        prog = aotrt_export({"prefill": (step, args(prefill_len)), "decode": (step, args(1))},
+                            name=name, share_state=True)
+    config = model.config.get_text_config() if hasattr(model.config, "get_text_config") \
+        else model.config
+    eos = getattr(getattr(model, "generation_config", None), "eos_token_id", None)
+    if eos is None:
+        eos = getattr(config, "eos_token_id", None)
+    spec = LlmSpec(max_seq_len=max_seq_len, max_batch=max_batch, prefill_len=prefill_len,
+                   vocab_size=int(config.vocab_size),
+                   eos_token_ids=tuple(eos) if isinstance(eos, (list, tuple))
+                   else (() if eos is None else (int(eos),)))
+    prog.provenance.update(spec.to_provenance())
+    return prog
+
+
+def aotrt_export(methods: dict[str, Any], **kwargs: Any) -> Program:
+    """aotrt.export of a dict of methods (imported here, so that aotrt.llm loads light)."""
+    from aotrt.exporter import export as _export
+
+    return _export(methods, **kwargs)
