@@ -4,7 +4,9 @@
 a library op or a generated kernel for each that beats their decompositions (sdpa's becomes
 a dozen ops with a mask guard; linear's a permute plus addmm). FFTs of real inputs whose real
 or imaginary part is taken become DFT matrix products (aotrt.exporter.fft): the runtime has no
-complex dtype.
+complex dtype. Grouped products (`torch._grouped_mm`, transformers' `grouped_mm_fallback`: the
+experts of a mixture-of-experts layer) become a gather fused into a reduction
+(aotrt.exporter.grouped_mm): their groups' bounds are data.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ import torch.fx
 
 from aotrt.errors import InvalidArgument, Unsupported
 from aotrt.exporter.fft import rewrite_real_ffts
+from aotrt.exporter.grouped_mm import grouped_mm, grouped_mm_fallback
 from aotrt.exporter.histc import histc
 
 log = logging.getLogger(__name__)
@@ -105,7 +108,14 @@ def _avg_pool2d(x: torch.Tensor, kernel_size: Any, stride: Any = (), padding: An
 
 #: decompositions of our own, for ops torch has none for
 EXTRA_DECOMPOSITIONS: dict[Any, Callable[..., Any]] = {aten.avg_pool2d.default: _avg_pool2d,
-                                                      aten.histc.default: histc}
+                                                      aten.histc.default: histc,
+                                                      aten._grouped_mm.default: grouped_mm}
+
+#: decompositions of other libraries' custom ops, by qualified name: their OpOverloads exist
+#: only once the library is imported, which the exporter never does itself
+NAMED_DECOMPOSITIONS: dict[str, Callable[..., Any]] = {
+    "transformers::grouped_mm_fallback": grouped_mm_fallback,
+}
 
 #: rounds of further decomposition of ops the lowering cannot run whole
 MAX_ROUNDS = 4
@@ -126,7 +136,8 @@ def decompose_unsupported(ep: torch.export.ExportedProgram,
             if node.op != "call_function" or not isinstance(t, torch._ops.OpOverload) or \
                     t in tried or runs_whole(node):
                 continue
-            fn = EXTRA_DECOMPOSITIONS.get(t) or torch_decompositions.get(t)
+            fn = EXTRA_DECOMPOSITIONS.get(t) or NAMED_DECOMPOSITIONS.get(t.name()) or \
+                torch_decompositions.get(t)
             if fn is not None:
                 table[t] = fn
         if not table:
