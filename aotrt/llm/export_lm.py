@@ -64,10 +64,12 @@ def export(model: torch.nn.Module, *, max_seq_len: int = 512, max_batch: int = 1
     eos = getattr(getattr(model, "generation_config", None), "eos_token_id", None)
     if eos is None:
         eos = getattr(config, "eos_token_id", None)
+    vocab = int(config.vocab_size)
+    eos_ids = eos if isinstance(eos, (list, tuple)) else (() if eos is None else (eos,))
+    # A config's end token outside its vocabulary (a shrunk test config) can never be made.
     spec = LlmSpec(max_seq_len=max_seq_len, max_batch=max_batch, prefill_len=prefill_len,
-                   vocab_size=int(config.vocab_size),
-                   eos_token_ids=tuple(eos) if isinstance(eos, (list, tuple))
-                   else (() if eos is None else (int(eos),)))
+                   vocab_size=vocab, eos_token_ids=tuple(int(e) for e in eos_ids
+                                                         if 0 <= int(e) < vocab))
     prog.provenance.update(spec.to_provenance())
     return prog
 
