@@ -1,6 +1,7 @@
 """Library-op rules: GEMMs (mm, bmm, addmm, linear), convolution, attention, topk (and
-sort, as a topk of the whole dim), max pooling and nearest upsampling become library
-instructions (aotrt.runtime.ops), reading their inputs' views as they are."""
+sort, as a topk of the whole dim), max pooling, nearest upsampling and weight-only quantized
+linears (aotrt::linear_wq, exporter/quantize.py) become library instructions
+(aotrt.runtime.ops), reading their inputs' views as they are."""
 
 from __future__ import annotations
 
@@ -346,6 +347,21 @@ def _linear_ins(n: Node) -> list[Any]:
     return [n.args[0], n.args[1], arg(n, 2, "bias", None)]
 
 
+#: the tensor arguments of aotrt::linear_wq (aotrt/exporter/quantize.py), in the library op's
+#: order: its packed weights stay constants as they are
+_WQ_INS = ("x", "qweight", "scales", "zeros", "bias")
+
+
+def _linear_wq_params(node: Node) -> dict[str, Any]:
+    return {"bits": int(arg(node, 5, "bits")), "group_size": int(arg(node, 6, "group_size"))}
+
+
+def _linear_wq_check(node: Node) -> None:
+    x = meta_val(arg(node, 0, "x"))
+    if x.dtype not in (torch.float32, torch.float16, torch.bfloat16):
+        raise unsupported(node, f"x of dtype {x.dtype}; only float32, float16 and bfloat16")
+
+
 def _writes_over(lw: Lowering, node: Node, region: TView) -> bool:
     return True      # library ops read overlapping inputs through a temporary
 
@@ -374,6 +390,9 @@ _library(["aten.sort.default", "aten.sort.stable"], _lower_multi("topk", _sort_p
          _sort_check)
 _library(["aten.max_pool2d_with_indices.default"],
          _lower_multi("max_pool2d", _pool_params, True), _float_inputs)
+_library(["aotrt.linear_wq.default"], _simple(
+    "linear_wq", lambda n: [arg(n, i, name) for i, name in enumerate(_WQ_INS)],
+    _linear_wq_params), _linear_wq_check)
 _library(["aten.upsample_nearest2d.vec", "aten.upsample_nearest2d.default"],
          _simple("upsample_nearest2d", lambda n: [n.args[0]], _upsample_params),
          _upsample_check)

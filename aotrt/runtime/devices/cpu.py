@@ -318,6 +318,7 @@ class CpuDevice(Device):
         self._attention: Any = None
         self._winograd: Any = None
         self._activation: Any = None
+        self._linear_wq: Any = None
         self._native: Any = None
         # Per thread: the kernel thread count of the stream whose worker it is (CpuStream).
         self.worker = threading.local()
@@ -406,6 +407,14 @@ class CpuDevice(Device):
         from aotrt.runtime.ops.cpu_activation import Activation
 
         return self._once("_activation", lambda: Activation(self))
+
+    @property
+    def linear_wq(self) -> Any:
+        """The device's compiled weight-only quantized linear (ops/cpu_linear_wq.py), made on
+        first use."""
+        from aotrt.runtime.ops.cpu_linear_wq import LinearWqKernel
+
+        return self._once("_linear_wq", lambda: LinearWqKernel(self))
 
     def native_runner(self) -> LoadedLibrary:
         """The C loop of native plans and the streams' queues (cpu_native.py, cpu_queue.py),
@@ -525,13 +534,14 @@ def _register_ops() -> None:
     """Register the cpu op implementations (ops/cpu_<op>.py) under CpuDevice."""
     # Imported here, once CpuDevice exists: the op modules are of this backend and the generic
     # ops dispatch through the registry, never importing a device.
-    from aotrt.runtime.ops import _common, cpu_conv, cpu_max_pool, cpu_mm, cpu_sdpa, cpu_topk, \
-        cpu_upsample
+    from aotrt.runtime.ops import _common, cpu_conv, cpu_linear_wq, cpu_max_pool, cpu_mm, \
+        cpu_sdpa, cpu_topk, cpu_upsample
 
     for impl, make in (("convolution", cpu_conv.make_conv), ("matmul", cpu_mm.make_matmul),
                        ("linear", cpu_mm.make_linear), ("max_pool2d", cpu_max_pool.make_max_pool),
                        ("sdpa", cpu_sdpa.make_sdpa), ("topk", cpu_topk.make_topk),
-                       ("upsample_nearest2d", cpu_upsample.make_upsample)):
+                       ("upsample_nearest2d", cpu_upsample.make_upsample),
+                       ("linear_wq", cpu_linear_wq.make_linear_wq)):
         _common.register(CpuDevice, impl, make)
 
 

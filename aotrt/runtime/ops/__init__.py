@@ -31,6 +31,9 @@ with, per name (None marks an absent optional input):
                                                    stride, padding, dilation, ceil_mode
     upsample_nearest2d  outs [out]             ins [x]                params output_size,
                                                                              scale_factors
+    linear_wq           outs [out]             ins [x, qweight, scales, zeros|None, bias|None]
+                                                   params bits (4, 8), group_size: weight-only
+                                                   quantized linear (ops/linear_wq.py)
 
 Params are JSON values (ints, floats, bools, lists, null); defaults follow aten. Unknown
 param names and wrong list lengths are refused with InvalidArgument.
@@ -60,6 +63,7 @@ from typing import Any, Callable, Mapping, Sequence
 from aotrt.errors import InvalidArgument, Unsupported
 from aotrt.runtime.ops._common import OpCost, TensorMeta, register, view_of
 from aotrt.runtime.ops.conv import check_convolution, convolution
+from aotrt.runtime.ops.linear_wq import check_linear_wq, linear_wq
 from aotrt.runtime.ops.mm import addmm, bmm, check_addmm, check_bmm, check_linear, check_mm, \
     linear, mm
 from aotrt.runtime.ops.pool import check_max_pool2d, max_pool2d
@@ -166,6 +170,8 @@ _SPECS: dict[str, _Spec] = {s.name: s for s in (
           ("stride", "padding", "dilation", "ceil_mode"), ("kernel_size",)),
     _Spec("upsample_nearest2d", upsample_nearest2d, check_upsample_nearest2d, _plain, (1,), 1,
           (), ("output_size", "scale_factors")),
+    _Spec("linear_wq", linear_wq, check_linear_wq, _plain, (1,), 5, (3, 4), ("group_size",),
+          ("bits",)),
 )}
 
 SCRATCH_OVERHEAD = 4096
@@ -201,4 +207,5 @@ def check(fn: str, outs: Sequence[TensorMeta], ins: Sequence[TensorMeta | None],
 
 
 __all__ = ["OPS", "OpCost", "PARAM_NAMES", "TensorMeta", "check", "mm", "bmm", "addmm", "linear",
-           "convolution", "sdpa", "topk", "max_pool2d", "upsample_nearest2d", "register"]
+           "convolution", "sdpa", "topk", "max_pool2d", "upsample_nearest2d", "linear_wq",
+           "register"]

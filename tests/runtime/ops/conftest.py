@@ -108,7 +108,9 @@ class Kit:
         if values.dtype == np.bool_:
             fill = np.ones(parent_n, dtype=np.bool_)
         elif values.dtype.kind in "iu":
-            fill = np.full(parent_n, 7777, dtype=values.dtype)
+            # int8 and uint8 (linear_wq's packed weights) hold no 7777
+            fill = np.full(parent_n, 7777 if values.dtype.itemsize > 1 else 77,
+                           dtype=values.dtype)
         else:
             fill = np.full(parent_n, -999.0).astype(values.dtype)
         self.dev.write(base, fill)
