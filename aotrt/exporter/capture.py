@@ -155,6 +155,23 @@ def decompose_unsupported(ep: torch.export.ExportedProgram,
     return ep
 
 
+def own_decompositions(ep: torch.export.ExportedProgram,
+                       runs_whole: Callable[[torch.fx.Node], bool]) -> dict[Any, Any]:
+    """Our decompositions (EXTRA_ and NAMED_DECOMPOSITIONS) of the ops in `ep` that the
+    lowering cannot run whole, for the first decomposition pass: each later round retraces
+    the whole program (half of a mixture-of-experts model's export time)."""
+    table: dict[Any, Any] = {}
+    for node in ep.graph.nodes:
+        t = node.target
+        if node.op != "call_function" or not isinstance(t, torch._ops.OpOverload) or \
+                t in table:
+            continue
+        fn = EXTRA_DECOMPOSITIONS.get(t) or NAMED_DECOMPOSITIONS.get(t.name())
+        if fn is not None and not runs_whole(node):
+            table[t] = fn
+    return table
+
+
 def capture(model: torch.nn.Module | torch.export.ExportedProgram,
             example_inputs: Sequence[Any] | None,
             kwargs: dict[str, Any] | None = None, strict: bool = False,
@@ -176,11 +193,21 @@ def capture(model: torch.nn.Module | torch.export.ExportedProgram,
     else:
         raise InvalidArgument("model: expected a torch.nn.Module or a "
                               f"torch.export.ExportedProgram, got {type(model).__name__}")
-    try:
-        ep = ep.run_decompositions(decomposition_table())
-    except Exception as e:
-        raise Unsupported(f"decomposing {what} to core ATen failed: "
-                          f"{type(e).__name__}: {e}") from e
+    own = own_decompositions(ep, runs_whole) if runs_whole is not None else {}
+    decomposed = None
+    if own:
+        log.debug("decomposing with our own too: %s", sorted(map(str, own)))
+        try:
+            decomposed = ep.run_decompositions({**decomposition_table(), **own})
+        except Exception as e:  # noqa: BLE001 - without them; decompose_unsupported retries
+            log.debug("decomposing with our own failed: %s", e)
+    if decomposed is None:
+        try:
+            decomposed = ep.run_decompositions(decomposition_table())
+        except Exception as e:
+            raise Unsupported(f"decomposing {what} to core ATen failed: "
+                              f"{type(e).__name__}: {e}") from e
+    ep = decomposed
     log.debug("decomposed: %d nodes", len(ep.graph.nodes))
     rewrite_real_ffts(ep.graph_module, decomposition_table())
     if runs_whole is not None:

@@ -151,3 +151,17 @@ def test_other_grouped_mm_forms_are_refused() -> None:
     offs = torch.tensor([4, 8, 16], dtype=torch.int32)
     with pytest.raises(Unsupported, match="_grouped_mm"):
         aotrt.export(KGrouped(), (a, b, offs))
+
+
+def test_decomposed_in_the_first_pass(caplog: pytest.LogCaptureFixture) -> None:
+    """Our decompositions join the core-ATen pass: no further round retraces the program."""
+    from aotrt.exporter.capture import capture
+    from aotrt.exporter.lower import runs_whole
+
+    m = Grouped(torch.bfloat16).eval()
+    x = _inputs(6, torch.bfloat16)[0]
+    with caplog.at_level("DEBUG", logger="aotrt.exporter.capture"), torch.no_grad():
+        ep = capture(m, (x, torch.tensor(OFFS[0], dtype=torch.int32)), runs_whole=runs_whole)
+    assert "decomposing with our own too: ['aten._grouped_mm.default']" in caplog.text
+    assert "decomposing further" not in caplog.text
+    assert not [n for n in ep.graph.nodes if "grouped_mm" in str(n.target)]
