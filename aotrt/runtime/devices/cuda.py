@@ -671,7 +671,7 @@ def _register_ops() -> None:
     """Register the cuda op implementations (ops/cuda/<op>.py) under CudaDevice."""
     # Imported here, once CudaDevice exists (the op modules name it for type checks only).
     from aotrt.runtime.ops import _common
-    from aotrt.runtime.ops.cuda import conv, gemm, pool, sdpa, topk, upsample
+    from aotrt.runtime.ops.cuda import conv, gemm, linear_wq, pool, sdpa, topk, upsample
 
     def convolution(out: Handle, x: Handle, w: Handle, bias: Handle | None, p: Any,
                     residual: Handle | None, fp32: Any) -> Any:
@@ -681,7 +681,8 @@ def _register_ops() -> None:
     for impl, make in (("convolution", convolution), ("matmul", gemm.make_matmul),
                        ("linear", gemm.make_linear), ("max_pool2d", pool.make_maxpool),
                        ("sdpa", sdpa.make_sdpa), ("topk", topk.make_topk),
-                       ("upsample_nearest2d", upsample.make_upsample)):
+                       ("upsample_nearest2d", upsample.make_upsample),
+                       ("linear_wq", linear_wq.make_linear_wq)):
         _common.register(CudaDevice, impl, make)
 
 

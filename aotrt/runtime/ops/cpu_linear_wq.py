@@ -26,7 +26,7 @@ from aotrt.errors import CompileError
 from aotrt.runtime.devices import cpu_native
 from aotrt.runtime.devices.cpu_loaded import OpSource
 from aotrt.runtime.ops import _common as c
-from aotrt.runtime.ops.linear_wq import FUSED_MAX_ROWS
+from aotrt.runtime.ops.linear_wq import FUSED_MAX_ROWS, dense, rows_of
 from aotrt.runtime.tensor import Handle, host_array
 from aotrt.runtime.work import Work
 from aotrt.sources import source
@@ -55,34 +55,6 @@ class LinearWqKernel(OpSource):
         super().__init__(device, SOURCE, [SYMBOL])
 
 
-def rows_of(h: Handle) -> tuple[int, int] | None:
-    """(row stride, rows) of a view of rank >= 1 whose last dim is unit-stride (or of one
-    element) and whose leading dims fold into one; None otherwise."""
-    k = h.sizes[-1]
-    if k > 1 and h.strides[-1] != 1:
-        return None
-    lead = [(n, s) for n, s in zip(h.sizes[:-1], h.strides[:-1]) if n != 1]
-    rows = 1
-    for n, _ in lead:
-        rows *= n
-    for (_, s0), (n1, s1) in zip(lead, lead[1:]):
-        if s0 != n1 * s1:
-            return None
-    return (lead[-1][1] if lead else k), rows
-
-
-def _dense(h: Handle | None) -> bool:
-    """A row-major view (or absent)."""
-    if h is None:
-        return True
-    expect = 1
-    for n, s in zip(reversed(h.sizes), reversed(h.strides)):
-        if n != 1 and s != expect:
-            return False
-        expect *= n
-    return True
-
-
 def make_linear_wq(out: Handle, x: Handle, qweight: Handle, scales: Handle,
                    zeros: Handle | None, bias: Handle | None, bits: int,
                    group_size: int) -> Callable[[], None]:
@@ -101,7 +73,7 @@ def _fused(out: Handle, x: Handle, qweight: Handle, scales: Handle, zeros: Handl
     xr, orow = rows_of(x), rows_of(out)
     if xr is None or orow is None or xr[1] > FUSED_MAX_ROWS or groups > MAX_GROUPS:
         return None
-    if not all(_dense(h) for h in (qweight, scales, zeros, bias)):
+    if not all(dense(h) for h in (qweight, scales, zeros, bias)):
         return None
     # x is converted into scratch before any output is written; the others are read late.
     if any(h is not None and c.overlaps(out, h) for h in (qweight, scales, zeros, bias)):
@@ -183,4 +155,4 @@ def _numpy(out: Handle, x: Handle, qweight: Handle, scales: Handle, zeros: Handl
 
 
 __all__ = ["COLUMNS", "LinearWqKernel", "MAX_GROUPS", "SOURCE", "dequantize_rows",
-           "make_linear_wq", "rows_of"]
+           "make_linear_wq"]

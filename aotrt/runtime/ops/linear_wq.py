@@ -127,11 +127,39 @@ def linear_wq(stream: Stream, out: Handle, x: Handle, qweight: Handle, scales: H
                     qweight, scales, zeros, bias, bits, group_size)
 
 
+def rows_of(h: Any) -> tuple[int, int] | None:
+    """(row stride, rows) of a view of rank >= 1 whose last dim is unit-stride (or of one
+    element) and whose leading dims fold into one; None otherwise."""
+    k = h.sizes[-1]
+    if k > 1 and h.strides[-1] != 1:
+        return None
+    lead = [(n, s) for n, s in zip(h.sizes[:-1], h.strides[:-1]) if n != 1]
+    rows = 1
+    for n, _ in lead:
+        rows *= n
+    for (_, s0), (n1, s1) in zip(lead, lead[1:]):
+        if s0 != n1 * s1:
+            return None
+    return (lead[-1][1] if lead else k), rows
+
+
+def dense(h: Any) -> bool:
+    """A row-major view (or absent)."""
+    if h is None:
+        return True
+    expect = 1
+    for n, s in zip(reversed(h.sizes), reversed(h.strides)):
+        if n != 1 and s != expect:
+            return False
+        expect *= n
+    return True
+
+
 def describe(params: dict[str, Any]) -> str:
     """The scheme of a linear_wq instruction's params, e.g. 'int4, group 128'."""
     bits, gs = params.get("bits"), params.get("group_size")
     return f"int{bits}, per channel" if bits == 8 else f"int{bits}, group {gs}"
 
 
-__all__ = ["BITS", "FUSED_MAX_ROWS", "GROUP_SIZES", "check_linear_wq", "describe",
-           "linear_wq", "linear_wq_cost"]
+__all__ = ["BITS", "FUSED_MAX_ROWS", "GROUP_SIZES", "check_linear_wq", "dense", "describe",
+           "linear_wq", "linear_wq_cost", "rows_of"]

@@ -41,6 +41,8 @@ OP_KERNELS = {
     "sdpa": ("aot_softmax_float16_float32", "aot_softmax_bfloat16_bfloat16"),
     "conv": ("aot_im2col2", "aot_col2im_float32", "aot_conv_epilogue_float16"),
     "topk": ("aot_topk_int64", "aot_topk_uint8"),
+    "linear_wq": ("aot_wq_gemv4_bfloat16_bfloat16", "aot_wq_gemv8_float16_float32",
+                  "aot_wq_dequant4_float32_bfloat16", "aot_wq_dequant8_bfloat16_float16"),
 }
 
 
