@@ -26,11 +26,12 @@ import torch
 _HALF = (torch.float16, torch.bfloat16)
 
 
-def _groups(offs: torch.Tensor, rows: int) -> torch.Tensor:
-    """Each row's group, int64 [rows]: how many of the cumulative ends `offs` are <= the row
-    (len(offs) for rows past the last end)."""
+def _groups(offs: torch.Tensor, rows: int, last: int) -> torch.Tensor:
+    """Each row's group, int64 [rows]: how many of the cumulative ends `offs` are <= the row,
+    at most `last` (rows past the last end are masked by the caller)."""
     r = torch.arange(rows, device=offs.device)
-    return (r[:, None] >= offs.to(torch.int64)[None, :]).sum(1)
+    # offs compared as it is (int32): a cast of its own would be a kernel of its own.
+    return torch.clamp((r[:, None] >= offs[None, :]).sum(1), max=last)
 
 
 def grouped_mm(x: torch.Tensor, w: torch.Tensor, offs: torch.Tensor | None = None,
@@ -47,13 +48,15 @@ def grouped_mm(x: torch.Tensor, w: torch.Tensor, offs: torch.Tensor | None = Non
     if offs is None or x.dim() != 2 or w.dim() != 3 or offs.dim() != 1 or \
             offs.shape[0] != w.shape[0] or offs.is_floating_point():
         return NotImplemented
-    ngroups = w.shape[0]
-    group = _groups(offs, x.shape[0])
-    g = torch.clamp(group, max=ngroups - 1)
+    rows, n = x.shape[0], w.shape[2]
+    g = _groups(offs, rows, w.shape[0] - 1)
     # The cast after the gather: the kernel reads each routed weight in its own dtype (a
     # cast before it would fold into a float32 copy of every expert's weights).
     out = (x[:, :, None].to(acc) * w[g].to(acc)).sum(1)
-    out = torch.where((group < ngroups)[:, None], out, 0.0)
+    # Rows past the last end are zero; the mask is built in the result's shape so that it
+    # is the reduction's epilogue, not a kernel of its own.
+    r = torch.arange(rows, device=x.device)[:, None].expand(rows, n)
+    out = torch.where(r < offs[-1], out, 0.0)
     return out.to(dtype)
 
 
