@@ -392,6 +392,19 @@ def seed_lib_topk() -> Program:
                      out_dtypes=("float32", "int64"))
 
 
+def seed_lib_linear_wq() -> Program:
+    """linear_wq of int4 weights in groups of 32: [2, 64] x [8, 64] with scales and zeros."""
+    b = ProgramBuilder("lib_linear_wq")
+    x = b.input("x", "float32", [2, 64])
+    q = (np.arange(8 * 32, dtype=np.int64) * 37 % 256).astype(np.uint8).reshape(8, 32)
+    s = (np.arange(16, dtype=np.float32).reshape(8, 2) % 5 + 1) / 64
+    z = (np.arange(16, dtype=np.float32).reshape(8, 2) % 16)
+    ins = [x, b.constant("q", q), b.constant("s", s), b.constant("z", z), None]
+    b.library("linear_wq", [b.output("o0", "float32", [2, 8])], ins,
+              {"bits": 4, "group_size": 32})
+    return b.build()
+
+
 SEEDS: dict[str, Callable[[], Program]] = {
     f.__name__[5:]: f for f in (seed_gather, seed_division, seed_casts, seed_narrow_index,
                                 seed_where_clamp, seed_reduce, seed_softmax, seed_float_pointwise,
@@ -405,7 +418,7 @@ SEEDS_V2: dict[str, Callable[[], Program]] = {
 #: that the mutants of earlier campaigns keep their ids
 SEEDS_LIB: dict[str, Callable[[], Program]] = {
     f.__name__[5:]: f for f in (seed_lib_pool, seed_lib_conv, seed_lib_upsample,
-                                seed_lib_topk)}
+                                seed_lib_topk, seed_lib_linear_wq)}
 
 
 # ---------------------------------------------------------------------------------------------
@@ -794,6 +807,10 @@ V2_SHARE = 0.3
 WEIGHTS_LIB = {"lib_params": 6, "json_value": 1, "structure": 0.5, "entries": 0.3}
 LIB_SHARE = 0.15
 LIB_FROM_MASTER = 32
+#: library seeds added after the campaigns of masters 32-34 were recorded (linear_wq, issue
+#: 38): drawn from this master on, so that those campaigns' mutants keep their ids
+LIB_LATER = frozenset({"lib_linear_wq"})
+LIB_LATER_FROM_MASTER = 35
 
 #: extreme values of a geometry param: zero, negative, int32's edges, 2**62, 2**63, wrong
 #: lengths and types
@@ -848,7 +865,8 @@ def mutant(seed_files: dict[str, tuple[dict, dict, bytes]], index: int, master: 
     every other id makes the very mutant of a version-1 seed it made before they came."""
     rng = random.Random(master * 1_000_003 + index)
     v2 = sorted(n for n in seed_files if n in SEEDS_V2)
-    libs = sorted(n for n in seed_files if n in SEEDS_LIB)
+    libs = sorted(n for n in seed_files if n in SEEDS_LIB and (
+        master >= LIB_LATER_FROM_MASTER or n not in LIB_LATER))
     pick = random.Random(f"aotrt-fuzz-v2:{master}:{index}")
     pick_lib = random.Random(f"aotrt-fuzz-lib:{master}:{index}")
     if libs and master >= LIB_FROM_MASTER and pick_lib.random() < LIB_SHARE:
