@@ -28,6 +28,9 @@ from aotrt.measure import ms, synced_run, time_calls
 
 log = logging.getLogger(__name__)
 
+#: demo models that generate text (aotrt/llm/cli.py), beside the detectors
+LLM_DEMOS = ("gpt2", "gpt2-tiny", "llama-200m", "llama-1b")
+
 
 # ---------------------------------------------------------------------------------------------
 # helpers
@@ -67,7 +70,15 @@ def _method(prog: Any, name: str | None) -> tuple[str, Any]:
 
 def cmd_demo(args: argparse.Namespace) -> int:
     """Export a YOLO-style detector, run it, and compare it with torch eager."""
+    if args.model in LLM_DEMOS:
+        return importlib.import_module("aotrt.llm.cli").run_demo(args)
     return importlib.import_module("aotrt.demo").run_demo(args)
+
+
+def cmd_generate(args: argparse.Namespace) -> int:
+    """Generate tokens from a language model: a .aotp file made by aotrt.llm.export, or a
+    named shape or transformers config directory (exported first, with random weights)."""
+    return importlib.import_module("aotrt.llm.cli").run_generate(args)
 
 
 def cmd_export(args: argparse.Namespace) -> int:
@@ -187,16 +198,39 @@ def parser() -> argparse.ArgumentParser:
         q.add_argument("--warmup", type=int, default=warmup,
                        help=f"untimed runs before them (default: {warmup})")
 
-    d = sub.add_parser("demo", help="export a YOLO-style detector and run it vs torch eager",
-                       description=cmd_demo.__doc__)
-    d.add_argument("--model", choices=("auto", "yolov8n", "tiny-yolo"), default="auto",
-                   help="auto: ultralytics YOLOv8n when installed, else the built-in model")
+    d = sub.add_parser("demo", help="export a YOLO-style detector (or a language model) and "
+                       "run it vs torch eager", description=cmd_demo.__doc__)
+    d.add_argument("--model", choices=("auto", "yolov8n", "tiny-yolo") + LLM_DEMOS,
+                   default="auto", help="auto: ultralytics YOLOv8n when installed, else the "
+                   "built-in model; gpt2, llama-200m, llama-1b: text generation (random "
+                   "weights) against Hugging Face generate")
+    d.add_argument("--max-new-tokens", type=int, default=32,
+                   help="new tokens of a language-model demo (default: 32)")
     d.add_argument("--size", type=int, default=320,
                    help="input height and width in pixels (default: 320)")
     timing(d, 10, 3)
     device(d)
     seed(d, "input image and weights")
     d.set_defaults(fn=cmd_demo)
+
+    g = sub.add_parser("generate", help="generate tokens from a language model",
+                       description=cmd_generate.__doc__)
+    g.add_argument("model", help="a .aotp file made by aotrt.llm.export, a shape name "
+                   f"({', '.join(LLM_DEMOS)}), or a transformers config directory")
+    g.add_argument("--prompt", help="prompt token ids, like '1 2 3' (default: random ids)")
+    g.add_argument("--prompt-len", type=int, default=16,
+                   help="length of the random prompt (default: 16)")
+    g.add_argument("--max-new-tokens", type=int, default=32, help="(default: 32)")
+    g.add_argument("--max-seq-len", type=int, default=256,
+                   help="KV cache slots of an export (default: 256)")
+    g.add_argument("--prefill-len", type=int, default=128,
+                   help="tokens a prefill call takes, in an export (default: 128)")
+    g.add_argument("--dtype", choices=("float32", "float16", "bfloat16"), default=None,
+                   help="dtype of an export (default: float32)")
+    g.add_argument("--save", help="write the exported program to this .aotp file")
+    device(g)
+    seed(g, "weights and prompt")
+    g.set_defaults(fn=cmd_generate)
 
     e = sub.add_parser("export", help="export a model to a .aotp program file",
                        description=cmd_export.__doc__)

@@ -318,7 +318,7 @@ def test_every_option_has_help() -> None:
 
     p = parser()
     subs = [a for a in p._actions if isinstance(a, argparse._SubParsersAction)][0]
-    assert set(subs.choices) == {"demo", "export", "run", "bench", "inspect"}
+    assert set(subs.choices) == {"demo", "export", "generate", "run", "bench", "inspect"}
     helped = {c.dest: c.help for c in subs._choices_actions}
     for name, sub in [("aotrt", p), *subs.choices.items()]:
         if name != "aotrt":

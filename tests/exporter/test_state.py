@@ -265,10 +265,12 @@ def test_inspect_lists_methods_state_and_sharing(tmp_path: Path,
 
 
 @pytest.mark.parametrize("device", DEVICES)
-def test_bound_decode_step_allocates_nothing(device: str,
+@pytest.mark.parametrize("hazards", [True, False])
+def test_bound_decode_step_allocates_nothing(device: str, hazards: bool,
                                              monkeypatch: pytest.MonkeyPatch) -> None:
     """A decode method bound once: each step copies its inputs into the bound buffers,
-    launches once and returns the same output Tensors, with no allocation."""
+    launches once and returns the same output Tensors, with no allocation. Without the
+    hazard checker a cuda step stages its host inputs in the graph's pinned block."""
     torch.manual_seed(1)
     blk = Block().eval()
     prog = aotrt.export({"prefill": (blk, (torch.randn(1, 4, 32), torch.arange(4))),
@@ -276,7 +278,7 @@ def test_bound_decode_step_allocates_nothing(device: str,
                         share_state=True)
     ref = Block().eval()
     ref.load_state_dict(blk.state_dict())
-    with aotrt.load(prog, device=device) as mod:
+    with aotrt.load(prog, device=device, check_hazards=hazards) as mod:
         x = torch.randn(1, 4, 32)
         mod.method("prefill").run(x.numpy(), np.arange(4))
         ref(x, torch.arange(4))

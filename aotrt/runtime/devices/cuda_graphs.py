@@ -156,16 +156,48 @@ class CudaGraph:
         # Marks the end of a launch's input copies, so the host can wait for them alone.
         flags = _drv.CUevent_flags.CU_EVENT_DISABLE_TIMING
         self._copied = _ok(_drv.cuEventCreate(flags), "event create")[0]
+        self._pinned = 0            # page-locked host block for bound runs' inputs (staging)
+        self._pinned_nbytes = 0
+        res = _drv.cuCtxGetCurrent()
+        self._ctx = res[1] if int(res[0]) == 0 else None
 
-    def launch(self, stream: Any,
-               copies: Sequence[tuple[int, int, int]] = ()) -> None:
-        """Copy `copies` ((dst, src, bytes) device addresses), then replay the whole graph on
-        `stream` (asynchronously)."""
+    def staging(self, nbytes: int) -> int:
+        """A page-locked host block of at least `nbytes`, owned by this graph: a bound run
+        writes its host inputs there and `launch` uploads them asynchronously in stream
+        order (a pageable upload must synchronise, tens of microseconds an input)."""
+        if nbytes > self._pinned_nbytes:
+            self._free_pinned()
+            self._pinned = int(_ok(_drv.cuMemAllocHost(max(nbytes, 64)), "pinned staging")[0])
+            self._pinned_nbytes = max(nbytes, 64)
+        return self._pinned
+
+    def launch(self, stream: Any, copies: Sequence[tuple[int, int, int]] = (),
+               uploads: Sequence[tuple[int, int, int]] = ()) -> None:
+        """Copy `copies` ((dst, src, bytes) device addresses) and `uploads` ((dst, src, bytes)
+        from this graph's staging block), then replay the whole graph on `stream`
+        (asynchronously); `wait_copies` tells when the sources may be written again."""
         h = stream.cs.handle
         for dst, src, n in copies:
             _ok(_drv.cuMemcpyDtoDAsync(dst, src, n, h), "copy into the graph's inputs")
+        for dst, src, n in uploads:
+            _ok(_drv.cuMemcpyHtoDAsync(dst, src, n, h), "upload into the graph's inputs")
         _ok(_drv.cuEventRecord(self._copied, h), "event record")
         _ok(_drv.cuGraphLaunch(self._exec, h), "graph launch")
+
+    def _free_pinned(self) -> None:
+        if not self._pinned:
+            return
+        pushed = self._ctx is not None and int(_drv.cuCtxPushCurrent(self._ctx)[0]) == 0
+        try:
+            # The last launch's uploads read the block: they end before it goes.
+            _drv.cuEventSynchronize(self._copied)
+            err = _drv.cuMemFreeHost(self._pinned)[0]
+            if int(err) != 0:
+                log.warning("cuda: freeing pinned staging failed: %s", err)
+        finally:
+            if pushed:
+                _drv.cuCtxPopCurrent()
+        self._pinned = self._pinned_nbytes = 0
 
     def wait_copies(self, stream: Any) -> None:
         """Block until the input copies of the last `launch` on `stream` are done (not the
@@ -177,6 +209,7 @@ class CudaGraph:
     def close(self) -> None:
         """Free the graph; safe to call twice."""
         if self._exec is not None:
+            self._free_pinned()
             _drv.cuGraphExecDestroy(self._exec)
             _drv.cuGraphDestroy(self._graph)
             _drv.cuEventDestroy(self._copied)
