@@ -144,8 +144,8 @@ def quantize_linears(module: torch.nn.Module, weights: str = "int8", group_size:
                      scale_dtype: torch.dtype | None = None,
                      include: str | Callable[[str, torch.nn.Linear], bool] | None = None
                      ) -> list[str]:
-    """Replace every torch.nn.Linear in `module` (in place) by a QuantizedLinear; returns
-    the names of the layers replaced.
+    """Replace every torch.nn.Linear in `module` (and transformers' Conv1D, GPT-2's linear
+    layers) in place by a QuantizedLinear; returns the names of the layers replaced.
 
     `weights`: "int8" (symmetric per output channel; `group_size` is ignored) or "int4"
     (asymmetric per group of `group_size` in 32, 64, 128 along K). `scale_dtype`: of the
@@ -173,8 +173,8 @@ def quantize_linears(module: torch.nn.Module, weights: str = "int8", group_size:
             return pattern.search(name) is not None
     else:
         take = include
-    chosen = [(name, m) for name, m in module.named_modules()
-              if type(m) is torch.nn.Linear and take(name, m)]
+    chosen = [(name, lin) for name, m in module.named_modules()
+              if (lin := _as_linear(m)) is not None and take(name, lin)]
     for name, lin in chosen:
         k = lin.in_features
         if bits == 4 and (k % group_size or k % 2):
@@ -188,6 +188,24 @@ def quantize_linears(module: torch.nn.Module, weights: str = "int8", group_size:
         gs = k if bits == 8 else group_size
         _replace(module, name, QuantizedLinear(lin, bits, gs, sd))
     return [name for name, _ in chosen]
+
+
+def _as_linear(m: torch.nn.Module) -> torch.nn.Linear | None:
+    """`m` itself if it is a Linear; a Linear of the same product for transformers' Conv1D
+    (GPT-2's layers: y = x @ W + b with W stored [in, out]); else None."""
+    if type(m) is torch.nn.Linear:
+        return m
+    cls = type(m)
+    if cls.__name__ == "Conv1D" and cls.__module__.startswith("transformers."):
+        w = m.weight.detach()
+        lin = torch.nn.Linear(w.shape[0], w.shape[1], bias=m.bias is not None,
+                              device=w.device, dtype=w.dtype)
+        with torch.no_grad():
+            lin.weight.copy_(w.t())
+            if m.bias is not None:
+                lin.bias.copy_(m.bias.detach())
+        return lin
+    return None
 
 
 def _replace(root: torch.nn.Module, name: str, new: torch.nn.Module) -> None:

@@ -11,6 +11,7 @@
 
 from __future__ import annotations
 
+import copy
 from typing import Any
 
 import torch
@@ -29,12 +30,16 @@ def _positive(name: str, value: Any) -> int:
 
 
 def export(model: torch.nn.Module, *, max_seq_len: int = 512, max_batch: int = 1,
-           prefill_len: int | None = None, dtype: torch.dtype | None = None) -> Program:
+           prefill_len: int | None = None, dtype: torch.dtype | None = None,
+           weights: str | None = None, group_size: int = 128) -> Program:
     """Export `model` (a transformers causal LM) as methods `prefill` and `decode` over a
     KV cache of `max_batch` rows and `max_seq_len` slots, in `dtype` (default: the model's).
 
     `prefill_len` (default min(128, max_seq_len)) is how many tokens one prefill call takes;
-    `generate` left-pads a prompt to a multiple of it.
+    `generate` left-pads a prompt to a multiple of it. `weights` "int8" or "int4" quantizes
+    every linear layer's weight (the output head too; embeddings stay as they are) on a
+    copy of the model (aotrt/exporter/quantize.py: int8 per output channel, int4 per group
+    of `group_size` along K), with scales in `dtype`.
     """
     _positive("max_seq_len", max_seq_len)
     _positive("max_batch", max_batch)
@@ -47,6 +52,13 @@ def export(model: torch.nn.Module, *, max_seq_len: int = 512, max_batch: int = 1
                               f"config), got {type(model).__name__}")
     dtype = dtype or next(model.parameters()).dtype
     model = model.eval().to(dtype)
+    if weights is not None:
+        from aotrt.exporter.quantize import quantize_linears
+
+        # On a copy: the caller's model keeps its float weights (and its tied head).
+        model = copy.deepcopy(model)
+        with progress.step(f"quantizing linear layers to {weights}"):
+            quantize_linears(model, weights, group_size)
     step = CausalStep(model, max_batch, max_seq_len, dtype).eval()
     i64 = torch.int64
 

@@ -1,0 +1,42 @@
+"""llm.export with int8 and int4 weights: tokens equal the torch model quantized the same
+way (aotrt/exporter/quantize.py), the file shrinks, and the caller's model is untouched."""
+
+from __future__ import annotations
+
+import copy
+
+import numpy as np
+import pytest
+import torch
+
+import aotrt
+from aotrt import llm
+from aotrt.exporter.quantize import QuantizedLinear, quantize_linears
+from tests.conftest import DEVICES
+from tests.llm.models import VOCAB, build
+
+NEW = 16
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("family,weights", [("gpt2", "int8"), ("llama", "int4"),
+                                            ("qwen3", "int8")])
+def test_quantized_tokens_equal_the_quantized_torch_model(family: str, weights: str,
+                                                          device: str) -> None:
+    model = build(family)
+    prog = llm.export(model, max_seq_len=64, max_batch=1, prefill_len=8, weights=weights,
+                      group_size=32)
+    assert not any(isinstance(m, QuantizedLinear) for m in model.modules())
+    ref = copy.deepcopy(model)
+    layers = quantize_linears(ref, weights, 32)
+    assert len(layers) >= 9            # GPT-2's Conv1D layers and the head are included
+    ids = np.random.default_rng(1).integers(3, VOCAB, (1, 9))
+    with aotrt.load(prog, device=device, check_hazards=True) as m:
+        got = llm.generate(m, ids, max_new_tokens=NEW, eos_token_id=[])
+    want = ref.generate(torch.tensor(ids), max_new_tokens=NEW, do_sample=False,
+                        cache_implementation="static", pad_token_id=0, eos_token_id=None)
+    assert len(np.unique(want[0, 9:].numpy())) > 4
+    np.testing.assert_array_equal(got, want.numpy())
+    fp = llm.export(model, max_seq_len=64, max_batch=1, prefill_len=8)
+    size = sum(a.nbytes for a in prog.constants.values())
+    assert size < 0.75 * sum(a.nbytes for a in fp.constants.values())
