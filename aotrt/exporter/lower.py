@@ -37,6 +37,7 @@ from torch.export.graph_signature import InputKind, OutputKind
 from aotrt import dtypes
 from aotrt.errors import InvalidArgument, Unsupported
 from aotrt.exporter import epilogue, fuse, layout
+from aotrt.exporter.dedup import KernelSet
 from aotrt.exporter.nodes import (describe, dtype_name, is_pointwise, static_ints, tensor_meta,
                                   unsupported)
 from aotrt.exporter.outputs import build, place_outputs
@@ -70,6 +71,8 @@ class Lowering:
         self.env: dict[torch.fx.Node, Any] = {}       # node -> TView | list[TView|None]
         self.instrs: list[Instr] = []
         self.kernels: dict[str, ir.Kernel] = {}
+        #: kernels by canonical form: a repeated layer's kernels are emitted once
+        self.kernel_set = KernelSet()
         self.inputs: list[tuple[str, TView]] = []
         #: buffers the graph writes in place: (name, initial value, the view of its state)
         self.state: list[tuple[str, torch.Tensor, TView]] = []
@@ -125,7 +128,10 @@ class Lowering:
                 lower_group(self, unit)
             else:
                 rule_of(unit[0]).lower(self, unit[0])
-        return build(self, place_outputs(self))
+        prog = build(self, place_outputs(self))
+        log.debug("%d kernel instructions call an identical earlier kernel",
+                  self.kernel_set.merged)
+        return prog
 
     # -- the signature: inputs, constants, outputs --------------------------------------------
 
@@ -358,7 +364,9 @@ class Lowering:
         return f"k{self._kcount}_{what}"
 
     def emit_kernel(self, kernel: ir.Kernel, args: Sequence[TView], where: str) -> None:
-        """Append a kernel instruction (args in the kernel's argument order)."""
+        """Append a kernel instruction (args in the kernel's argument order); a kernel
+        identical to an earlier one but for its name calls that one (aotrt.exporter.dedup)."""
+        kernel = self.kernel_set.add(kernel)
         self.kernels[kernel.name] = kernel
         self.instrs.append(Instr("kernel", where, kernel=kernel, args=tuple(args)))
 

@@ -3,8 +3,9 @@ kernels and state (no torch here; the exporter lowers each method apart, then me
 
 - A constant is stored once however many methods read it: equal bytes (dtype, shape and
   data) are one constant, under the first name seen.
-- A kernel is compiled once however many methods launch it: equal IR is one kernel; a name
-  that two different kernels took is made unique.
+- A kernel is compiled once however many methods launch it: kernels equal but for their
+  names (aotrt.exporter.dedup.kernel_key, the lowering's test too) are one kernel, under the
+  first name seen; a name that two different kernels took is made unique.
 - State is a method's own unless sharing is asked for (`share_state=True`, or the names of
   the buffers to share): a KV cache shared blindly between a prefill and a decode gave
   Parakeet garbage in ExecuTorch, so sharing is opt-in. A method's own buffer is named
@@ -15,12 +16,12 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
-import json
 from typing import Any, Iterable, Mapping
 
 import numpy as np
 
 from aotrt.errors import InvalidArgument
+from aotrt.exporter.dedup import kernel_key
 from aotrt.kernels import ir
 from aotrt.program import Program, check_method_name
 
@@ -73,12 +74,12 @@ def merge(methods: Mapping[str, Program], share_state: bool | Iterable[str] = Fa
             cmap.append(list(constants).index(by_bytes[key]))
         knames: dict[str, str] = {}
         for k in m.kernels:
-            text = json.dumps(ir.to_json(k), sort_keys=True)
-            if text not in by_ir:
+            key = kernel_key(k)
+            if key not in by_ir:
                 name = k.name if k.name not in kernels else _fresh(k.name, kernels)
                 kernels[name] = k if name == k.name else dataclasses.replace(k, name=name)
-                by_ir[text] = name
-            knames[k.name] = by_ir[text]
+                by_ir[key] = name
+            knames[k.name] = by_ir[key]
         smap: list[int] = []
         for spec in m.state:
             sname = spec["name"]
