@@ -10,11 +10,22 @@ positions and mask Hugging Face makes from a left-padded attention mask. A paddi
 also attends to its own slot, so no row of the mask is empty and no NaN enters the cache
 (Hugging Face unmasks such rows for the same reason). The step returns the arg-max token of
 each row's last position, so a decode step hands back ids, not logits.
+
+Given the sampling inputs as well (the `sample` method), the step draws the token instead:
+
+    uniform      float32 [batch]  one draw in [0, 1) a row (the host's seeded generator)
+    temperature  float32 []       > 0
+    top_k        int64 []         keep the k likeliest tokens; <= 0 or >= vocab: all
+    top_p        float32 []       in (0, 1]: then the smallest prefix whose mass reaches it
+
+(`sample_token`: Hugging Face's temperature, top-k and top-p warpers, in that order, then
+an inverse-CDF pick.)
 """
 
 from __future__ import annotations
 
 import inspect
+import math
 from typing import Any
 
 import torch
@@ -38,6 +49,49 @@ def kv_shape(config: Any) -> tuple[int, int, int]:
     return layers, kv_heads, head_dim
 
 
+def first_reach(x: torch.Tensor, threshold: torch.Tensor) -> torch.Tensor:
+    """Per row of `x` [rows, n] (entries >= 0), the first index whose inclusive prefix sum
+    reaches `threshold` [rows]; at most n (about n when no prefix reaches it)."""
+    # Two levels of sqrt(n) blocks, not x.cumsum(-1): aotrt lowers cumsum as O(n^2) sums,
+    # 10^10 a row for a 128k vocabulary. The block sums and one block's prefix are O(n).
+    rows, n = x.shape
+    b = math.isqrt(n - 1) + 1
+    blocks = -(-n // b)
+    if blocks * b > n:
+        x = torch.cat([x, x.new_zeros(rows, blocks * b - n)], dim=-1)
+    xb = x.reshape(rows, blocks, b)
+    sums = xb.sum(-1)
+    ends = sums.cumsum(-1)
+    j = (ends < threshold[:, None]).sum(-1).clamp(max=blocks - 1)
+    before = (ends - sums).gather(-1, j[:, None])[:, 0]
+    block = xb.gather(1, j[:, None, None].expand(rows, 1, b))[:, 0]
+    return j * b + (block.cumsum(-1) < (threshold - before)[:, None]).sum(-1)
+
+
+def sample_token(logits: torch.Tensor, uniform: torch.Tensor, temperature: torch.Tensor,
+                 top_k: torch.Tensor, top_p: torch.Tensor) -> torch.Tensor:
+    """A token id a row [batch] int64, drawn from the filtered softmax of `logits` [batch, V]
+    by the inverse CDF of `uniform` [batch], over the tokens in descending order."""
+    x = logits.float() / temperature
+    vocab = x.shape[-1]
+    # A stable descending sort (aotrt's topk op): ties rank by index, as arg-max picks.
+    values, order = torch.sort(x, dim=-1, descending=True, stable=True)
+    probs = torch.softmax(values, dim=-1)
+    rank = torch.arange(vocab, device=x.device)
+    k = torch.where((top_k <= 0) | (top_k > vocab), vocab, top_k)
+    top = torch.where(rank < k, probs, 0.0)
+    # Hugging Face's top-p drops a token when the mass at or below it (ascending) is at most
+    # 1 - top_p of the top-k distribution: it keeps the ranks up to the one whose inclusive
+    # prefix first reaches top_p, so always the first.
+    kept = torch.minimum(first_reach(top, top_p * top.sum(-1)) + 1, k)
+    w = torch.where(rank[None, :] < kept[:, None], probs, 0.0)
+    pick = first_reach(w, uniform * w.sum(-1))
+    # The two levels' sums round apart from w.sum, so a pick may run past the kept tokens:
+    # it stays on the last one of nonzero weight (the first, if all underflow).
+    pick = torch.minimum(pick, ((w > 0).sum(-1) - 1).clamp(min=0))
+    return order.gather(-1, pick[:, None])[:, 0]
+
+
 class CausalStep(torch.nn.Module):
     """A causal LM's prefill or decode step over a KV cache held as buffers (state)."""
 
@@ -57,9 +111,12 @@ class CausalStep(torch.nn.Module):
         params = inspect.signature(model.forward).parameters
         self._keep = {"logits_to_keep": 1} if "logits_to_keep" in params else {}
 
-    def forward(self, ids: torch.Tensor, slot: torch.Tensor, start: torch.Tensor
+    def forward(self, ids: torch.Tensor, slot: torch.Tensor, start: torch.Tensor,
+                uniform: torch.Tensor | None = None, temperature: torch.Tensor | None = None,
+                top_k: torch.Tensor | None = None, top_p: torch.Tensor | None = None
                 ) -> torch.Tensor:
-        """The arg-max token of each row's last position, [batch] int64."""
+        """The token of each row's last position, [batch] int64: the arg-max, or drawn by
+        `sample_token` when the sampling inputs are given."""
         n = ids.shape[1]
         slots = slot.reshape(()) + torch.arange(n, device=ids.device)
         for i, layer in enumerate(self.cache.layers):
@@ -72,4 +129,8 @@ class CausalStep(torch.nn.Module):
         positions = (slots[None, :] - start[:, None]).clamp(min=0)
         out = self.model(input_ids=ids, position_ids=positions, attention_mask=mask[:, None],
                          past_key_values=self.cache, use_cache=True, **self._keep)
-        return out.logits[:, -1].argmax(-1)
+        logits = out.logits[:, -1]
+        if uniform is None:
+            return logits.argmax(-1)
+        assert temperature is not None and top_k is not None and top_p is not None
+        return sample_token(logits, uniform, temperature, top_k, top_p)

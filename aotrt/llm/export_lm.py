@@ -5,7 +5,9 @@
     prog.save("gpt2.aotp")
 
 `prefill` takes `prefill_len` tokens a call, `decode` one; both return arg-max token ids
-(aotrt/llm/causal.py). The file's provenance records the sizes `generate` needs, and
+(aotrt/llm/causal.py). With `sampling=True` a third method, `sample`, takes one token a row
+and the sampling inputs (a uniform draw a row, temperature, top-k, top-p) and returns the
+drawn token ids. The file's provenance records the sizes `generate` needs, and
 `generate` checks them against the methods' own inputs (aotrt/llm/generate.py).
 """
 
@@ -31,7 +33,8 @@ def _positive(name: str, value: Any) -> int:
 
 def export(model: torch.nn.Module, *, max_seq_len: int = 512, max_batch: int = 1,
            prefill_len: int | None = None, dtype: torch.dtype | None = None,
-           weights: str | None = None, group_size: int = 128) -> Program:
+           weights: str | None = None, group_size: int = 128, sampling: bool = False
+           ) -> Program:
     """Export `model` (a transformers causal LM) as methods `prefill` and `decode` over a
     KV cache of `max_batch` rows and `max_seq_len` slots, in `dtype` (default: the model's).
 
@@ -39,7 +42,9 @@ def export(model: torch.nn.Module, *, max_seq_len: int = 512, max_batch: int = 1
     `generate` left-pads a prompt to a multiple of it. `weights` "int8" or "int4" quantizes
     every linear layer's weight (the output head too; embeddings stay as they are) on a
     copy of the model (aotrt/exporter/quantize.py: int8 per output channel, int4 per group
-    of `group_size` along K), with scales in `dtype`.
+    of `group_size` along K), with scales in `dtype`. `sampling` adds the method `sample`
+    (one token a row, drawn in the graph: aotrt/llm/causal.py), which `generate(...,
+    do_sample=True)` needs.
     """
     _positive("max_seq_len", max_seq_len)
     _positive("max_batch", max_batch)
@@ -47,6 +52,8 @@ def export(model: torch.nn.Module, *, max_seq_len: int = 512, max_batch: int = 1
     _positive("prefill_len", prefill_len)
     if prefill_len > max_seq_len:
         raise InvalidArgument(f"prefill_len: {prefill_len} is over max_seq_len {max_seq_len}")
+    if not isinstance(sampling, bool):
+        raise InvalidArgument(f"sampling: expected a bool, got {sampling!r}")
     if not isinstance(model, torch.nn.Module) or not hasattr(model, "config"):
         raise InvalidArgument("model: expected a transformers model (an nn.Module with a "
                               f"config), got {type(model).__name__}")
@@ -66,11 +73,17 @@ def export(model: torch.nn.Module, *, max_seq_len: int = 512, max_batch: int = 1
         return (torch.zeros(max_batch, n, dtype=i64), torch.tensor(0, dtype=i64),
                 torch.zeros(max_batch, dtype=i64))
 
+    methods = {"prefill": (step, args(prefill_len)), "decode": (step, args(1))}
+    if sampling:
+        f32 = torch.float32
+        methods["sample"] = (step, args(1) + (
+            torch.full((max_batch,), 0.5, dtype=f32), torch.tensor(1.0, dtype=f32),
+            torch.tensor(0, dtype=i64), torch.tensor(1.0, dtype=f32)))
     name = type(model).__name__
-    with progress.step(f"exporting {name} (prefill {prefill_len}, decode 1)"), \
+    what = ", sample 1" if sampling else ""
+    with progress.step(f"exporting {name} (prefill {prefill_len}, decode 1{what})"), \
             torch.no_grad():
-        prog = aotrt_export({"prefill": (step, args(prefill_len)), "decode": (step, args(1))},
-                            name=name, share_state=True)
+        prog = aotrt_export(methods, name=name, share_state=True)
     config = model.config.get_text_config() if hasattr(model.config, "get_text_config") \
         else model.config
     eos = getattr(getattr(model, "generation_config", None), "eos_token_id", None)
@@ -81,7 +94,8 @@ def export(model: torch.nn.Module, *, max_seq_len: int = 512, max_batch: int = 1
     # A config's end token outside its vocabulary (a shrunk test config) can never be made.
     spec = LlmSpec(max_seq_len=max_seq_len, max_batch=max_batch, prefill_len=prefill_len,
                    vocab_size=vocab, eos_token_ids=tuple(int(e) for e in eos_ids
-                                                         if 0 <= int(e) < vocab))
+                                                         if 0 <= int(e) < vocab),
+                   sampling=sampling)
     prog.provenance.update(spec.to_provenance())
     return prog
 

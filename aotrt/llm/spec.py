@@ -14,6 +14,9 @@ _KEYS = ("llm.kind", "llm.max_seq_len", "llm.max_batch", "llm.prefill_len", "llm
 # Sizes past these are not a language model's; they bound what generate allocates.
 MAX_SEQ_LEN = 1 << 20
 MAX_BATCH = 1 << 12
+# The in-graph sampling rule a `sample` method implements (aotrt/llm/causal.py
+# sample_token): an optional entry, so files exported without sampling read as before.
+SAMPLING = "inverse-cdf"
 
 
 @dataclass(frozen=True)
@@ -25,13 +28,17 @@ class LlmSpec:
     prefill_len: int
     vocab_size: int
     eos_token_ids: tuple[int, ...] = ()
+    sampling: bool = False
 
     def to_provenance(self) -> dict[str, str]:
         """The provenance entries (strings) that record this spec in the file."""
-        return {"llm.kind": KIND, "llm.max_seq_len": str(self.max_seq_len),
+        prov = {"llm.kind": KIND, "llm.max_seq_len": str(self.max_seq_len),
                 "llm.max_batch": str(self.max_batch), "llm.prefill_len": str(self.prefill_len),
                 "llm.vocab_size": str(self.vocab_size),
                 "llm.eos_token_ids": ",".join(map(str, self.eos_token_ids))}
+        if self.sampling:
+            prov["llm.sampling"] = SAMPLING
+        return prov
 
     @classmethod
     def from_provenance(cls, prov: Mapping[str, Any]) -> "LlmSpec":
@@ -62,5 +69,9 @@ class LlmSpec:
                 raise ProgramError(f"provenance: llm.eos_token_ids: {eos_text!r} is not a list "
                                    f"of token ids below the vocabulary size {spec.vocab_size}")
             eos.append(int(part))
+        sampling = prov.get("llm.sampling")
+        if sampling not in (None, SAMPLING):
+            raise ProgramError(f"provenance: llm.sampling: expected {SAMPLING!r} (the rule "
+                               f"this version's generate draws by), got {sampling!r}")
         return cls(spec.max_seq_len, spec.max_batch, spec.prefill_len, spec.vocab_size,
-                   tuple(eos))
+                   tuple(eos), sampling=sampling is not None)
