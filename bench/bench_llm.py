@@ -34,7 +34,9 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-RUNNERS = ("hf_eager", "hf_static", "aotrt")
+RUNNERS = ("hf_eager", "hf_static", "aotrt", "aotrt_int8", "aotrt_int4")
+#: aotrt runners with quantized linear weights (llm.export weights=, group 128)
+WEIGHTS = {"aotrt_int8": "int8", "aotrt_int4": "int4"}
 
 
 def _config(name: str) -> Any:
@@ -128,8 +130,10 @@ def run_hf(args: argparse.Namespace, batch: int, compiled: bool) -> dict[str, An
     return res
 
 
-def run_aotrt(args: argparse.Namespace, batch: int) -> dict[str, Any]:
-    """aotrt: llm.export (max_batch = the batch), save, load, llm.generate."""
+def run_aotrt(args: argparse.Namespace, batch: int, weights: str | None = None
+              ) -> dict[str, Any]:
+    """aotrt: llm.export (max_batch = the batch; `weights` int8/int4 or None), save, load,
+    llm.generate."""
     import torch
 
     import aotrt
@@ -139,7 +143,7 @@ def run_aotrt(args: argparse.Namespace, batch: int) -> dict[str, Any]:
     model = _model(args.model, args.dtype)
     t0 = time.perf_counter()
     prog = llm.export(model, max_seq_len=args.prompt + args.new, max_batch=batch,
-                      prefill_len=args.prompt)
+                      prefill_len=args.prompt, weights=weights)
     export_s = time.perf_counter() - t0
     vocab = model.config.vocab_size
     del model
@@ -181,8 +185,8 @@ def _host_us(m: Any, batch: int, slot: int) -> float:
 
 def run_one(args: argparse.Namespace) -> dict[str, Any]:
     """One runner at one batch size, in this process."""
-    if args.one == "aotrt":
-        return run_aotrt(args, args.batch[0])
+    if args.one.startswith("aotrt"):
+        return run_aotrt(args, args.batch[0], WEIGHTS.get(args.one))
     return run_hf(args, args.batch[0], compiled=args.one == "hf_static")
 
 
