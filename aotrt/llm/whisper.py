@@ -206,10 +206,11 @@ def export_whisper(hf_model: Any, max_batch: int = 1, max_new_tokens: int = 224,
                    prompt_len: int = 4, *, suppress_tokens: Sequence[int] | None = None,
                    begin_suppress_tokens: Sequence[int] | None = None) -> aotrt.Program:
     """A WhisperForConditionalGeneration as a Program of encode, prefill and decode."""
-    cfg = hf_model.config
-    if not hasattr(hf_model, "proj_out") or not hasattr(hf_model.model, "encoder"):
+    inner = getattr(hf_model, "model", None)
+    if not hasattr(hf_model, "proj_out") or not hasattr(inner, "encoder"):
         raise InvalidArgument(f"expected a WhisperForConditionalGeneration, got "
                               f"{type(hf_model).__name__}")
+    cfg = hf_model.config
     for name, v in (("max_batch", max_batch), ("max_new_tokens", max_new_tokens),
                     ("prompt_len", prompt_len)):
         if not isinstance(v, int) or v < 1:
