@@ -1,16 +1,20 @@
 """Identical kernels are one kernel: a model that repeats a layer N times generates the same
-kernels N times (GPT-2 124M: 133 kernels, 12 identical layers), and each kernel a program
-holds is rendered and compiled at every load. Two kernels are identical when their IR is,
-name aside (`kernel_key`); the first one emitted survives and every instruction that would
-have called a later copy calls it (`KernelSet`, used by the lowering and by
+kernels N times (GPT-2 124M's llm.export: 133 kernels, 20 of them distinct), and each kernel
+a program holds is rendered and compiled at every load. Two kernels are identical when their
+IR is, name aside (`kernel_key`); the first one emitted survives and every instruction that
+would have called a later copy calls it (`KernelSet`, used by the lowering and by
 aotrt/exporter/methods.py's merge of several methods, so both agree on what is equal).
+GPT-2's program then holds 20 kernels: on cpu their library compiles in 1.6 s of CPU time
+against 3.8 s, and a cold load takes 2.7 s against 4.4 (medians of 5, 2 shared cores).
 
-What the merge loses is only the later copies' names (`k<n>_<op>`: the order a kernel was
-made in and the op it ends with). Where an instruction comes from stays its own: its `src`
-names its op and the model's source line, and the runtime labels hazards and kernel errors
-with the instruction (aotrt/runtime/delegate.py). A survivor's name is the first copy's, so
-a name no longer points at one instruction (`aotrt inspect` and errors name the
-instruction for that).
+What the merge loses is the later copies' names (`k<n>_<op>`: the order a kernel was made
+in and the op it ends with): a kernel's name no longer points at one instruction. Where an
+instruction comes from stays its own: its `src` names its op and the model's source line,
+hazard errors name the instruction, and so do a kernel's own errors (integer division by
+zero) on the default path, a note `in instruction #i kernel <name> [src]`. With the hazard
+checker on, a kernel's own error names only the kernel, now the first copy (a follow-up:
+a note there too). Profiles name the compiled symbols, aotrt_k<i>, as before; a shared
+kernel's launches all show under its one symbol.
 """
 
 from __future__ import annotations

@@ -13,6 +13,7 @@ import pytest
 import torch
 
 import aotrt
+from aotrt.errors import InvalidArgument
 from aotrt.exporter.builder import ProgramBuilder
 from aotrt.exporter.dedup import KernelSet, kernel_key
 from aotrt.exporter.methods import merge
@@ -201,3 +202,27 @@ def test_cpu_cache_and_native_plan_run_one_kernel_twice(monkeypatch) -> None:
             mod.stream.commit_and_wait()
             plan = mod._static_io                                   # noqa: SLF001
             assert plan.native is not None and plan.native.whole
+
+
+def test_a_shared_kernels_error_names_its_instruction(monkeypatch) -> None:
+    """Two instructions call one division kernel: a division by zero in the second names
+    that instruction and its source line (the kernel's name alone names both)."""
+    monkeypatch.setenv("AOTRT_CHECK_HAZARDS", "0")
+    i32 = "int32"
+    k = ir.Kernel("k_div", (4,), (), (ir.Arg(i32, "r"), ir.Arg(i32, "r"), ir.Arg(i32, "w")),
+                  (ir.store(2, [1], ir.Op("floordiv", (ir.load(0, [1], i32),
+                                                       ir.load(1, [1], i32)), i32)),))
+    b = ProgramBuilder("Div")
+    x, d1, d2 = (b.input(n, i32, [4]) for n in ("x", "d1", "d2"))
+    y = b.output("y", i32, [4])
+    t = b.in_buffer(b.buffer(16), 0, i32, [4])
+    b.kernel(k, [x, d1, t], src="first at m.py:1")
+    b.kernel(k, [t, d2, y], src="second at m.py:2")
+    one = np.ones(4, np.int32)
+    with aotrt.load(b.build(), device="cpu") as mod:
+        for _ in range(3):      # the general path, then the static-I/O plan, then native
+            with pytest.raises(InvalidArgument, match="division") as info:
+                np.asarray(mod.run(one * 8, one, one * 0)[0])
+            assert any("second at m.py:2" in n for n in info.value.__notes__)
+            np.testing.assert_array_equal(np.asarray(mod.run(one * 8, one, one * 2)[0]),
+                                          one * 4)
