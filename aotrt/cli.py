@@ -228,8 +228,17 @@ def parser() -> argparse.ArgumentParser:
     g.add_argument("--dtype", choices=("float32", "float16", "bfloat16"), default=None,
                    help="dtype of an export (default: float32)")
     g.add_argument("--save", help="write the exported program to this .aotp file")
+    g.add_argument("--sample", action="store_true",
+                   help="draw tokens instead of greedy decoding (an export gets the sample "
+                   "method; a .aotp file needs one)")
+    g.add_argument("--temperature", type=float, default=1.0,
+                   help="sampling temperature (default: 1.0)")
+    g.add_argument("--top-k", type=int, default=0,
+                   help="sample from the k likeliest tokens (default: 0, all)")
+    g.add_argument("--top-p", type=float, default=1.0,
+                   help="sample from the smallest set of this probability (default: 1.0)")
     device(g)
-    seed(g, "weights and prompt")
+    seed(g, "weights, prompt and sampling")
     g.set_defaults(fn=cmd_generate)
 
     e = sub.add_parser("export", help="export a model to a .aotp program file",

@@ -42,13 +42,16 @@ def _export(args: argparse.Namespace) -> tuple[Any, Any]:
           f"(random weights), {args.dtype or 'float32'}", flush=True)
     t0 = time.perf_counter()
     prog = llm.export(model, max_seq_len=args.max_seq_len, max_batch=1,
-                      prefill_len=min(args.prefill_len, args.max_seq_len))
+                      prefill_len=min(args.prefill_len, args.max_seq_len),
+                      sampling=bool(getattr(args, "sample", False)))
     print(f"export:   {time.perf_counter() - t0:.1f} s, {len(prog.kernels)} kernels", flush=True)
     return model, prog
 
 
-def _stream(m: Any, ids: np.ndarray, new: int) -> tuple[np.ndarray, float, float]:
-    """Generate, printing tokens as they come; (ids, ttft s, tokens per second)."""
+def _stream(m: Any, ids: np.ndarray, new: int, **sampling: Any
+            ) -> tuple[np.ndarray, float, float]:
+    """Generate (greedy, or with `sampling`: generate's do_sample and its settings),
+    printing tokens as they come; (ids, ttft s, tokens per second)."""
     from aotrt import llm
 
     stamps: list[float] = []
@@ -59,7 +62,7 @@ def _stream(m: Any, ids: np.ndarray, new: int) -> tuple[np.ndarray, float, float
         sys.stdout.flush()
 
     t0 = time.perf_counter()
-    out = llm.generate(m, ids, max_new_tokens=new, on_token=show)
+    out = llm.generate(m, ids, max_new_tokens=new, on_token=show, **sampling)
     sys.stdout.write("\n")
     rate = (len(stamps) - 1) / (stamps[-1] - stamps[0]) if len(stamps) > 1 else 0.0
     return out, stamps[0] - t0, rate
@@ -70,6 +73,12 @@ def run_generate(args: argparse.Namespace) -> int:
     import aotrt
     from aotrt.llm.spec import LlmSpec
 
+    sampling: dict[str, Any] = {}
+    if args.sample:
+        sampling = {"do_sample": True, "temperature": args.temperature, "top_k": args.top_k,
+                    "top_p": args.top_p, "seed": args.seed}
+    elif (args.temperature, args.top_k, args.top_p) != (1.0, 0, 1.0):
+        raise InvalidArgument("--temperature, --top-k, --top-p: only apply with --sample")
     if args.model.endswith(".aotp"):
         prog = aotrt.Program.load(args.model)
     else:
@@ -83,7 +92,7 @@ def run_generate(args: argparse.Namespace) -> int:
     with aotrt.load(prog, device=args.device) as m:
         print(f"load:     {time.perf_counter() - t0:.2f} s on {m.device.name}")
         print(f"prompt:   {ids.shape[1]} tokens")
-        out, ttft, rate = _stream(m, ids, args.max_new_tokens)
+        out, ttft, rate = _stream(m, ids, args.max_new_tokens, **sampling)
     print(f"time to first token {ttft * 1e3:.1f} ms, {rate:.1f} tokens/s "
           f"({out.shape[1] - ids.shape[1]} new tokens)")
     return 0

@@ -38,3 +38,24 @@ def test_demo_gpt2_tiny_matches_hugging_face(capsys: pytest.CaptureFixture) -> N
     out = capsys.readouterr().out
     assert "tokens equal Hugging Face generate (greedy): yes" in out
     assert "HF eager: time to first token" in out
+
+
+def test_generate_samples_with_a_seed(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    """--sample exports the sample method; top-k 1 draws the greedy tokens, a seed repeats."""
+    path = tmp_path / "tiny.aotp"
+    args = ["--max-new-tokens", "6", "--prompt", "5 6 7", "--device", "cpu"]
+
+    def tokens(argv: list[str]) -> str:
+        assert main(["generate", *argv, *args]) == 0
+        return next(line for line in capsys.readouterr().out.splitlines()
+                    if line.startswith("tokens:"))
+
+    drawn = tokens(["gpt2-tiny", "--sample", "--save", str(path), "--max-seq-len", "64",
+                    "--prefill-len", "8", "--top-p", "0.9", "--temperature", "0.8"])
+    saved = str(path)
+    assert tokens([saved, "--sample", "--top-p", "0.9", "--temperature", "0.8"]) == drawn
+    assert tokens([saved, "--sample", "--top-k", "1", "--seed", "5"]) == tokens([saved])
+    assert main(["generate", saved, "--sample", "--temperature", "0"]) == 2
+    assert "temperature: expected > 0" in capsys.readouterr().err
+    assert main(["generate", saved, "--top-k", "3"]) == 2
+    assert "only apply with --sample" in capsys.readouterr().err
