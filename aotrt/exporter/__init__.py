@@ -52,11 +52,20 @@ def export(model: Any, example_inputs: Sequence[Any] | None = None, *,
                                   "dict of methods")
         return _export_methods(model, name=name, strict=strict, layout=layout,
                                share_state=share_state)
+    ep, what, channels_last, t0 = _capture(model, example_inputs, kwargs, name, strict,
+                                           layout)
+    return _lower(ep, what, channels_last, t0)
+
+
+def _capture(model: Any, example_inputs: Sequence[Any] | None, kwargs: dict[str, Any] | None,
+             name: str | None, strict: bool, layout: str) -> tuple[Any, str, bool, float]:
+    """torch.export and decompose `model`: (the ExportedProgram, its name, whether it is
+    laid out channels-last, the start time)."""
     import torch
 
     from aotrt.exporter.capture import capture
     from aotrt.exporter.layout import LAYOUTS, for_layout
-    from aotrt.exporter.lower import lower, runs_whole
+    from aotrt.exporter.lower import runs_whole
 
     if isinstance(model, torch.export.ExportedProgram):
         if layout not in LAYOUTS:
@@ -73,9 +82,18 @@ def export(model: Any, example_inputs: Sequence[Any] | None = None, *,
     with progress.step(f"capturing {what}"):
         ep = capture(traced, example_inputs, kwargs=kwargs, strict=strict,
                      runs_whole=runs_whole)
+    return ep, what, channels_last, t0
+
+
+def _lower(ep: Any, what: str, channels_last: bool, t0: float,
+           state: frozenset[str] = frozenset()) -> Program:
+    """Lower a captured program (`state`: buffers that are state even where this method
+    only reads them, because another method writes them and they are shared)."""
+    from aotrt.exporter.lower import lower
+
     t1 = time.perf_counter()
     with progress.step(f"lowering {what}"):
-        prog = lower(ep, what, channels_last=channels_last)
+        prog = lower(ep, what, channels_last=channels_last, state=state)
     log.info("exported %s: capture %.2fs, lowering %.2fs, %d instructions, %d kernels",
              what, t1 - t0, time.perf_counter() - t1, len(prog.instructions), len(prog.kernels))
     return prog
@@ -103,7 +121,7 @@ def _export_methods(methods: dict[str, Any], *, name: str | None, strict: bool, 
 
     from aotrt.exporter.methods import merge
 
-    progs: dict[str, Program] = {}
+    captured: dict[str, tuple[Any, str, bool, float]] = {}
     module_name = name
     for mname, spec in methods.items():
         if isinstance(spec, torch.export.ExportedProgram):
@@ -126,8 +144,18 @@ def _export_methods(methods: dict[str, Any], *, name: str | None, strict: bool, 
                                   f"{type(spec).__name__}")
         if module_name is None:
             module_name = type(model).__name__
-        progs[mname] = export(model, args, kwargs=kw, name=f"{module_name}.{mname}",
-                              strict=strict, layout=layout)
+        captured[mname] = _capture(model, args, kw, f"{module_name}.{mname}", strict, layout)
+    # A shared buffer that one method writes is state in every method that reads it: bound
+    # as a constant there, a reader would see its value at export, never the writer's.
+    written = {b for ep, *_ in captured.values()
+               for b in ep.graph_signature.buffers_to_mutate.values()}
+    if share_state is True:
+        shared = frozenset(written)
+    elif share_state is False or share_state is None or isinstance(share_state, str):
+        shared = frozenset()        # (a string is refused by merge, naming it)
+    else:
+        shared = frozenset(share_state) & written
+    progs = {mname: _lower(*c, state=shared) for mname, c in captured.items()}
     with progress.step(f"merging {len(progs)} methods"):
         prog = merge(progs, share_state,
                      provenance={**next(iter(progs.values())).provenance,

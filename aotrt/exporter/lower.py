@@ -27,7 +27,7 @@ import heapq
 import logging
 import math
 import re
-from typing import Any, Sequence
+from typing import Any, Collection, Sequence
 
 import numpy as np
 import torch
@@ -61,8 +61,10 @@ class Lowering:
     """Lower one ExportedProgram (core ATen) into a Program."""
 
     def __init__(self, ep: torch.export.ExportedProgram, name: str = "module",
-                 fold_limit: int = 1 << 16, channels_last: bool = False) -> None:
+                 fold_limit: int = 1 << 16, channels_last: bool = False,
+                 state: Collection[str] = ()) -> None:
         self.ep = ep
+        self.shared_state = frozenset(state)
         self.channels_last = channels_last
         self.gm = ep.graph_module
         self.graph = ep.graph
@@ -160,7 +162,8 @@ class Lowering:
                 tv = TView(buf, 0, sizes, contiguous_strides(sizes), dt)
                 self.inputs.append((name, tv))
                 self.bind(node, tv)
-            elif spec.kind == InputKind.BUFFER and spec.target in mutated:
+            elif spec.kind == InputKind.BUFFER and (spec.target in mutated or
+                                                     spec.target in self.shared_state):
                 self._bind_state(node, spec.target)
             elif spec.kind in (InputKind.PARAMETER, InputKind.BUFFER, InputKind.CONSTANT_TENSOR):
                 target = spec.target
@@ -388,7 +391,8 @@ def runs_whole(node: torch.fx.Node) -> bool:
 
 
 def lower(ep: torch.export.ExportedProgram, name: str = "module",
-          channels_last: bool = False) -> Program:
+          channels_last: bool = False, state: Collection[str] = ()) -> Program:
     """Lower a decomposed ExportedProgram into a validated Program (`channels_last`: lay
-    2-D convolution activations out NHWC, aotrt/exporter/layout.py)."""
-    return Lowering(ep, name, channels_last=channels_last).run()
+    2-D convolution activations out NHWC, aotrt/exporter/layout.py; `state`: buffers bound
+    as state even where this program only reads them, since another method writes them)."""
+    return Lowering(ep, name, channels_last=channels_last, state=state).run()

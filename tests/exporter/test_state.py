@@ -322,3 +322,50 @@ def test_a_delegate_takes_one_method() -> None:
         np.testing.assert_array_equal(np.asarray(d.state["total"]), np.ones(4))
         d.reset()
         np.testing.assert_array_equal(np.asarray(d.state["steps"]), [10.0])
+
+
+class Memory(torch.nn.Module):
+    """A buffer one method writes (`remember`) and another only reads (`recall`)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.register_buffer("mem", torch.zeros(4))
+
+    def forward(self, x: torch.Tensor, write: bool) -> torch.Tensor:
+        if write:
+            self.mem.copy_(x * 3)
+            return x
+        return self.mem + x
+
+
+class _Method(torch.nn.Module):
+    def __init__(self, m: Memory, write: bool) -> None:
+        super().__init__()
+        self.m, self.write = m, write
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.m(x, self.write)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("share", [True, ["m.mem"]])
+def test_a_shared_buffer_one_method_only_reads_is_state_there(device: str,
+                                                              share: bool | list[str]) -> None:
+    """The reader sees what the writer wrote, not the buffer's value at export (Whisper's
+    cross-attention cache: `encode` writes it, `decode` only reads it)."""
+    mem = Memory().eval()
+    x = torch.zeros(4)
+    prog = aotrt.export({"remember": (_Method(mem, True), (x,)),
+                         "recall": (_Method(mem, False), (x,))}, share_state=share)
+    assert [s["name"] for s in prog.state] == ["m.mem"]
+    with aotrt.load(prog, device=device, check_hazards=True) as m:
+        m.method("remember").run(np.arange(4, dtype=np.float32))
+        got, = m.method("recall").run(np.ones(4, np.float32))
+        np.testing.assert_array_equal(np.asarray(got), np.arange(4) * 3 + 1)
+    # Not shared: the reader keeps the buffer's own value (a constant: nothing writes it).
+    alone = aotrt.export({"remember": (_Method(mem, True), (x,)),
+                          "recall": (_Method(mem, False), (x,))})
+    with aotrt.load(alone, device=device) as m:
+        m.method("remember").run(np.arange(4, dtype=np.float32))
+        got, = m.method("recall").run(np.ones(4, np.float32))
+        np.testing.assert_array_equal(np.asarray(got), np.ones(4))
