@@ -155,16 +155,6 @@ class _Step(_Method):
         enc = torch.zeros(b, 1, inner.config.d_model, dtype=kv.buf("ck", 0).dtype)
         h = inner.decoder(input_ids=ids, attention_mask=mask, encoder_hidden_states=enc,
                           cache=cache, position_ids=pos, use_cache=True).last_hidden_state
-        # aotrt keeps as state only the buffers a method writes; one it only reads is a
-        # constant (its value at export). Rewriting one row of the cross keys and values
-        # with itself makes them this method's state, shared with encode's. (The lowering
-        # still follows each such write with a clone of the whole buffer that nothing
-        # reads: 8 x 2.3 MB a step on whisper-tiny; an exporter fix, not done here.)
-        zero = torch.zeros(1, dtype=torch.long)
-        for i in range(kv.layers):
-            for name in ("ck", "cv"):
-                b = kv.buf(name, i)
-                b.index_copy_(2, zero, b.index_select(2, zero))
         if last is not None:
             h = h.index_select(1, last)
         logits = self.model.proj_out(h).float()
