@@ -319,6 +319,7 @@ class CpuDevice(Device):
         self._winograd: Any = None
         self._activation: Any = None
         self._linear_wq: Any = None
+        self._gemv: Any = None
         self._native: Any = None
         # Per thread: the kernel thread count of the stream whose worker it is (CpuStream).
         self.worker = threading.local()
@@ -415,6 +416,14 @@ class CpuDevice(Device):
         from aotrt.runtime.ops.cpu_linear_wq import LinearWqKernel
 
         return self._once("_linear_wq", lambda: LinearWqKernel(self))
+
+    @property
+    def gemv(self) -> Any:
+        """The device's compiled float32 GEMM of a few rows (ops/cpu_gemv.py), made on first
+        use."""
+        from aotrt.runtime.ops.cpu_gemv import GemvKernel
+
+        return self._once("_gemv", lambda: GemvKernel(self))
 
     def native_runner(self) -> LoadedLibrary:
         """The C loop of native plans and the streams' queues (cpu_native.py, cpu_queue.py),

@@ -97,8 +97,73 @@ static void values4(const float *sb, const float *v, int64_t v_sl, int64_t j0, i
   }
 }
 
+/* Few query rows (a decode step): each row's scores are dot products with the key rows as
+   they lie, so a head's keys are not packed transposed first. The packing was the whole cost
+   at one query row: 54 us a head of 256 keys of 64, strided stores (GPT-2's decode step,
+   AVX2, one core), against a few us for the products. */
+#define DIRECT_ROWS 4
+typedef float v8u __attribute__((vector_size(32), aligned(4)));
+
+static inline float dot(const float *a, const float *b, int64_t n) {
+  v8u s0 = {0}, s1 = {0};
+  int64_t e = 0;
+  for (; e + 16 <= n; e += 16) {
+    s0 += *(const v8u *)(a + e) * *(const v8u *)(b + e);
+    s1 += *(const v8u *)(a + e + 8) * *(const v8u *)(b + e + 8);
+  }
+  const v8u t = s0 + s1;
+  float r = ((t[0] + t[1]) + (t[2] + t[3])) + ((t[4] + t[5]) + (t[6] + t[7]));
+  for (; e < n; e++) r += a[e] * b[e];
+  return r;
+}
+
+/* One query row qr (scaled) over keys [0, kend) of a head, in blocks of `cap` scores (sb)
+   with an online softmax; orow: EV floats of scratch; out: the row's output. */
+static void row_direct(const float *qr, const float *kh, int64_t k_sl, const float *vh,
+                       int64_t v_sl, int64_t kend, const uint8_t *mr, int64_t m_sj, int64_t E,
+                       int64_t EV, float *sb, int64_t cap, float *orow, float *out) {
+  float m = LOWEST, l = 0.0f;
+  memset(orow, 0, sizeof(float) * EV);
+  for (int64_t j0 = 0; j0 < kend; j0 += cap) {
+    const int64_t jn = kend - j0 < cap ? kend - j0 : cap;
+    float mx = LOWEST;
+    for (int64_t j = 0; j < jn; j++) {
+      const float x = mr && !mr[(j0 + j) * m_sj] ? -INFINITY
+                                                  : dot(qr, kh + (j0 + j) * k_sl, E);
+      sb[j] = x;
+      mx = x > mx ? x : mx;
+    }
+    const float mnew = mx > m ? mx : m, corr = aot_expf(m - mnew);
+    float sum = 0.0f;
+    for (int64_t j = 0; j < jn; j++) {
+      const float p = sb[j] != -INFINITY ? aot_expf(sb[j] - mnew) : 0.0f;
+      sb[j] = p;
+      sum += p;
+    }
+    l = l * corr + sum;
+    m = mnew;
+    for (int64_t c = 0; c < EV; c += 16) {
+      v8u a0 = *(v8u *)(orow + c), a1 = *(v8u *)(orow + c + 8);
+      a0 *= corr;
+      a1 *= corr;
+      const float *vr = vh + j0 * v_sl + c;
+      for (int64_t j = 0; j < jn; j++, vr += v_sl) {
+        a0 += sb[j] * *(const v8u *)vr;
+        a1 += sb[j] * *(const v8u *)(vr + 8);
+      }
+      *(v8u *)(orow + c) = a0;
+      *(v8u *)(orow + c + 8) = a1;
+    }
+  }
+  /* a row that sees no key (all masked) is zeros, as the numpy path gives */
+  const float inv = l > 0.0f ? 1.0f / l : 0.0f;
+  for (int64_t e = 0; e < EV; e++) out[e] = orow[e] * inv;
+}
+
 /* P: q, k, v, out (float32, unit stride along the head dim), the int64 parameters, the
-   float64 scale, and per-thread scratch. Items [begin, end) are (batch, head, row block). */
+   float64 scale, per-thread scratch, and a bool mask or null (a[21..24] its batch, head, row
+   and key strides, 0 where it broadcasts: a key whose entry is false is not seen). Items
+   [begin, end) are (batch, head, row block). */
 void aot_attention_f32(char **P, int64_t begin, int64_t end, int64_t threads) {
   const float *q = (const float *)P[0], *k = (const float *)P[1], *v = (const float *)P[2];
   float *o = (float *)P[3];
@@ -109,6 +174,8 @@ void aot_attention_f32(char **P, int64_t begin, int64_t end, int64_t threads) {
   const int64_t q_sb = a[8], q_sh = a[9], q_sl = a[10], k_sb = a[11], k_sh = a[12],
                 k_sl = a[13], v_sb = a[14], v_sh = a[15], v_sl = a[16], o_sb = a[17],
                 o_sh = a[18], o_sl = a[19], per_thread = a[20];
+  const uint8_t *mask = (const uint8_t *)P[7];
+  const int64_t m_sb = a[21], m_sh = a[22], m_sl = a[23], m_sj = a[24];
   const int64_t nblk = (L + BM - 1) / BM, sp = round16(S);
   int64_t items = end - begin;
   int nt = (int)(threads < items ? threads : items);
@@ -126,6 +193,18 @@ void aot_attention_f32(char **P, int64_t begin, int64_t end, int64_t threads) {
       const int64_t kend = causal ? (S < l0 + rows ? S : l0 + rows) : S;
       const int64_t kv = b * (H / G) + h / G;
       const float *vh = v + b * v_sb + (h / G) * v_sh;
+      if (L <= DIRECT_ROWS) {
+        const float *kh = k + b * k_sb + (h / G) * k_sh;
+        for (int64_t i = 0; i < rows; i++) {
+          const int64_t l = l0 + i, see = causal ? (S < l + 1 ? S : l + 1) : S;
+          const float *qr = q + b * q_sb + h * q_sh + l * q_sl;
+          for (int64_t e = 0; e < E; e++) qb[e] = qr[e] * scale;
+          const uint8_t *mr = mask ? mask + b * m_sb + h * m_sh + l * m_sl : 0;
+          row_direct(qb, kh, k_sl, vh, v_sl, see, mr, m_sj, E, EV, sb, BM * BN, ob,
+                     o + b * o_sb + h * o_sh + l * o_sl);
+        }
+        continue;
+      }
       if (kv != packed) {          /* this head's keys, transposed: kT[e][j] */
         const float *kh = k + b * k_sb + (h / G) * k_sh;
         for (int64_t j = 0; j < S; j++)
@@ -148,6 +227,12 @@ void aot_attention_f32(char **P, int64_t begin, int64_t end, int64_t threads) {
           int64_t see = causal ? l0 + i - j0 + 1 : jn;
           if (see > jn) see = jn;
           if (see < 0) see = 0;
+          /* masked keys' scores become -inf, and their weights 0 below */
+          if (mask && i < rows) {
+            const uint8_t *mr = mask + b * m_sb + h * m_sh + (l0 + i) * m_sl + j0 * m_sj;
+            for (int64_t j = 0; j < see; j++)
+              if (!mr[j * m_sj]) s[j] = -INFINITY;
+          }
           float mx = LOWEST;
 #pragma omp simd reduction(max : mx)
           for (int64_t j = 0; j < see; j++) mx = s[j] > mx ? s[j] : mx;
@@ -156,7 +241,7 @@ void aot_attention_f32(char **P, int64_t begin, int64_t end, int64_t threads) {
           float sum = 0.0f;
 #pragma omp simd reduction(+ : sum)
           for (int64_t j = 0; j < jv; j++) {
-            float p = j < see ? aot_expf(s[j] - mnew) : 0.0f;
+            float p = j < see && s[j] != -INFINITY ? aot_expf(s[j] - mnew) : 0.0f;
             s[j] = p;
             sum += p;
           }
@@ -171,7 +256,8 @@ void aot_attention_f32(char **P, int64_t begin, int64_t end, int64_t threads) {
       }
       float *oh = o + b * o_sb + h * o_sh + l0 * o_sl;
       for (int64_t i = 0; i < rows; i++) {
-        const float inv = 1.0f / lrow[i];
+        /* a row that sees no key (all masked) is zeros, as the numpy path gives */
+        const float inv = lrow[i] > 0.0f ? 1.0f / lrow[i] : 0.0f;
         for (int64_t e = 0; e < EV; e++) oh[i * o_sl + e] = ob[i * EV + e] * inv;
       }
     }

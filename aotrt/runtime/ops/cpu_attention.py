@@ -1,5 +1,6 @@
 """Fused attention for the cpu device: one compiled C kernel (flash attention's blocking)
-for float32 scaled dot-product attention without a mask or with the causal one.
+for float32 scaled dot-product attention without a mask, with the causal one, or with a bool
+mask (a language model's decode and prefill steps).
 
 Each thread takes blocks of 64 query rows of one head, keeps the block's scores (64 x 128
 keys at a time) in its cache, and folds them into its output rows with an online softmax,
@@ -36,8 +37,8 @@ ROWS, KEYS = 64, 128
 #: the head dims the kernel takes: value head dims in whole vectors of 16 floats, at most
 #: MAX_EV (its accumulators are 4 rows x 4 vectors at a time)
 MAX_E, MAX_EV = 512, 256
-#: the int64 parameter block's length (a[0] .. a[20] in the kernel)
-_NPARAMS = 21
+#: the int64 parameter block's length (a[0] .. a[24] in the kernel)
+_NPARAMS = 25
 
 SYMBOL = "aot_attention_f32"
 
@@ -48,10 +49,14 @@ SOURCE = source(__package__, "cpu_attention.c").replace(
 def takes(out: "Handle", q: "Handle", k: "Handle", v: "Handle", mask: "Handle | None",
           groups: int) -> bool:
     """Whether the fused kernel takes this attention: float32 (B, H, L, E) views (or
-    (H, L, E)) with unit stride along the head dims, k and v of H / groups heads, no mask,
-    head dims the kernel has registers for, and no zero-length dim."""
+    (H, L, E)) with unit stride along the head dims, k and v of H / groups heads, no mask or
+    a bool one that broadcasts to the scores, head dims the kernel has registers for, and
+    no zero-length dim."""
     hs = (out, q, k, v)
-    if mask is not None or any(h.dtype.name != "float32" for h in hs):
+    if any(h.dtype.name != "float32" for h in hs):
+        return False
+    if mask is not None and (mask.dtype.name != "bool" or c.overlaps(out, mask)
+                             or _mask_strides(mask, out, k.sizes[-2]) is None):
         return False
     if not all(h.ndim == q.ndim for h in hs) or q.ndim not in (3, 4):
         return False
@@ -69,6 +74,24 @@ def takes(out: "Handle", q: "Handle", k: "Handle", v: "Handle", mask: "Handle | 
             and e <= MAX_E and ev % 16 == 0 and ev <= MAX_EV)
 
 
+def _mask_strides(mask: "Handle", out: "Handle", s: int
+                  ) -> tuple[int, int, int, int] | None:
+    """The (batch, head, row, key) strides in elements of a mask read as broadcast to the
+    scores (B, H, L, S) of `out` (B, H, L, EV) (or (H, L, EV)) over `s` keys, 0 along a dim
+    of size 1; None where it does not broadcast so."""
+    b, h, lq = (1, *out.sizes[:2]) if out.ndim == 3 else tuple(out.sizes[:3])
+    if mask.ndim > 4 or mask.ndim < 1:
+        return None
+    pad = 4 - mask.ndim
+    sizes, strides = (1,) * pad + tuple(mask.sizes), (0,) * pad + tuple(mask.strides)
+    res = []
+    for n, st, want in zip(sizes, strides, (b, h, lq, s)):
+        if n not in (1, want):
+            return None
+        res.append(0 if n == 1 else st)
+    return res[0], res[1], res[2], res[3]
+
+
 def _strides3(h: "Handle") -> tuple[int, int, int]:
     """(batch, head, row) strides in elements, a missing batch dim as 0."""
     return (0, *h.strides[:2]) if h.ndim == 3 else tuple(h.strides[:3])
@@ -81,7 +104,7 @@ class FusedAttention(OpSource):
         super().__init__(device, SOURCE, [SYMBOL])
 
     def work(self, out: "Handle", q: "Handle", k: "Handle", v: "Handle", is_causal: bool,
-             scale: float, groups: int) -> Callable[[], None]:
+             scale: float, groups: int, mask: "Handle | None" = None) -> Callable[[], None]:
         """The work closure computing attention into `out` (views checked by `takes`);
         parameters and scratch sizes are fixed now, addresses read at each run."""
         loaded = self.library()
@@ -92,6 +115,10 @@ class FusedAttention(OpSource):
         params[:8] = (b, hq, lq, s, e, ev, groups, int(is_causal))
         params[8:20] = (*_strides3(q), *_strides3(k), *_strides3(v), *_strides3(out))
         params[20] = per_thread
+        if mask is not None:
+            ms = _mask_strides(mask, out, s)
+            assert ms is not None       # takes() checked it
+            params[21:25] = ms
         fscale = np.array([scale], np.float64)
         items = b * hq * -(-lq // ROWS)
         label = f"attention {b}x{hq}x{lq}x{s}x{e}"
@@ -100,9 +127,10 @@ class FusedAttention(OpSource):
         def work() -> None:
             threads = max(1, getattr(device.worker, "threads", 1))
             scratch = device.scratch(per_thread * min(threads, items))
-            ptrs = (ctypes.c_void_p * 7)(q.address, k.address, v.address, out.address,
+            ptrs = (ctypes.c_void_p * 8)(q.address, k.address, v.address, out.address,
                                          params.ctypes.data, fscale.ctypes.data,
-                                         scratch.ctypes.data)
+                                         scratch.ctypes.data,
+                                         mask.address if mask is not None else None)
             loaded.call(SYMBOL, label, ptrs, items, threads)
         return work
 

@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-from typing import Callable
+from typing import Any, Callable
 
 import numpy as np
 
 from aotrt.errors import DeviceError
-from aotrt.runtime.ops import _common as c
+from aotrt.runtime.ops import _common as c, cpu_gemv
 from aotrt.runtime.ops.mm import check_addmm, check_linear, check_mm
 from aotrt.runtime.tensor import Handle, host_array
 
@@ -24,6 +24,11 @@ def make_matmul(out: Handle, a: Handle, b: Handle, bias: Handle | None, beta: fl
     if a.ndim == 2 and b.ndim == 2 and alpha == 1.0 and beta in (0.0, 1.0):
         # mm and addmm (bmm stays on numpy); beta == 0 ignores the bias, as torch does.
         use = bias if beta == 1.0 else None
+        if _gemv_first(out.device) and (b.sizes[0] < 2 or b.strides[0] == 1):
+            # b [K, N] read as its transpose [N, K]: the exporter stores it column-major
+            gemv = cpu_gemv.make_gemv(out, a, b, (b.sizes[1], b.sizes[0], b.strides[1]), use)
+            if gemv is not None:
+                return gemv
         cost = (check_mm(out, a, b) if bias is None else
                 check_addmm(out, bias, a, b, beta, alpha))[1]
         dnnl_work = _dnnl_gemm(out, a, b, (tuple(b.sizes), tuple(b.strides)), use,
@@ -45,6 +50,13 @@ def make_matmul(out: Handle, a: Handle, b: Handle, bias: Handle | None, beta: fl
         # res is a fresh temporary, so an out that overlaps an input is still right.
         c.store(o, res)
     return work
+
+
+def _gemv_first(device: Any) -> bool:
+    """Whether a GEMM of a few rows tries the compiled kernel (ops/cpu_gemv.py) first: where
+    oneDNN has no brgemm matmul for the CPU (then numpy's OpenBLAS ran it)."""
+    dnnl = getattr(device, "dnnl", None)
+    return dnnl is None or not dnnl.gemm_pool
 
 
 def _rows(h: Handle) -> tuple[tuple[int, ...], tuple[int, ...]] | None:
@@ -127,6 +139,10 @@ def make_linear(out: Handle, x: Handle, w: Handle, bias: Handle | None,
     del tf32    # the cpu has no TF32: float32 stays float32
 
     n, k = w.sizes
+    if _gemv_first(out.device) and (k < 2 or w.strides[1] == 1):
+        gemv = cpu_gemv.make_gemv(out, x, w, (n, k, w.strides[0]), bias)
+        if gemv is not None:
+            return gemv
     # w[N, K] read as its transpose [K, N]: the same bytes, the strides swapped.
     dnnl_work = _dnnl_gemm(out, x, w, ((k, n), (w.strides[1], w.strides[0])), bias,
                            check_linear(out, x, w, bias)[1].scratch_bytes)

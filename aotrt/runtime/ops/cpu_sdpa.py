@@ -40,10 +40,12 @@ def _expand(a: np.ndarray, batch: tuple[int, ...]) -> np.ndarray:
 def make_sdpa(out: Handle, q: Handle, k: Handle, v: Handle, mask: Handle | None,
               is_causal: bool, scale: float, groups: int) -> Callable[[], None]:
     """The cpu work of scaled dot-product attention."""
-    # Float32 attention without a mask: one fused kernel, no score matrix in memory.
+    # Float32 attention without a mask or with a bool one: one fused kernel, no score
+    # matrix in memory. GPT-2's decode step (1 query over 256 cache slots, a bool mask) took
+    # 0.4-0.6 ms a layer through the block loop below, Python and numpy passes.
     fused = getattr(out.device, "attention", None)
     if fused is not None and cpu_attention.takes(out, q, k, v, mask, groups):
-        return fused.work(out, q, k, v, is_causal, scale, groups)
+        return fused.work(out, q, k, v, is_causal, scale, groups, mask)
     # The block loop, decided now (at load): the innermost batch dim is the group of query
     # heads sharing a key head, else the heads (as work() sees them, after its leading unit
     # dim); q, k and out broadcast to the same lengths.

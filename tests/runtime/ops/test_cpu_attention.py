@@ -1,13 +1,14 @@
 """aotrt/runtime/ops/cpu_attention.py: the cpu device's fused attention kernel against
 torch's float64 math attention, through sdpa: its blocks' edges (rows past a block of 64,
 keys past a block of 128 or a vector of 16), causal rows over fewer or more keys than
-queries, grouped key heads, heads interleaved in the rows, sharp scores, and the views it
-leaves to the block loop."""
+queries, grouped key heads, heads interleaved in the rows, sharp scores, bool masks, and the
+views it leaves to the block loop."""
 
 from __future__ import annotations
 
 import numpy as np
 import pytest
+import torch
 import torch.nn.functional as F
 
 from aotrt.runtime.ops import cpu_attention, sdpa
@@ -38,8 +39,10 @@ def _interleaved(shape):
 def _run(kit, stream, q, k, v, is_causal=False, enable_gqa=False, mask=None, kw=None,
          sharp=1.0):
     kw = kw or {}
+    tm = None if mask is None else (
+        torch.from_numpy(mask) if mask.dtype == np.bool_ else kit.t64(mask))
     ref = F.scaled_dot_product_attention(kit.t64(q) * sharp, kit.t64(k), kit.t64(v),
-                                         attn_mask=None if mask is None else kit.t64(mask),
+                                         attn_mask=tm,
                                          is_causal=is_causal, enable_gqa=enable_gqa)
     out = kit.out(tuple(ref.shape), "float32")
     qs = (q * np.float32(sharp)).astype(np.float32)
@@ -57,6 +60,7 @@ def _run(kit, stream, q, k, v, is_causal=False, enable_gqa=False, mask=None, kw=
     (1, 2, 20, 37, 24, 16, True),        # causal with fewer queries than keys
     (1, 3, 1, 300, 64, 64, False),       # one query row (decoding)
     (1, 1, 64, 128, 8, 256, False),      # exact block sizes; the widest value head
+    (2, 4, 3, 50, 36, 32, True),         # few rows (dot products, no packed keys), causal
 ])
 def test_matches_float64(kit, stream, calls, b, h, lq, s, e, ev, causal):
     q, k = kit.randn((b, h, lq, e), "float32"), kit.randn((b, h, s, e), "float32")
@@ -94,6 +98,42 @@ def test_sharp_scores_stay_finite(kit, stream, calls):
     assert len(calls) == 1
 
 
+@pytest.mark.parametrize("b,hq,hk,lq,s,mask_shape", [
+    (1, 12, 12, 1, 256, (1, 1, 1, 256)),     # GPT-2's decode step: one query, the cache
+    (2, 12, 4, 1, 300, (2, 1, 1, 300)),      # Llama's grouped heads, keys past a block
+    (1, 4, 4, 70, 70, (70, 70)),             # a prefill chunk, a 2-D mask
+    (2, 6, 2, 5, 140, (2, 6, 5, 140)),       # a mask of every head
+    (1, 2, 2, 9, 33, (1, 2, 9, 1)),          # one entry for every key
+    (2, 4, 2, 3, 129, (2, 4, 3, 129)),       # few rows, keys past a block
+])
+def test_bool_mask(kit, stream, calls, b, hq, hk, lq, s, mask_shape):
+    q = kit.randn((b, hq, lq, 64), "float32")
+    k, v = kit.randn((b, hk, s, 64), "float32"), kit.randn((b, hk, s, 64), "float32")
+    mask = kit.rng.random(mask_shape) > 0.5
+    mask[..., -1] = True                    # no row without a key
+    _run(kit, stream, q, k, v, mask=mask, enable_gqa=hq != hk)
+    assert len(calls) == 1
+
+
+def test_bool_mask_strided_with_a_row_that_sees_nothing(kit, stream, calls):
+    """A mask read by its strides (a slice of a wider one); a row whose keys are all masked
+    gives zeros, as torch does."""
+    q, k, v = (kit.randn((1, 2, 6, 32), "float32") for _ in range(3))
+    wide = kit.rng.random((6, 10)) > 0.3
+    wide[:, 1] = True
+    wide[2] = False
+    mask = kit.tensor(wide)
+    view = kit.view(mask, [6, 6], [10, 1], 1)
+    ref = F.scaled_dot_product_attention(kit.t64(q), kit.t64(k), kit.t64(v),
+                                         attn_mask=kit.t64(wide[:, 1:7]).bool())
+    out = kit.out((1, 2, 6, 32), "float32")
+    sdpa(stream, out, kit.tensor(q), kit.tensor(k), kit.tensor(v), view)
+    got = kit.read(out)
+    assert (got[:, :, 2] == 0).all()
+    kit.close(got, ref.nan_to_num(0.0), "float32", 2e-5)
+    assert len(calls) == 1
+
+
 @pytest.mark.parametrize("case", ["mask", "value_dim", "in_place"])
 def test_leaves_to_block_loop(kit, stream, calls, case):
     """Masks, value head dims of no whole vector and an output over an input go through
@@ -121,7 +161,11 @@ def test_takes_only_what_it_can(kit):
     mask = kit.tensor(kit.randn((8, 8), "float32"))
     out = kit.out((1, 2, 8, 16), "float32")
     assert cpu_attention.takes(out, q, q, q, None, 1)
-    assert not cpu_attention.takes(out, q, q, q, mask, 1)
+    assert not cpu_attention.takes(out, q, q, q, mask, 1)         # additive masks
+    bool_mask = kit.tensor(kit.rng.random((2, 8, 8)) > 0.5)
+    assert cpu_attention.takes(out, q, q, q, bool_mask, 1)
+    wrong = kit.tensor(kit.rng.random((3, 8, 8)) > 0.5)             # 3 heads against 2
+    assert not cpu_attention.takes(out, q, q, q, wrong, 1)
     assert not cpu_attention.takes(kit.out((1, 2, 8, 40), "float32"), q, q, v40, None, 1)
     assert not cpu_attention.takes(q, q, q, q, None, 1)          # writes over its input
     assert not cpu_attention.takes(out, q, q, q, None, 2)        # 2 heads are not 2 groups
