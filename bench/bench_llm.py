@@ -1,9 +1,15 @@
 """Text generation side by side: Hugging Face eager, Hugging Face's static cache compiled
-(generate's own compile, mode reduce-overhead) and aotrt (llm.export + llm.generate), one
-process per runner and batch size.
+(generate's own compile, mode reduce-overhead; cuda only), ONNX Runtime (cpu) and aotrt
+(llm.export + llm.generate), one process per runner and batch size.
 
     python bench/bench_llm.py --model gpt2 --device cuda --dtype bfloat16 \
         --batch 1 8 --out bench/results/llm/x.json
+    python bench/bench_llm.py --model llama-200m --device cpu --dtype float32 \
+        --batch 1 --threads 2 --out bench/results/llm/y.json
+
+Models are the names of aotrt/llm/configs.py (random weights, seed 0); every runner gets the
+same prompt ids and records the first new tokens of row 0 (`tokens`), so the table shows
+whether the runners agree.
 
 Each runner records, for a prompt of `--prompt` tokens (random ids, random weights):
 - `ttft_ms`: generate with one new token, until its ids are on the host (median of runs);
@@ -15,12 +21,23 @@ Each runner records, for a prompt of `--prompt` tokens (random ids, random weigh
   from_pretrained of a saved checkpoint onto the device.
 aotrt also records `host_us`: the host time of one bound decode step (copying its inputs and
 launching), with the device idle before each call.
+
+On cpu every child gets OMP_NUM_THREADS, OPENBLAS_NUM_THREADS and MKL_NUM_THREADS =
+`--threads`, torch.set_num_threads, aotrt.load(threads=) and ORT's intra_op_num_threads;
+`device_mib` is then the process's peak RSS (VmHWM) less its RSS before the model existed,
+and the load average is recorded around each child (the machine may be shared).
+The `ort` runner exports two ONNX graphs with torch.onnx.export (dynamo): a prefill of the
+prompt, and a decode step whose past keys and values are inputs of dynamic length and whose
+presents (the past with the new token's entries concatenated, as Optimum's exports do) are
+outputs fed back; both end in the arg-max, as aotrt's methods do. ExecuTorch is not a
+runner: its package pins its own torch, which would replace the environment's.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import subprocess
 import sys
@@ -34,47 +51,49 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-RUNNERS = ("hf_eager", "hf_static", "aotrt", "aotrt_int8", "aotrt_int4")
+RUNNERS = ("hf_eager", "hf_static", "ort", "aotrt", "aotrt_int8", "aotrt_int4")
+#: each device's default runners (hf_static is CUDA graphs; ort is timed on the CPU)
+DEVICE_RUNNERS = {"cuda": ("hf_eager", "hf_static", "aotrt", "aotrt_int8", "aotrt_int4"),
+                  "cpu": ("hf_eager", "ort", "aotrt")}
+#: new tokens of row 0 each runner records, to compare across runners
+TOKENS = 16
 #: aotrt runners with quantized linear weights (llm.export weights=, group 128)
 WEIGHTS = {"aotrt_int8": "int8", "aotrt_int4": "int4"}
 
 
-def _config(name: str) -> Any:
-    import transformers
-
-    if name == "gpt2":
-        return transformers.GPT2Config()
-    if name == "gpt2-tiny":
-        return transformers.GPT2Config(n_layer=2, n_embd=64, n_head=4, vocab_size=512)
-    if name == "llama-1b":
-        # Llama-3.2-1B's shape (config.json of meta-llama/Llama-3.2-1B).
-        return transformers.LlamaConfig(
-            hidden_size=2048, intermediate_size=8192, num_hidden_layers=16,
-            num_attention_heads=32, num_key_value_heads=8, head_dim=64, vocab_size=128256,
-            max_position_embeddings=131072, rope_theta=500000.0, tie_word_embeddings=True,
-            rope_scaling={"rope_type": "llama3", "factor": 32.0, "low_freq_factor": 1.0,
-                          "high_freq_factor": 4.0, "original_max_position_embeddings": 8192},
-            bos_token_id=128000, eos_token_id=128001)
-    raise SystemExit(f"--model: unknown {name!r}")
-
-
 def _model(name: str, dtype: str) -> Any:
-    import torch
-    import transformers
+    from aotrt.llm.configs import build
 
-    torch.manual_seed(0)
-    cfg = _config(name)
-    model = transformers.AutoModelForCausalLM.from_config(cfg, attn_implementation="sdpa")
-    return model.eval().to(getattr(torch, dtype))
+    return build(name, dtype, seed=0)
+
+
+def _prompt(batch: int, prompt: int, vocab: int) -> np.ndarray:
+    """The prompt ids every runner gets."""
+    return np.random.default_rng(0).integers(3, vocab, (batch, prompt))
+
+
+def _status(key: str) -> int:
+    """A byte count of this process's /proc/self/status (VmRSS, VmHWM)."""
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith(key + ":"):
+                return int(line.split()[1]) * 1024
+    return 0
 
 
 def _mem_used(device: str) -> int:
+    """cuda: device memory in use; cpu: this process's RSS."""
     if device != "cuda":
-        return 0
+        return _status("VmRSS")
     from cuda.bindings import runtime as rt
 
     err, free, total = rt.cudaMemGetInfo()
     return int(total - free)
+
+
+def _mem_end(device: str) -> int:
+    """_mem_used's counterpart after the runs: on cpu the peak RSS (VmHWM)."""
+    return _status("VmHWM") if device != "cuda" else _mem_used(device)
 
 
 def _median_ms(fn: Callable[[], Any], runs: int) -> tuple[float, float, float, list[float]]:
@@ -102,6 +121,8 @@ def run_hf(args: argparse.Namespace, batch: int, compiled: bool) -> dict[str, An
     import torch
     from transformers import AutoModelForCausalLM, CompileConfig
 
+    if args.device == "cpu":
+        torch.set_num_threads(args.threads)
     base = _mem_used(args.device)
     with tempfile.TemporaryDirectory() as tmp:
         _model(args.model, args.dtype).save_pretrained(tmp)
@@ -112,7 +133,7 @@ def run_hf(args: argparse.Namespace, batch: int, compiled: bool) -> dict[str, An
         if args.device == "cuda":
             torch.cuda.synchronize()
         load_s = time.perf_counter() - t0
-    ids = torch.randint(3, model.config.vocab_size, (batch, args.prompt), device=args.device)
+    ids = torch.from_numpy(_prompt(batch, args.prompt, model.config.vocab_size)).to(args.device)
     kw: dict[str, Any] = {"do_sample": False, "pad_token_id": 0, "eos_token_id": None}
     if compiled:
         kw["cache_implementation"] = "static"
@@ -126,7 +147,87 @@ def run_hf(args: argparse.Namespace, batch: int, compiled: bool) -> dict[str, An
     res = _per_token(gen, args.new, args.runs)
     if args.device == "cuda":
         torch.cuda.synchronize()
-    res.update(load_s=load_s, device_mib=(_mem_used(args.device) - base) / 2**20)
+    res.update(load_s=load_s, device_mib=(_mem_end(args.device) - base) / 2**20,
+               tokens=gen(min(TOKENS, args.new))[0, args.prompt:].tolist())
+    return res
+
+
+def run_ort(args: argparse.Namespace, batch: int) -> dict[str, Any]:
+    """ONNX Runtime (cpu): a prefill graph and a decode-step graph with past keys and values
+    as inputs (dynamic length) and presents as outputs, greedy in the graph."""
+    import onnxruntime as ort
+    import torch
+    from transformers import DynamicCache
+
+    torch.set_num_threads(args.threads)
+    base = _mem_used(args.device)
+    model = _model(args.model, args.dtype)
+    cfg = model.config
+    heads = getattr(cfg, "num_key_value_heads", None) or cfg.num_attention_heads
+    head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
+
+    class Step(torch.nn.Module):
+        """ids [B, n] and positions after a past of 2 tensors a layer -> (next ids,
+        presents)."""
+
+        def __init__(self) -> None:
+            super().__init__()
+            self.model = model
+
+        def forward(self, ids: Any, pos: Any, *past: Any) -> tuple[Any, ...]:
+            cache = DynamicCache(config=cfg)
+            for i in range(len(past) // 2):
+                cache.update(past[2 * i], past[2 * i + 1], i)
+            out = self.model(input_ids=ids, position_ids=pos, past_key_values=cache,
+                             use_cache=True)
+            flat = [t for layer in out.past_key_values.layers
+                    for t in (layer.keys, layer.values)]
+            return (out.logits[:, -1].argmax(-1), *flat)
+
+    names = [f"past{i}" for i in range(2 * cfg.num_hidden_layers)]
+    outs = ["next"] + [f"present{i}" for i in range(len(names))]
+    step = Step().eval()
+    t0 = time.perf_counter()
+    with tempfile.TemporaryDirectory() as tmp, torch.no_grad():
+        ids = torch.zeros((batch, args.prompt), dtype=torch.long)
+        pos = torch.arange(args.prompt).expand(batch, -1)
+        # The query length is static in each graph: a dynamic one made transformers' sdpa
+        # call take a symbolic is_causal, which torch.export refuses.
+        torch.onnx.export(step, (ids, pos), f"{tmp}/prefill.onnx", dynamo=True,
+                          input_names=["ids", "pos"], output_names=outs)
+        past = tuple(torch.zeros(batch, heads, 3, head_dim) for _ in names)
+        length = torch.export.Dim("past", min=1, max=args.prompt + args.new)
+        torch.onnx.export(step, (ids[:, :1], pos[:, :1], *past), f"{tmp}/decode.onnx",
+                          dynamo=True, input_names=["ids", "pos", *names], output_names=outs,
+                          dynamic_shapes=(None, None, tuple({2: length} for _ in names)))
+        export_s = time.perf_counter() - t0
+        del model, step
+        so = ort.SessionOptions()
+        so.intra_op_num_threads, so.inter_op_num_threads = args.threads, 1
+        so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+        cpu = ["CPUExecutionProvider"]
+        t0 = time.perf_counter()
+        pre = ort.InferenceSession(f"{tmp}/prefill.onnx", so, providers=cpu)
+        dec = ort.InferenceSession(f"{tmp}/decode.onnx", so, providers=cpu)
+        load_s = time.perf_counter() - t0
+    prompt = _prompt(batch, args.prompt, cfg.vocab_size)
+    positions = np.broadcast_to(np.arange(args.prompt), (batch, args.prompt)).copy()
+
+    def gen(n: int) -> np.ndarray:
+        got = pre.run(None, {"ids": prompt, "pos": positions})
+        toks = [got[0]]
+        for i in range(1, n):
+            feed = dict(zip(names, got[1:]))
+            feed["ids"] = toks[-1][:, None]
+            feed["pos"] = np.full((batch, 1), args.prompt + i - 1, np.int64)
+            got = dec.run(None, feed)
+            toks.append(got[0])
+        return np.concatenate([prompt, np.stack(toks, 1)], 1)
+
+    res = _per_token(gen, args.new, args.runs)
+    res.update(load_s=load_s, export_s=export_s,
+               tokens=gen(min(TOKENS, args.new))[0, args.prompt:].tolist(),
+               device_mib=(_mem_end(args.device) - base) / 2**20)
     return res
 
 
@@ -139,6 +240,8 @@ def run_aotrt(args: argparse.Namespace, batch: int, weights: str | None = None
     import aotrt
     from aotrt import llm
 
+    if args.device == "cpu":
+        torch.set_num_threads(args.threads)     # the export's
     base = _mem_used(args.device)
     model = _model(args.model, args.dtype)
     t0 = time.perf_counter()
@@ -153,15 +256,19 @@ def run_aotrt(args: argparse.Namespace, batch: int, weights: str | None = None
         size = path.stat().st_size
         del prog
         t0 = time.perf_counter()
-        m = aotrt.load(path, device=args.device)
+        m = aotrt.load(path, device=args.device,
+                       threads=args.threads if args.device == "cpu" else None)
         load_s = time.perf_counter() - t0
-    ids = np.random.default_rng(0).integers(3, vocab, (batch, args.prompt))
+    ids = _prompt(batch, args.prompt, vocab)
     with m:
-        res = _per_token(lambda n: llm.generate(m, ids, max_new_tokens=n, eos_token_id=[]),
-                         args.new, args.runs)
+        def gen(n: int) -> np.ndarray:
+            return llm.generate(m, ids, max_new_tokens=n, eos_token_id=[])
+
+        res = _per_token(gen, args.new, args.runs)
         res.update(load_s=load_s, export_s=export_s, file_mib=size / 2**20,
-                   host_us=_host_us(m, batch, args.prompt))
-        res["device_mib"] = (_mem_used(args.device) - base) / 2**20
+                   host_us=_host_us(m, batch, args.prompt),
+                   tokens=gen(min(TOKENS, args.new))[0, args.prompt:].tolist())
+        res["device_mib"] = (_mem_end(args.device) - base) / 2**20
     del torch
     return res
 
@@ -187,6 +294,8 @@ def run_one(args: argparse.Namespace) -> dict[str, Any]:
     """One runner at one batch size, in this process."""
     if args.one.startswith("aotrt"):
         return run_aotrt(args, args.batch[0], WEIGHTS.get(args.one))
+    if args.one == "ort":
+        return run_ort(args, args.batch[0])
     return run_hf(args, args.batch[0], compiled=args.one == "hf_static")
 
 
@@ -200,33 +309,43 @@ def main() -> None:
     p.add_argument("--prompt", type=int, default=128)
     p.add_argument("--new", type=int, default=128)
     p.add_argument("--runs", type=int, default=5)
-    p.add_argument("--runners", nargs="+", default=list(RUNNERS), choices=RUNNERS)
+    p.add_argument("--threads", type=int, default=2, help="cpu: threads for every runner")
+    p.add_argument("--runners", nargs="+", choices=RUNNERS,
+                   help="default: the device's (DEVICE_RUNNERS)")
     p.add_argument("--out", type=Path)
     p.add_argument("--one", choices=RUNNERS, help=argparse.SUPPRESS)
     args = p.parse_args()
     if args.one:
         print(json.dumps(run_one(args)))
         return
+    runners = args.runners or list(DEVICE_RUNNERS.get(args.device, RUNNERS))
+    env = dict(os.environ)
+    if args.device == "cpu":
+        for k in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
+            env[k] = str(args.threads)
     rows = []
     for batch in args.batch:
-        for runner in args.runners:
+        for runner in runners:
             cmd = [sys.executable, __file__, "--one", runner, "--model", args.model,
                    "--device", args.device, "--dtype", args.dtype, "--batch", str(batch),
                    "--prompt", str(args.prompt), "--new", str(args.new),
-                   "--runs", str(args.runs)]
-            proc = subprocess.run(cmd, capture_output=True, text=True)
+                   "--runs", str(args.runs), "--threads", str(args.threads)]
+            load0 = os.getloadavg()[0]
+            proc = subprocess.run(cmd, capture_output=True, text=True, env=env)
             lines = proc.stdout.strip().splitlines()
             if proc.returncode or not lines:
                 row = {"error": (proc.stderr or proc.stdout)[-1500:]}
             else:
                 row = json.loads(lines[-1])
-            row.update(runner=runner, batch=batch)
+            row.update(runner=runner, batch=batch, loadavg=[load0, os.getloadavg()[0]])
             rows.append(row)
             print(json.dumps(row), flush=True)
     print(f"\n{args.model} {args.dtype} on {args.device}, prompt {args.prompt}, "
           f"{args.new} new tokens")
+    mem = "dev MiB" if args.device == "cuda" else "RSS MiB"
+    ref = next((r.get("tokens") for r in rows if r.get("tokens")), None)
     print(f"{'runner':10} {'batch':>5} {'ttft ms':>9} {'ms/token':>9} {'range':>15} "
-          f"{'dev MiB':>8} {'load s':>7} {'host us':>8}")
+          f"{mem:>8} {'load s':>7} {'host us':>8} {'tokens':>7} {'load avg':>9}")
     for r in rows:
         if "error" in r:
             print(f"{r['runner']:10} {r['batch']:>5} error: "
@@ -234,14 +353,30 @@ def main() -> None:
             continue
         lo, hi = r["ms_per_token_range"]
         host = r.get("host_us")
+        same = "same" if r.get("tokens") == ref else "differ"
+        la = "-".join(f"{x:.1f}" for x in r["loadavg"])
         print(f"{r['runner']:10} {r['batch']:>5} {r['ttft_ms']:9.2f} {r['ms_per_token']:9.3f} "
               f"{f'{lo:.3f}-{hi:.3f}':>15} {r['device_mib']:8.0f} {r['load_s']:7.2f} "
-              f"{'' if host is None else f'{host:8.1f}'}")
+              f"{'' if host is None else f'{host:8.1f}':>8} {same:>7} {la:>9}")
     if args.out:
         args.out.parent.mkdir(parents=True, exist_ok=True)
         args.out.write_text(json.dumps({"model": args.model, "dtype": args.dtype,
                                         "device": args.device, "prompt": args.prompt,
-                                        "new": args.new, "rows": rows}, indent=1))
+                                        "new": args.new, "threads": args.threads,
+                                        "machine": _machine(), "rows": rows}, indent=1))
+
+
+def _machine() -> dict[str, Any]:
+    """The CPU's model name, its vector flags of note, and the cores this process may use."""
+    name, flags = "", []
+    with open("/proc/cpuinfo") as f:
+        for line in f:
+            if line.startswith("model name") and not name:
+                name = line.split(":", 1)[1].strip()
+            elif line.startswith("flags") and not flags:
+                have = line.split(":", 1)[1].split()
+                flags = [x for x in ("avx2", "fma", "avx512f", "amx_tile") if x in have]
+    return {"cpu": name, "flags": flags, "cores": len(os.sched_getaffinity(0))}
 
 
 if __name__ == "__main__":
