@@ -51,8 +51,9 @@ Devices: each backend registers its implementation of an op for its device class
 when they are imported), and `_common.launch` finds it from the stream's device with the
 op's validated arguments; the cpu makers live in `ops/cpu_<op>.py`, the cuda ones in
 `cuda/` (one file per op), and a device without one raises Unsupported. Every
-implementation must give an output that overlaps an input the result computed from the input's old values: the exporter writes results in place over
-memory they read (tests/runtime/ops pins this down on every device).
+implementation must give an output that overlaps an input the result computed from the
+input's old values: the exporter writes results in place over memory they read
+(tests/runtime/ops pins this down on every device).
 """
 
 from __future__ import annotations
