@@ -24,10 +24,13 @@ FAMILIES = {"views", "cat_scatter", "index", "library", "fold", "fused"}
 
 def test_every_rule_names_an_op_of_this_torch() -> None:
     """Rule names are real overloads ('aten.packet.overload'): a typo would never match."""
+    import aotrt.exporter.quantize  # noqa: F401 - defines the aotrt:: custom ops
+
     own = {"getitem", "conv_epilogue"}      # fx's getitem, and aotrt/exporter/epilogue.py's
     bad = [n for n in RULES if n not in own and not (
         n.startswith("aten.") and ops(n[len("aten."):])
-        or n.startswith("prims.") and hasattr(torch.ops.prims, n.split(".")[1]))]
+        or n.startswith("prims.") and hasattr(torch.ops.prims, n.split(".")[1])
+        or n.startswith("aotrt.") and hasattr(torch.ops.aotrt, n.split(".")[1]))]
     assert not bad, bad
     assert {r.family for r in RULES.values()} == FAMILIES
 

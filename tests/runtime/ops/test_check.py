@@ -50,6 +50,9 @@ BASE: dict[str, tuple[list, list, dict]] = {
                     "dilation": [1, 1], "ceil_mode": False}),
     "upsample_nearest2d": ([meta((1, 2, 6, 8))], [meta((1, 2, 3, 4))],
                            {"output_size": [6, 8], "scale_factors": None}),
+    # int4 weights, two groups of 32 along K = 64: x, qweight, scales, zeros, bias
+    "linear_wq": ([meta((2, 3))], [meta((2, 64)), meta((3, 32), "uint8"), meta((3, 2)),
+                                   meta((3, 2)), meta((3,))], {"bits": 4, "group_size": 32}),
 }
 
 INT_PARAMS = {  # (op, param, minimum)
@@ -170,7 +173,10 @@ FIELDS = {"mm": (["out"], ["a", "b"]), "bmm": (["out"], ["a", "b"]),
           "convolution": (["out"], ["x", "w", "bias"]),
           "sdpa": (["out"], ["q", "k", "v", "attn_mask"]),
           "topk": (["values_out", "indices_out"], ["x"]),
-          "max_pool2d": (["out", "indices_out"], ["x"]), "upsample_nearest2d": (["out"], ["x"])}
+          "max_pool2d": (["out", "indices_out"], ["x"]), "upsample_nearest2d": (["out"], ["x"]),
+          "linear_wq": (["out"], ["x", "qweight", "scales", "zeros", "bias"])}
+#: inputs that take any float dtype (so a wrong one is an integer dtype)
+ANY_FLOAT = {("linear_wq", "scales")}
 
 
 @pytest.mark.parametrize("fn", sorted(BASE))
@@ -189,7 +195,8 @@ def test_dtype_mismatches_name_the_tensor(fn):
     for i, m in enumerate(ins):
         if m is None:
             continue
-        expect_refused(fn, outs, _with(ins, i, dtype=F16), params, in_names[i],
+        bad = I64 if (fn, in_names[i]) in ANY_FLOAT else F16
+        expect_refused(fn, outs, _with(ins, i, dtype=bad), params, in_names[i],
                        (InvalidArgument, Unsupported))
     if fn == "sdpa":
         mask = meta((1, 2, 3, 5), "int32")

@@ -120,6 +120,11 @@ OVER: dict[str, Callable[[], Program]] = {
 }
 
 
+OVER["linear_wq"] = lambda: one_op(  # M*N*K = 2**42, int8 weights
+    "linear_wq", [a(BIG, BIG)], [x0(BIG, BIG), x0(BIG, BIG, dtype="int8"), x0(BIG), None, None],
+    {"bits": 8, "group_size": BIG})
+
+
 def test_every_library_op_has_a_work_case() -> None:
     assert set(OVER) == set(OPS)
 
