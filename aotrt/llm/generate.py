@@ -25,8 +25,6 @@ from aotrt.errors import InvalidArgument, ProgramError
 from aotrt.llm.spec import LlmSpec
 
 I64 = np.int64
-
-
 F32 = np.float32
 # Greedy unless asked: generate's sampling arguments and their defaults (no filtering).
 _SAMPLING_DEFAULTS = {"temperature": 1.0, "top_k": 0, "top_p": 1.0}
@@ -155,6 +153,10 @@ def generate(module: Any, input_ids: Any, *, attention_mask: Any = None,
                               f"{max_new_tokens!r}")
     sampling = _sampling(do_sample, temperature, top_k, top_p, seed)
     ids, lengths = _prompt(input_ids, attention_mask)
+    if ids.min() < 0 or ids.max() >= spec.vocab_size:
+        # An embedding lookup past the table is an error in torch; say so before running.
+        raise InvalidArgument(f"input_ids: token ids must lie in [0, {spec.vocab_size}), got "
+                              f"{int(ids.min())}..{int(ids.max())}")
     batch, length = ids.shape
     if batch > spec.max_batch:
         raise InvalidArgument(f"input_ids: batch {batch} is over the program's max_batch "

@@ -108,6 +108,10 @@ def test_bad_arguments_are_refused() -> None:
             llm.generate(m, np.zeros((1, 0), np.int64))
         with pytest.raises(InvalidArgument, match="no tokens"):
             llm.generate(m, ids, attention_mask=np.zeros_like(mask))
+        with pytest.raises(InvalidArgument, match=r"token ids must lie in \[0, 384\)"):
+            llm.generate(m, np.array([[5, VOCAB]]))
+        with pytest.raises(InvalidArgument, match="token ids must lie"):
+            llm.generate(m, np.array([[-1, 5]]))
     with pytest.raises(InvalidArgument, match="prefill_len"):
         llm.export(build("gpt2"), max_seq_len=8, prefill_len=16)
 
