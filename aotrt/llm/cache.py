@@ -12,6 +12,8 @@ from typing import Any
 import torch
 from transformers.cache_utils import Cache, CacheLayerMixin
 
+from aotrt.errors import InvalidArgument
+
 
 class SlotLayer(CacheLayerMixin):
     """One layer's keys and values, `[batch, kv_heads, max_seq_len, head_dim]`."""
@@ -32,12 +34,13 @@ class SlotLayer(CacheLayerMixin):
 
     def lazy_initialization(self, key_states: torch.Tensor, value_states: torch.Tensor) -> None:
         """Never needed: the buffers exist before the first step."""
-        raise RuntimeError("SlotLayer: bind() the cache buffers before the step")
+        raise InvalidArgument("SlotLayer: bind() the cache buffers before the step")
 
     def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args: Any,
                **kwargs: Any) -> tuple[torch.Tensor, torch.Tensor]:
         """Write the step's keys and values at its slots; return the whole buffers."""
-        assert self.keys is not None and self.values is not None and self.slots is not None
+        if self.keys is None or self.values is None or self.slots is None:
+            raise InvalidArgument("SlotLayer: bind() the cache buffers before the step")
         self.keys.index_copy_(2, self.slots, key_states.to(self.keys.dtype))
         self.values.index_copy_(2, self.slots, value_states.to(self.values.dtype))
         return self.keys, self.values

@@ -30,6 +30,7 @@ from typing import Any
 
 import torch
 
+from aotrt.errors import InvalidArgument
 from aotrt.llm.cache import SlotCache
 
 
@@ -132,5 +133,6 @@ class CausalStep(torch.nn.Module):
         logits = out.logits[:, -1]
         if uniform is None:
             return logits.argmax(-1)
-        assert temperature is not None and top_k is not None and top_p is not None
+        if temperature is None or top_k is None or top_p is None:
+            raise InvalidArgument("sample: temperature, top_k and top_p come with uniform")
         return sample_token(logits, uniform, temperature, top_k, top_p)

@@ -211,7 +211,8 @@ def generate(module: Any, input_ids: Any, *, attention_mask: Any = None,
         return np.asarray(out).astype(I64)
 
     if sampling is None:
-        assert out is not None
+        if out is None:     # _prompt refuses an empty prompt, so a chunk always ran
+            raise InvalidArgument("input_ids: no prompt token to prefill")
         token = np.asarray(out).astype(I64)
         slot = padded
     else:

@@ -21,7 +21,7 @@ from typing import Any, Callable, Sequence
 import numpy as np
 
 from aotrt.errors import DeviceError
-from aotrt.runtime.work import native_of
+from aotrt.runtime.work import Work, native_of
 from aotrt.sources import source
 
 #: step kinds (the C loop's switch); MOVE_AT: a memmove to the address held in `a`, plus `m`
@@ -59,6 +59,19 @@ def kernel(library: Any, symbol: str, label: str, ptrs: Any, n: int,
     fn, flag = library.address(symbol)
     return Native([(KERNEL, fn, ctypes.addressof(ptrs), 0, n, max(int(threads), 1), flag, 0)],
                   keep=[ptrs], library=library, label=label)
+
+
+def kernel_work(library: Any, symbol: str, label: str, ptrs: Any, n: int, worker: Any,
+                keep: Sequence[Any] = ()) -> Work:
+    """A compiled kernel's call over [0, n) as a stream's Work: from Python through the
+    library, or natively, on the worker's threads; `keep` lives as long as the work."""
+    def run() -> None:
+        library.call(symbol, label, ptrs, n, getattr(worker, "threads", 1))
+
+    def native() -> Native:
+        return kernel(library, symbol, label, ptrs, n, getattr(worker, "threads", 1))
+
+    return Work(run, native=native, keep=(*keep, ptrs, library))
 
 
 def address(x: Any) -> int:

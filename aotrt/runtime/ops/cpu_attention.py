@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING, Any, Callable
 
 import numpy as np
 
+from aotrt.errors import DeviceError
 from aotrt.kernels.math_c import MATH_C
 from aotrt.runtime.devices import cpu_native
 from aotrt.runtime.devices.cpu_loaded import OpSource
@@ -120,7 +121,9 @@ class FusedAttention(OpSource):
         params[20] = per_thread
         if mask is not None:
             ms = _mask_strides(mask, out, s)
-            assert ms is not None       # takes() checked it
+            if ms is None:              # takes() declines such masks before this is made
+                raise DeviceError(f"cpu attention: a mask of strides {list(mask.strides)} "
+                                  f"reached the fused kernel, which cannot read it")
             params[21:25] = ms
         fscale = np.array([scale], np.float64)
         items = b * hq * -(-lq // ROWS)

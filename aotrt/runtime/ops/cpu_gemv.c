@@ -17,23 +17,7 @@ int32_t aotrt_error = 0;
    fixed by K alone: any thread count gives the same bits. */
 
 #define CB 16
-typedef float v8f __attribute__((vector_size(32)));
-
-static inline v8f load8(const float *p) { v8f v; memcpy(&v, p, 32); return v; }
-
-/* acc + a * b, fused where the CPU has FMA: compared with the reference by tolerance, like
-   the other GEMMs' products */
-#if defined(__FMA__)
-#define MADD(acc, a, b) ((v8f)_mm256_fmadd_ps((__m256)(a), (__m256)(b), (__m256)(acc)))
-#else
-#define MADD(acc, a, b) ((acc) + (a) * (b))
-#endif
-
-static inline float hsum(v8f v) {
-    float s = 0.0f;
-    for (int i = 0; i < 8; i++) s += v[i];
-    return s;
-}
+/* v8f, load8, MADD and hsum: cpu_vec8.h, compiled first */
 
 /* R rows of w (R <= 4) against one row of x, two sums a row (one chain of adds per row
    left the FMA latency exposed), 8 vector registers of sums and 2 of x */

@@ -39,7 +39,7 @@ MAX_ROWS = 8
 #: it saves on a small layer
 MIN_PARALLEL_BYTES = 1 << 18
 
-SOURCE = source(__package__, "cpu_gemv.c")
+SOURCE = source(__package__, "cpu_vec8.h") + source(__package__, "cpu_gemv.c")
 
 
 class GemvKernel(OpSource):
@@ -94,16 +94,8 @@ def make_gemv(out: Handle, x: Handle, w: Handle, w_nk: tuple[int, int, int], bia
                                  bias.address if bias is not None else None, out.address,
                                  params.ctypes.data, scratch.ctypes.data)
     label = f"gemv {m}x{k}x{n}"
-    worker = device.worker
-
-    def run() -> None:
-        loaded.call(SYMBOL, label, ptrs, items, getattr(worker, "threads", 1))
-
-    def native() -> cpu_native.Native:
-        return cpu_native.kernel(loaded, SYMBOL, label, ptrs, items,
-                                 getattr(worker, "threads", 1))
-
-    return Work(run, native=native, keep=(params, scratch, ptrs, loaded))
+    return cpu_native.kernel_work(loaded, SYMBOL, label, ptrs, items, device.worker,
+                                  keep=(params, scratch))
 
 
 __all__ = ["GemvKernel", "MAX_ROWS", "ROWS", "SOURCE", "make_gemv"]

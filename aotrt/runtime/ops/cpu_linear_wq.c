@@ -17,7 +17,7 @@ int32_t aotrt_error = 0;
    caller's thread converts x first, so out may overlap x. */
 
 #define CB COLUMNS
-typedef float v8f __attribute__((vector_size(32)));
+/* v8f, load8, MADD and hsum: cpu_vec8.h, compiled first */
 typedef int8_t v8b __attribute__((vector_size(8)));
 typedef uint8_t v8u __attribute__((vector_size(8)));
 typedef int32_t v8i __attribute__((vector_size(32)));
@@ -71,22 +71,6 @@ static inline void st_any(void *p, int64_t i, int64_t dt, float v) {
         return;
     }
     ((_Float16 *)p)[i] = (_Float16)v;
-}
-
-static inline v8f load8(const float *p) { v8f v; memcpy(&v, p, 32); return v; }
-
-/* acc + a * b, fused where the CPU has FMA: the result is compared with the reference by
-   tolerance (like cpu_attention.c's products), and the fused form halves the arithmetic */
-#if defined(__FMA__)
-#define MADD(acc, a, b) ((v8f)_mm256_fmadd_ps((__m256)(a), (__m256)(b), (__m256)(acc)))
-#else
-#define MADD(acc, a, b) ((acc) + (a) * (b))
-#endif
-
-static inline float hsum(v8f v) {
-    float s = 0.0f;
-    for (int i = 0; i < 8; i++) s += v[i];
-    return s;
 }
 
 /* int8: R rows (R <= 4) of column n; returns the R dot products with q (before the scale).

@@ -44,8 +44,9 @@ MAX_GROUPS = 1024
 #: the kernel's dtype codes
 CODES = {"float32": 0, "bfloat16": 1, "float16": 2}
 
-SOURCE = (source(__package__, "cpu_linear_wq.c").replace("MAX_GROUPS", str(MAX_GROUPS))
-          .replace("COLUMNS", str(COLUMNS)))
+SOURCE = source(__package__, "cpu_vec8.h") + (
+    source(__package__, "cpu_linear_wq.c").replace("MAX_GROUPS", str(MAX_GROUPS))
+    .replace("COLUMNS", str(COLUMNS)))
 
 
 class LinearWqKernel(OpSource):
@@ -97,16 +98,8 @@ def _fused(out: Handle, x: Handle, qweight: Handle, scales: Handle, zeros: Handl
                                  params.ctypes.data, scratch.ctypes.data)
     items = -(-n // COLUMNS)
     label = f"linear_wq int{bits} {m}x{k}x{n}"
-    worker = device.worker
-
-    def run() -> None:
-        loaded.call(SYMBOL, label, ptrs, items, getattr(worker, "threads", 1))
-
-    def native() -> cpu_native.Native:
-        return cpu_native.kernel(loaded, SYMBOL, label, ptrs, items,
-                                 getattr(worker, "threads", 1))
-
-    return Work(run, native=native, keep=(params, scratch, ptrs, loaded))
+    return cpu_native.kernel_work(loaded, SYMBOL, label, ptrs, items, device.worker,
+                                  keep=(params, scratch))
 
 
 def dequantize_rows(q: np.ndarray, s: np.ndarray, z: np.ndarray | None, bits: int,
