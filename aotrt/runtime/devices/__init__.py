@@ -1,1 +1,0 @@
-"""Device implementations, one file each, registered in aotrt.runtime.device.DEVICES."""
