@@ -25,7 +25,7 @@ import aotrt  # noqa: E402
 def pre_launch(d, inputs, iters: int) -> None:
     """The host time from run()'s call to the graph launch: what a caller's latency adds
     to the graph's GPU time when the GPU is idle (the benchmark's case)."""
-    from aotrt.runtime.devices.cuda import CudaGraph
+    from aotrt.runtime.backends.cuda.device import CudaGraph
 
     real = CudaGraph.launch
     stamps: list[float] = []

@@ -4,7 +4,7 @@
 # others), logs under ${1:-/tmp/cuda-tests}, one summary line per file.
 out="${1:-/tmp/cuda-tests}"
 mkdir -p "$out"
-for f in tests/runtime/devices/test_cuda.py tests/runtime/ops/test_*.py tests/runtime/test_*.py; do
+for f in tests/runtime/backends/cuda/test_device.py tests/runtime/ops/test_*.py tests/runtime/test_*.py; do
     name="$(basename "$f" .py)"
     timeout "${AOTRT_TEST_TIMEOUT:-120}" python3 -m pytest -q -p no:cacheprovider --tb=short -rfE \
         -k cuda "$f" > "$out/$name.log" 2>&1

@@ -4,7 +4,7 @@
 # named in $5, then bench.py over the six models with every runner, alone on the GPU, within
 # $4 seconds. Logs under $1.
 #
-#   bash scripts/h200_bench.sh $OUT/b "tests/runtime/devices/test_cuda.py" \
+#   bash scripts/h200_bench.sh $OUT/b "tests/runtime/backends/cuda/test_device.py" \
 #       "resnet50_b1:graph whisper_tiny_encoder" 420 "stem_b32 resnet50_b32"
 #
 # bench.py splits $4 evenly over the models left after the exports (about 36 s): give the

@@ -82,7 +82,7 @@ from ultralytics.nn.tasks import DetectionModel
 from transformers import GPT2Model  # pulls torchvision in beside pillow
 import cuda.core, cuda.bindings, nvmath
 import pytest, hypothesis
-from aotrt.runtime.ops import cpu_dnnl  # the cpu device's convolutions (onednn-cpu-gomp)
+from aotrt.runtime.backends.cpu import dnnl as cpu_dnnl  # the cpu device's convolutions (onednn-cpu-gomp)
 if cpu_dnnl.library() is None:
     raise SystemExit("onednn-cpu-gomp: libdnnl.so.3 is not installed or does not load")
 PY

@@ -91,7 +91,7 @@ def rel_err(got: Any, ref: Any) -> float:
     return float(np.max(np.abs(g - r)) / max(float(np.max(np.abs(r))), 1e-30))
 
 
-#: a compiled library's kernel `k_flag` (devices/cpu_native.py, cpu_stream.py tests)
+#: a compiled library's kernel `k_flag` (backends/cpu/native.py, cpu_stream.py tests)
 FLAG_SOURCE = """#include <stdint.h>
 int32_t aotrt_error = 0;
 /* sets the error flag to P[0][0] where it is not 0; else writes 7 to P[0][1] */

@@ -179,16 +179,15 @@ def full_import_graph() -> dict[str, set[str]]:
     return graph
 
 
+BACKENDS = "aotrt.runtime.backends."
+
+
 def backend(module: str) -> str | None:
-    """The backend a module belongs to (cpu: devices/cpu*.py and ops/cpu_*.py; cuda:
-    devices/cuda*.py and ops/cuda/), or None for a generic one."""
-    if module.startswith("aotrt.runtime.devices.cpu") or (
-            module.startswith("aotrt.runtime.ops.cpu_") and module.count(".") == 3):
-        return "cpu"
-    if module.startswith("aotrt.runtime.devices.cuda") or module == "aotrt.runtime.ops.cuda" \
-            or module.startswith("aotrt.runtime.ops.cuda."):
-        return "cuda"
-    return None
+    """The backend a module belongs to (the package under aotrt/runtime/backends/ it is
+    in: cpu or cuda), or None for a generic one."""
+    if not module.startswith(BACKENDS):
+        return None
+    return module[len(BACKENDS):].split(".")[0]
 
 
 # Cycles through generic modules held open by imports inside functions, recorded when the
@@ -199,10 +198,10 @@ KNOWN_GENERIC_CYCLES = [
 
 
 def test_backend_membership() -> None:
-    assert backend("aotrt.runtime.devices.cpu_stream") == "cpu"
-    assert backend("aotrt.runtime.ops.cpu_dnnl") == "cpu"
-    assert backend("aotrt.runtime.devices.cuda_graphs") == "cuda"
-    assert backend("aotrt.runtime.ops.cuda.conv") == "cuda"
+    assert backend("aotrt.runtime.backends.cpu.stream") == "cpu"
+    assert backend("aotrt.runtime.backends.cpu.dnnl") == "cpu"
+    assert backend("aotrt.runtime.backends.cuda.graphs") == "cuda"
+    assert backend("aotrt.runtime.backends.cuda.ops.conv") == "cuda"
     assert backend("aotrt.runtime.ops.conv") is None
     assert backend("aotrt.runtime.ops") is None
     assert backend("aotrt.runtime.device") is None
@@ -210,20 +209,21 @@ def test_backend_membership() -> None:
 
 def test_full_graph_counts_deferred_imports_and_packages() -> None:
     graph = full_import_graph()
-    # inside a function (devices/cpu.py registers its ops once CpuDevice exists)
-    assert "aotrt.runtime.ops.cpu_conv" in graph["aotrt.runtime.devices.cpu"]
-    # importing ops/cpu_conv.py runs ops/__init__.py
-    assert "aotrt.runtime.ops" in graph["aotrt.runtime.devices.cpu"]
+    # inside a function (backends/cpu/device.py registers its ops once CpuDevice exists)
+    assert "aotrt.runtime.backends.cpu.ops.conv" in graph["aotrt.runtime.backends.cpu.device"]
+    # importing backends/cpu/ops/conv.py runs backends/cpu/ops/__init__.py
+    assert "aotrt.runtime.backends.cpu.ops" in graph["aotrt.runtime.backends.cpu.device"]
     # TYPE_CHECKING imports stay out
-    assert "aotrt.runtime.devices.cpu" not in graph["aotrt.runtime.ops.cpu_activation"]
+    assert "aotrt.runtime.backends.cpu.device" not in \
+        graph["aotrt.runtime.backends.cpu.ops.activation"]
 
 
 def test_the_backend_rule_catches_a_cross_backend_cycle() -> None:
-    graph = {"aotrt.runtime.ops.conv": {"aotrt.runtime.devices.cpu"},
-             "aotrt.runtime.devices.cpu": {"aotrt.runtime.ops.conv"},
-             "aotrt.runtime.ops.cpu_a": {"aotrt.runtime.devices.cpu_b"},
-             "aotrt.runtime.devices.cpu_b": {"aotrt.runtime.ops.cpu_a"}}
-    assert _cross_backend(cycles(graph)) == [["aotrt.runtime.devices.cpu",
+    graph = {"aotrt.runtime.ops.conv": {"aotrt.runtime.backends.cpu.device"},
+             "aotrt.runtime.backends.cpu.device": {"aotrt.runtime.ops.conv"},
+             "aotrt.runtime.backends.cpu.ops.a": {"aotrt.runtime.backends.cpu.b"},
+             "aotrt.runtime.backends.cpu.b": {"aotrt.runtime.backends.cpu.ops.a"}}
+    assert _cross_backend(cycles(graph)) == [["aotrt.runtime.backends.cpu.device",
                                               "aotrt.runtime.ops.conv"]]
 
 

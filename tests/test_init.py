@@ -28,7 +28,7 @@ def test_runtime_imports_leave_torch_out() -> None:
         "import aotrt.demo, aotrt.models, aotrt.measure, aotrt.progress\n"
         "import aotrt.runtime.delegate, aotrt.runtime.public, aotrt.runtime.dlpack\n"
         "import aotrt.runtime.shims, aotrt.runtime.ops\n"
-        "import aotrt.runtime.devices.cpu\n"
+        "import aotrt.runtime.backends.cpu.device\n"
         "import aotrt.llm, aotrt.llm.generate, aotrt.llm.spec\n"
         "bad = sorted(m for m in sys.modules if m == 'torch' or m.startswith('torch.'))\n"
         "print(bad)\n"

@@ -643,8 +643,8 @@ class Device(ABC):
 
 
 DEVICES: dict[str, str] = {
-    "cpu": "aotrt.runtime.devices.cpu:CpuDevice",
-    "cuda": "aotrt.runtime.devices.cuda:CudaDevice",
+    "cpu": "aotrt.runtime.backends.cpu.device:CpuDevice",
+    "cuda": "aotrt.runtime.backends.cuda.device:CudaDevice",
 }
 _instances: dict[str, Device] = {}
 _registry_lock = threading.Lock()

@@ -43,7 +43,7 @@ class Fp32Math:
     conv_tf32: bool = False
     matmul_tf32: bool = False
     #: the largest output tile m of the cpu's Winograd F(m x m, 3 x 3) for 3x3 stride-1
-    #: convolutions (ops/cpu_winograd.py): 4 (ResNet-18 25% faster a run; one layer's error
+    #: convolutions (backends/cpu/ops/winograd.py): 4 (ResNet-18 25% faster a run; one layer's error
     #: 12 to 16 times the direct convolution's, about 1e-6 relative), 2 (within 2.5 times),
     #: or 0 for none
     conv_winograd: int = 4

@@ -2,7 +2,7 @@
 
 A stream's command holds either a plain callable or a `Work`. A `Work` is called like the
 callable it wraps; a cpu stream may instead run its native form (`native`: a maker of a
-devices/cpu_native.Native, or None where it has none yet) or the jobs of a native plan it
+backends/cpu/native.Native, or None where it has none yet) or the jobs of a native plan it
 offers (`native_jobs`), and `keep` holds what must live as long as the work (a loaded
 library, packed weights, ctypes argument blocks the native form points into).
 """

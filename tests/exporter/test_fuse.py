@@ -29,7 +29,7 @@ from aotrt.exporter.fuse import fusible, group_io, partition
 from aotrt.kernels import ir
 from aotrt.runtime import shims
 from aotrt.runtime.device import StreamOptions, get_device
-from aotrt.runtime.devices import cpu as cpu_device
+from aotrt.runtime.backends.cpu import device as cpu_device
 from aotrt.runtime.memory import Owner, owner_scope
 from tests.exporter.harness import rel_err
 

@@ -15,9 +15,9 @@ from tests.kernels.test_render_c import f32, flat, softmax_kernel
 
 
 def _cuda() -> object | None:
-    """aotrt.runtime.devices.cuda when NVRTC compiles a trivial kernel here, else None."""
+    """aotrt.runtime.backends.cuda.device when NVRTC compiles a trivial kernel here, else None."""
     try:
-        import aotrt.runtime.devices.cuda as cuda_mod
+        import aotrt.runtime.backends.cuda.device as cuda_mod
     except ImportError:
         return None
     try:

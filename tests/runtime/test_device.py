@@ -398,7 +398,7 @@ def test_missing_wait_is_caught_every_time_in_deferred_mode(dev, owner, stream):
 
 def test_missing_wait_shows_stale_data_in_deferred_mode(cpu, owner, stream):
     """What a missing wait would read: in deferred mode the queued write has not happened."""
-    from aotrt.runtime.devices.cpu import host_array
+    from aotrt.runtime.backends.cpu.device import host_array
 
     s = make_stream(cpu, "deferred")
     with cpu.stream_guard(s):

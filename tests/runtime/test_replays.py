@@ -1,6 +1,6 @@
 """Tests for aotrt/runtime/replays.py: what a delegate replays instead of building its steps
 at each run (the static-I/O plan of host devices; the CUDA graph is tested on cuda in
-tests/runtime/devices/test_cuda.py)."""
+tests/runtime/backends/cuda/test_device.py)."""
 
 from __future__ import annotations
 

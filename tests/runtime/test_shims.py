@@ -1171,7 +1171,7 @@ def test_copy_across_devices_goes_through_the_host_after_the_waits(cpu, owner, s
     """copy_ between two devices reads the source after its pending writes and writes the
     destination after its pending work (here two cpu device instances stand for cpu/cuda)."""
     from aotrt.dtypes import float32
-    from aotrt.runtime.devices.cpu import CpuDevice
+    from aotrt.runtime.backends.cpu.device import CpuDevice
 
     other = CpuDevice()
     s = make_stream(cpu, "deferred")

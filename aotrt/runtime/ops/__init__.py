@@ -47,13 +47,13 @@ python ints. Geometry params above int32 are refused; outputs whose elements ali
 stride over several elements) are refused. Every op writes all of its outputs.
 
 Devices: each backend registers its implementation of an op for its device class
-(`ops.register(CpuDevice, "convolution", make)`, done by devices/cpu.py and devices/cuda.py
-when they are imported), and `_common.launch` finds it from the stream's device with the
-op's validated arguments; the cpu makers live in `ops/cpu_<op>.py`, the cuda ones in
-`cuda/` (one file per op), and a device without one raises Unsupported. Every
-implementation must give an output that overlaps an input the result computed from the
-input's old values: the exporter writes results in place over memory they read
-(tests/runtime/ops pins this down on every device).
+(`ops.register(CpuDevice, "convolution", make)`, done by backends/cpu/device.py and
+backends/cuda/device.py when they are imported), and `_common.launch` finds it from the
+stream's device with the op's validated arguments; the cpu makers live in
+`backends/cpu/ops/<op>.py`, the cuda ones in `backends/cuda/ops/<op>.py`, and a device
+without one raises Unsupported. Every implementation must give an output that overlaps an
+input the result computed from the input's old values: the exporter writes results in place
+over memory they read (tests/runtime/ops pins this down on every device).
 """
 
 from __future__ import annotations

@@ -4,8 +4,8 @@ Every op validates all of its arguments before it records anything, so a refused
 leaves the stream, the handles and the memory exactly as they were. Each op then records
 ONE command whose accesses name every view it reads and writes; the work itself comes from
 the implementation its device's backend registered for the op (`register`, called by the
-device modules when they are imported: cpu, the make_* functions of ops/cpu_<op>.py; cuda,
-those of ops/cuda/<op>.py), so no op asks a device for its name.
+device modules when they are imported: cpu, the make_* functions of backends/cpu/ops/<op>.py; cuda,
+those of backends/cuda/ops/<op>.py), so no op asks a device for its name.
 """
 
 from __future__ import annotations

@@ -2,11 +2,11 @@
 transposed with output padding, optional bias, into a caller-provided output view.
 
 Input may be batched (N, C, *spatial) or unbatched (C, *spatial). On cpu the forward 1-D
-and 2-D convolution runs through oneDNN (ops/cpu_dnnl.py) on the views' own strides where it
+and 2-D convolution runs through oneDNN (backends/cpu/dnnl.py) on the views' own strides where it
 is installed and takes the call. Otherwise every convolution runs as a 3-D one in numpy (1-D
 and 2-D get leading spatial dims of size 1, as views): im2col through stride tricks plus one
 batched GEMM per chunk of samples, or for the transposed one a GEMM followed by a col2im
-scatter-add over kernel taps. On cuda (ops/cuda/conv.py), 3-D convolutions go through
+scatter-add over kernel taps. On cuda (backends/cuda/ops/conv.py), 3-D convolutions go through
 cuDNN.
 """
 

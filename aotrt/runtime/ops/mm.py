@@ -3,7 +3,7 @@
 Inputs may be any views (transposed, strided, offset); outputs may be non-packed views and
 are written in place. float32, float16 and bfloat16; half types compute in float32 and
 round once on store. On cpu, float32 linear, mm and addmm (alpha 1, beta 0 or 1, a bias
-row) run as a oneDNN matmul (ops/cpu_dnnl.py) where oneDNN has a FAST_MATMUL implementation
+row) run as a oneDNN matmul (backends/cpu/dnnl.py) where oneDNN has a FAST_MATMUL implementation
 for them and the views fold into 2-D ones; everything else through numpy's BLAS, on one
 thread where the device's GEMMs run on oneDNN's pool (`Dnnl.numpy_blas`).
 """

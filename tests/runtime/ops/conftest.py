@@ -192,9 +192,9 @@ def kit(stream: Stream, owner: Owner, request: pytest.FixtureRequest) -> Iterato
 @pytest.fixture
 def dnnl() -> Any:
     """The cpu device's oneDNN state; skips where onednn-cpu-gomp is not installed (a test
-    file may override it, as test_cpu_dnnl.py does to take any matmul implementation)."""
+    file may override it, as test_dnnl.py does to take any matmul implementation)."""
     from aotrt.runtime.device import get_device
-    from aotrt.runtime.ops import cpu_dnnl
+    from aotrt.runtime.backends.cpu import dnnl as cpu_dnnl
 
     if cpu_dnnl.find_library() is None:
         pytest.skip(f"{cpu_dnnl.DIST} is not installed")

@@ -378,7 +378,7 @@ def test_refuses_int_dtype(kit, stream):
 
 def _dnnl(kit):
     """The cpu device's oneDNN state; skips off cpu or where the package is not installed."""
-    from aotrt.runtime.ops import cpu_dnnl
+    from aotrt.runtime.backends.cpu import dnnl as cpu_dnnl
 
     if kit.dev.name != "cpu":
         pytest.skip("oneDNN serves the cpu device")
@@ -476,7 +476,7 @@ def test_onednn_weights_overlapping_the_output_read_old_values(kit, stream):
 
 
 def test_onednn_cache_evicts_least_recently_used(kit, stream, monkeypatch):
-    from aotrt.runtime.ops import cpu_dnnl
+    from aotrt.runtime.backends.cpu import dnnl as cpu_dnnl
 
     dnnl = _dnnl(kit)
     monkeypatch.setattr(cpu_dnnl, "MAX_CACHED", 1)
@@ -589,7 +589,7 @@ def test_a_nan_stays_nan_through_the_epilogue(kit, stream, activation, layout, w
                                               kernel):
     """act(conv + bias (+ residual)) is NaN where torch's is: oneDNN's relu and clip
     post-ops map a NaN to 0, so on cpu those two follow the convolution
-    (ops/cpu_activation.py). The NaNs come from the input and from the residual."""
+    (backends/cpu/ops/activation.py). The NaNs come from the input and from the residual."""
     x_np = kit.randn((1, 16, 6, 7), "float32")
     x_np[0, 3, 2, 4] = np.nan
     w_np = kit.randn((16, 16, kernel, kernel), "float32", 0.5)
@@ -689,7 +689,7 @@ def test_conv_tf32_only_where_the_stream_allows_it(kit, stream, layout):
     """Fp32Math(conv_tf32=True) lets a float32 convolution take TF32 tensor-core engines on
     cuda (an error near 1e-4 here, as torch's default cudnn.allow_tf32 gives), and the
     default stream keeps float32 (1e-6). The convolution is large enough that TF32 pays
-    (ops/cuda/tf32.py keeps float32 where it does not). The cpu has no TF32: the same bits
+    (backends/cuda/ops/tf32.py keeps float32 where it does not). The cpu has no TF32: the same bits
     either way."""
     from aotrt.runtime.options import Fp32Math, StreamOptions
 

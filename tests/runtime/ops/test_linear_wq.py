@@ -15,7 +15,7 @@ from aotrt.errors import InvalidArgument, ProgramError, Unsupported
 from aotrt.exporter.builder import ProgramBuilder
 from aotrt.exporter.quantize import linear_wq as torch_linear_wq, quantize_int4, quantize_int8
 from aotrt.runtime.ops import OPS, TensorMeta, check, linear_wq
-from aotrt.runtime.ops import cpu_linear_wq
+from aotrt.runtime.backends.cpu.ops import linear_wq as cpu_linear_wq
 
 #: relative to max |ref|: float32 keeps the float32 reference's accuracy; the half types are
 #: within one rounding of the output (2**-8 for bfloat16, 2**-11 for float16), doubled

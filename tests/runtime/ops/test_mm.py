@@ -188,14 +188,14 @@ def test_linear_and_bmm_in_place_read_old_values(kit, stream):
 def _onednn_matmul(monkeypatch):
     """oneDNN's matmul taken whatever its implementation on this CPU (by default only its
     FAST_MATMUL ones are), so the tests below run the oneDNN path on every machine."""
-    from aotrt.runtime.ops import cpu_dnnl
+    from aotrt.runtime.backends.cpu import dnnl as cpu_dnnl
 
     monkeypatch.setattr(cpu_dnnl, "FAST_MATMUL", ("",))
 
 
 def _dnnl(kit):
     """The cpu device's oneDNN state; skips off cpu or where the package is not installed."""
-    from aotrt.runtime.ops import cpu_dnnl
+    from aotrt.runtime.backends.cpu import dnnl as cpu_dnnl
 
     if kit.dev.name != "cpu":
         pytest.skip("oneDNN serves the cpu device")
@@ -230,7 +230,7 @@ def test_float32_linear_runs_through_onednn(kit, stream, x_layout, x_shape, with
 def test_only_a_fast_onednn_matmul_is_taken(kit, stream, monkeypatch):
     # By default a GEMM goes to oneDNN where its implementation is a FAST_MATMUL one
     # (brgemm), and stays on numpy where it is not (gemm:jit on AVX2 CPUs).
-    from aotrt.runtime.ops import cpu_dnnl
+    from aotrt.runtime.backends.cpu import dnnl as cpu_dnnl
 
     monkeypatch.undo()
     dnnl = _dnnl(kit)

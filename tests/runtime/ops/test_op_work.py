@@ -21,8 +21,11 @@ from numpy.lib.stride_tricks import sliding_window_view
 from aotrt.errors import ProgramError
 from aotrt.limits import Limits
 from aotrt.program import Program
-from aotrt.runtime.ops import OPS, cpu_conv, cpu_max_pool, cpu_pool, cpu_upsample, pool, \
-    upsample
+from aotrt.runtime.ops import OPS, pool, upsample
+from aotrt.runtime.backends.cpu.ops import conv as cpu_conv
+from aotrt.runtime.backends.cpu.ops import max_pool as cpu_max_pool
+from aotrt.runtime.backends.cpu.ops import pool as cpu_pool
+from aotrt.runtime.backends.cpu.ops import upsample as cpu_upsample
 from aotrt.runtime.ops._common import View
 from aotrt import dtypes
 

@@ -11,7 +11,8 @@ import torch.nn.functional as F
 
 from aotrt.errors import InvalidArgument, Unsupported
 from aotrt.runtime.device import cuda_available
-from aotrt.runtime.ops import OPS, cpu_attention, sdpa
+from aotrt.runtime.ops import OPS, sdpa
+from aotrt.runtime.backends.cpu.ops import attention as cpu_attention
 
 DTYPES = ("float32", "bfloat16", "float16")
 
@@ -388,7 +389,7 @@ def test_refuses_non_numeric_scale(kit, stream):
 def test_sdpa_half_types_take_cudnns_fused_attention_on_cuda(kit, stream, dtype, case):
     """Half-type attention with 16-byte rows runs as one cuDNN graph, reading the heads by
     strides (no copies), and matches torch; checked through the device's graph cache."""
-    from aotrt.runtime.ops.cuda.libraries import Dnn
+    from aotrt.runtime.backends.cuda.libraries import Dnn
 
     dnn = kit.dev.libraries.state(Dnn)
     if not dnn.available:
@@ -417,7 +418,7 @@ def test_cpu_sdpa_gemms_run_on_onednn_where_the_device_gemms_do(kit, stream, mon
                                                                  is_causal):
     # The block GEMMs go through oneDNN's array matmul (forced here, as on a CPU with a
     # brgemm matmul), masks and strided views included, and still match.
-    from aotrt.runtime.ops import cpu_dnnl
+    from aotrt.runtime.backends.cpu import dnnl as cpu_dnnl
 
     dnnl = getattr(kit.dev, "dnnl", None)
     if dnnl is None:

@@ -48,7 +48,7 @@ def cuda_kernel(request, kit, monkeypatch):
     """The topk path of this variant, forced on cuda (see _PATHS)."""
     if kit.dev.name != "cuda":
         return request.param
-    from aotrt.runtime.ops.cuda import topk as cuda_topk
+    from aotrt.runtime.backends.cuda.ops import topk as cuda_topk
     if request.param == "rows":
         monkeypatch.setattr(cuda_topk, "RANK_MAX_N", 0)
     return request.param

@@ -29,9 +29,10 @@ from aotrt.kernels.render_c import CRenderer
 from aotrt.runtime import finalize, hazards
 from aotrt.runtime.device import (Block, Device, KernelFunction, KernelLibrary, Stream,
                                   StreamOptions)
-from aotrt.runtime.devices import cpu_native, cpu_queue
-from aotrt.runtime.devices.cpu_loaded import LoadedLibrary  # noqa: F401 - its home was here
-from aotrt.runtime.devices.cpu_stream import CpuStream
+from aotrt.runtime.backends.cpu import native as cpu_native
+from aotrt.runtime.backends.cpu import queue as cpu_queue
+from aotrt.runtime.backends.cpu.library import LoadedLibrary  # noqa: F401 - its home was here
+from aotrt.runtime.backends.cpu.stream import CpuStream
 # host_array lives beside Handle; the ops import it from here, as they always have.
 from aotrt.runtime.tensor import Handle, host_array, physical_memory  # noqa: F401
 from aotrt.runtime.work import Work
@@ -353,7 +354,7 @@ class CpuDevice(Device):
         oneDNN is not installed (library ops then use numpy)."""
         with self._dnnl_lock:
             if self._dnnl is _UNSET:
-                from aotrt.runtime.ops import cpu_dnnl
+                from aotrt.runtime.backends.cpu import dnnl as cpu_dnnl
 
                 self._dnnl = cpu_dnnl.create(self)
             return self._dnnl
@@ -367,20 +368,20 @@ class CpuDevice(Device):
 
     @property
     def softmaxes(self) -> Any:
-        """The device's compiled row softmaxes (ops/cpu_softmax.py), made on first use."""
-        from aotrt.runtime.ops.cpu_softmax import SoftmaxCache
+        """The device's compiled row softmaxes (backends/cpu/ops/softmax.py), made on first use."""
+        from aotrt.runtime.backends.cpu.ops.softmax import SoftmaxCache
 
         return self._once("_softmaxes", lambda: SoftmaxCache(self))
 
     @property
     def pools(self) -> Any:
-        """The device's compiled max pools (ops/cpu_pool.py), made on first use."""
-        from aotrt.runtime.ops.cpu_pool import PoolKernels
+        """The device's compiled max pools (backends/cpu/ops/pool.py), made on first use."""
+        from aotrt.runtime.backends.cpu.ops.pool import PoolKernels
 
         return self._once("_pools", lambda: PoolKernels(self))
 
     def c_library(self, source: str, symbols: Sequence[str]) -> LoadedLibrary:
-        """An op's own C source (ops/cpu_attention.py), built once through the kernel cache
+        """An op's own C source (backends/cpu/ops/attention.py), built once through the kernel cache
         and loaded; `symbols` are its kernels, each called as generated kernels are."""
         path = self.cache.build_so(source, [*symbols, "aotrt_error"], len(symbols))
         loaded = LoadedLibrary(path)
@@ -389,39 +390,38 @@ class CpuDevice(Device):
 
     @property
     def attention(self) -> Any:
-        """The device's compiled fused attention (ops/cpu_attention.py), made on first use."""
-        from aotrt.runtime.ops.cpu_attention import FusedAttention
+        """The device's compiled fused attention (ops/attention.py), made on first use."""
+        from aotrt.runtime.backends.cpu.ops.attention import FusedAttention
 
         return self._once("_attention", lambda: FusedAttention(self))
 
     @property
     def winograd(self) -> Any:
-        """The device's compiled Winograd transforms (ops/cpu_winograd.py), made on first use."""
-        from aotrt.runtime.ops.cpu_winograd import Winograd
+        """The device's compiled Winograd transforms (ops/winograd.py), made on first use."""
+        from aotrt.runtime.backends.cpu.ops.winograd import Winograd
 
         return self._once("_winograd", lambda: Winograd(self))
 
     @property
     def activation(self) -> Any:
-        """The device's compiled in-place relu and relu6 (ops/cpu_activation.py), made on
+        """The device's compiled in-place relu and relu6 (backends/cpu/ops/activation.py), made on
         first use."""
-        from aotrt.runtime.ops.cpu_activation import Activation
+        from aotrt.runtime.backends.cpu.ops.activation import Activation
 
         return self._once("_activation", lambda: Activation(self))
 
     @property
     def linear_wq(self) -> Any:
-        """The device's compiled weight-only quantized linear (ops/cpu_linear_wq.py), made on
-        first use."""
-        from aotrt.runtime.ops.cpu_linear_wq import LinearWqKernel
+        """The device's compiled weight-only quantized linear (ops/linear_wq.py), made on first
+        use."""
+        from aotrt.runtime.backends.cpu.ops.linear_wq import LinearWqKernel
 
         return self._once("_linear_wq", lambda: LinearWqKernel(self))
 
     @property
     def gemv(self) -> Any:
-        """The device's compiled float32 GEMM of a few rows (ops/cpu_gemv.py), made on first
-        use."""
-        from aotrt.runtime.ops.cpu_gemv import GemvKernel
+        """The device's compiled float32 GEMM of a few rows (ops/gemv.py), made on first use."""
+        from aotrt.runtime.backends.cpu.ops.gemv import GemvKernel
 
         return self._once("_gemv", lambda: GemvKernel(self))
 
@@ -442,7 +442,7 @@ class CpuDevice(Device):
 
     def native_plan(self, works: Sequence[tuple[str, Callable[[], None]]]) -> Any:
         """A runner of a static plan's works (label, work) that calls the ones with a
-        native form from one C loop (devices/cpu_native.py); None where none has one."""
+        native form from one C loop (backends/cpu/native.py); None where none has one."""
         runner = self.native_runner()
         plan = cpu_native.NativePlan(runner, works,
                                      lambda: getattr(self.worker, "threads", 1))
@@ -540,11 +540,17 @@ class CpuDevice(Device):
 
 
 def _register_ops() -> None:
-    """Register the cpu op implementations (ops/cpu_<op>.py) under CpuDevice."""
+    """Register the cpu op implementations (backends/cpu/ops/<op>.py) under CpuDevice."""
     # Imported here, once CpuDevice exists: the op modules are of this backend and the generic
     # ops dispatch through the registry, never importing a device.
-    from aotrt.runtime.ops import _common, cpu_conv, cpu_linear_wq, cpu_max_pool, cpu_mm, \
-        cpu_sdpa, cpu_topk, cpu_upsample
+    from aotrt.runtime.ops import _common
+    from aotrt.runtime.backends.cpu.ops import conv as cpu_conv
+    from aotrt.runtime.backends.cpu.ops import linear_wq as cpu_linear_wq
+    from aotrt.runtime.backends.cpu.ops import max_pool as cpu_max_pool
+    from aotrt.runtime.backends.cpu.ops import mm as cpu_mm
+    from aotrt.runtime.backends.cpu.ops import sdpa as cpu_sdpa
+    from aotrt.runtime.backends.cpu.ops import topk as cpu_topk
+    from aotrt.runtime.backends.cpu.ops import upsample as cpu_upsample
 
     for impl, make in (("convolution", cpu_conv.make_conv), ("matmul", cpu_mm.make_matmul),
                        ("linear", cpu_mm.make_linear), ("max_pool2d", cpu_max_pool.make_max_pool),

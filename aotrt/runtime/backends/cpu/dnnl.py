@@ -1,8 +1,8 @@
-"""oneDNN (libdnnl.so.3, bound in ops/cpu_dnnl_api.py) for the cpu device: its
+"""oneDNN (libdnnl.so.3, bound in backends/cpu/dnnl_api.py) for the cpu device: its
 forward convolution on the views' own memory, any strides (NCHW, NHWC, slices), and its
 matmuls (linear, mm, addmm on views; attention's GEMMs on arrays).
 
-The primitives themselves, their keys and reorders are in ops/cpu_dnnl_primitives.py.
+The primitives themselves, their keys and reorders are in backends/cpu/dnnl_primitives.py.
 The cpu device owns one `Dnnl` (its `dnnl` attribute, made on first use): the engine, a
 dnnl stream per worker thread and the primitive cache. Primitives are made when an op's work
 is made (at load for a delegate's static steps) and cached by (shapes, strides, dtype,
@@ -23,12 +23,12 @@ from typing import Any, Callable, Sequence
 import numpy as np
 
 from aotrt.errors import DeviceError
-from aotrt.runtime.devices import cpu_native
-from aotrt.runtime.ops.cpu_dnnl_api import ExecArg as _ExecArg, VoidP as _p
+from aotrt.runtime.backends.cpu import native as cpu_native
+from aotrt.runtime.backends.cpu.dnnl_api import ExecArg as _ExecArg, VoidP as _p
 # Re-exported: callers ask this module whether oneDNN is there.
-from aotrt.runtime.ops.cpu_dnnl_api import DIST, find_library, library  # noqa: F401
+from aotrt.runtime.backends.cpu.dnnl_api import DIST, find_library, library  # noqa: F401
 # Re-exported too: the keys and DATA_TYPES, which the ops use.
-from aotrt.runtime.ops.cpu_dnnl_primitives import (  # noqa: F401
+from aotrt.runtime.backends.cpu.dnnl_primitives import (  # noqa: F401
     ARG_BIAS, ARG_DST, ARG_POST_OP0_SRC1, ARG_SCRATCHPAD, ARG_SRC, ARG_WEIGHTS, CPU,
     DATA_TYPES, SLOW, STREAM_IN_ORDER, ConvKey, ConvPrimitive, MatmulKey, MatmulPrimitive,
     Operand, Primitive, aligned, check)
@@ -110,7 +110,7 @@ class Dnnl:
     `stats` counts primitives created, cache hits, refusals, runs (and of them, those with
     the epilogue as post-ops), kept weight copies filled, activation copies made with
     numpy in place of a reorder, convolutions left to numpy, Winograd runs and relu passes
-    after a convolution (ops/cpu_activation.py): tests and benchmarks read it to see the
+    after a convolution (backends/cpu/ops/activation.py): tests and benchmarks read it to see the
     path taken.
     """
 

@@ -1,6 +1,6 @@
 """The oneDNN 3.2 C API through ctypes: where `libdnnl.so.3` comes from (the `onednn-cpu-gomp`
 wheel), the signatures aotrt binds, and loading it once. The device state and primitives
-built on it are ops/cpu_dnnl.py.
+built on it are backends/cpu/dnnl.py.
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ import logging
 from pathlib import Path
 from typing import Any
 
-log = logging.getLogger("aotrt.runtime.ops.cpu_dnnl")
+log = logging.getLogger("aotrt.runtime.backends.cpu.dnnl")
 
 DIST = "onednn-cpu-gomp"
 SONAME = "libdnnl.so.3"

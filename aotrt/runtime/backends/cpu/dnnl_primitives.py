@@ -1,4 +1,4 @@
-"""oneDNN 3.2 primitives for the cpu device (ops/cpu_dnnl.py runs them): the keys a
+"""oneDNN 3.2 primitives for the cpu device (backends/cpu/dnnl.py runs them): the keys a
 primitive is cached by, the convolution and matmul primitives with their post-ops, the
 reorders between a view's layout and the one an implementation wants, and the kept copies
 of constant weights."""
@@ -14,11 +14,11 @@ from typing import TYPE_CHECKING, Any, Sequence
 import numpy as np
 
 from aotrt.errors import DeviceError
-from aotrt.runtime.ops.cpu_dnnl_api import Dims as _Dims, VoidP as _p
+from aotrt.runtime.backends.cpu.dnnl_api import Dims as _Dims, VoidP as _p
 from aotrt.runtime.tensor import Handle
 
 if TYPE_CHECKING:
-    from aotrt.runtime.ops.cpu_dnnl import Dnnl
+    from aotrt.runtime.backends.cpu.dnnl import Dnnl
 
 # Enum values and argument indices of oneDNN 3.2 (dnnl_types.h, dnnl_common_types.h).
 _SUCCESS = 0
@@ -80,7 +80,7 @@ class ConvKey:
 
 #: oneDNN's eltwise algorithm (dnnl_alg_kind_t, oneDNN 3.2's dnnl_types.h), alpha and beta
 #: of the activations a convolution applies: swish(x) = x * sigmoid(1 * x). Not relu (0x20)
-#: or clip (0x2E): their vector max maps a NaN to the bound (ops/cpu_activation.py).
+#: or clip (0x2E): their vector max maps a NaN to the bound (backends/cpu/ops/activation.py).
 POST_OP_ACTIVATIONS = {"silu": (0x2C, 1.0, 0.0)}
 
 

@@ -30,7 +30,7 @@ DNNL, KERNEL, MOVE, COPY, MOVE_AT = 1, 2, 3, 4, 5
 COPY_DIMS = 4
 SYMBOL = "aotrt_run_steps"
 
-SOURCE = source(__package__, "cpu_native.c")
+SOURCE = source(__package__, "native.c")
 
 
 class Step(ctypes.Structure):
@@ -145,7 +145,7 @@ def moves_to(slot: Any, moves: Sequence[tuple[int, int, int]]) -> Native:
 
 class Segment:
     """Works in a row that all have a native form: one call of the C loop, made from this
-    thread (`run`) or by the stream's queue in C (devices/cpu_queue.py)."""
+    thread (`run`) or by the stream's queue in C (backends/cpu/queue.py)."""
 
     def __init__(self, runner: Any, threads: Callable[[], int]) -> None:
         self.runner = runner
@@ -237,7 +237,7 @@ class Segment:
             return
         try:
             if failed > self.n:
-                from aotrt.runtime.ops.cpu_dnnl_primitives import check
+                from aotrt.runtime.backends.cpu.dnnl_primitives import check
 
                 check(code, "stream wait")
                 raise DeviceError(f"native plan: the oneDNN stream's wait failed ({code})")
@@ -247,7 +247,7 @@ class Segment:
                 if kind == KERNEL:
                     nat.library.take_error(nat.label)
                 elif kind == DNNL:
-                    from aotrt.runtime.ops.cpu_dnnl_primitives import check
+                    from aotrt.runtime.backends.cpu.dnnl_primitives import check
 
                     check(code, "primitive execute")
                 raise DeviceError(f"native plan: step {failed - 1} failed ({code})")

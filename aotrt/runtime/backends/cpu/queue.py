@@ -1,5 +1,5 @@
 """The cpu stream's queue in C: the worker thread waits for work, and runs native plan
-segments (devices/cpu_native.py), without the GIL; it returns to Python only for work that
+segments (backends/cpu/native.py), without the GIL; it returns to Python only for work that
 is Python.
 
 With a Python queue, the worker needed the GIL to take a batch, so a plan started only
@@ -25,7 +25,7 @@ NATIVE, PYTHON, STOP = 1, 2, 3
 #: jobs the ring holds; a submit into a full ring waits for room (with the GIL released)
 RING = 1024
 
-SOURCE = source(__package__, "cpu_queue.c") % {"ring": RING}
+SOURCE = source(__package__, "queue.c") % {"ring": RING}
 
 _P, _I = ctypes.c_void_p, ctypes.c_int64
 #: symbol: (restype, argtypes, releases the GIL): a call that may block releases it; one

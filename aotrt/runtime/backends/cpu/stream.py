@@ -1,5 +1,5 @@
 """The cpu device's stream: recorded work runs in order on a worker thread once committed,
-from a queue in C (devices/cpu_queue.py) where the device can build one, else from a Python
+from a queue in C (backends/cpu/queue.py) where the device can build one, else from a Python
 queue."""
 
 from __future__ import annotations
@@ -16,12 +16,13 @@ import numpy as np
 from aotrt.errors import AotrtError, DeviceError
 from aotrt.runtime import finalize
 from aotrt.runtime.device import Stream, StreamOptions
-from aotrt.runtime.devices import cpu_native, cpu_queue
+from aotrt.runtime.backends.cpu import native as cpu_native
+from aotrt.runtime.backends.cpu import queue as cpu_queue
 from aotrt.runtime.tensor import Handle, host_array
 from aotrt.runtime.work import Work, native_jobs_of
 
 if TYPE_CHECKING:
-    from aotrt.runtime.devices.cpu import CpuDevice
+    from aotrt.runtime.backends.cpu.device import CpuDevice
 
 log = logging.getLogger(__name__)
 

@@ -1,5 +1,5 @@
 """The cuda device's copy and fill kernels, and the plan of one strided copy or fill: which
-kernel, over how many threads, with which arguments (devices/cuda.py launches it).
+kernel, over how many threads, with which arguments (backends/cuda/device.py launches it).
 
 A copy of rows of contiguous elements (a channel slice of an NHWC activation, a view of a
 concatenation, copied to or from the packed memory a cuDNN convolution reads) moves 16-, 8-
@@ -20,7 +20,7 @@ from aotrt.sources import source
 #: the most dims a generic strided copy or fill handles after merging dims
 MAX_COPY_DIMS = 8
 
-COPY_SOURCE = source(__package__, "cuda_copies.cu")
+COPY_SOURCE = source(__package__, "copies.cu")
 
 
 def plan(dst_ptr: int, src_ptr: int | None, sizes: Sequence[int], dst_strides: Sequence[int],

@@ -37,9 +37,9 @@ from aotrt.kernels.render_cuda import BLOCK, CudaRenderer
 from aotrt.runtime import hazards
 from aotrt.runtime.device import (Block, Device, KernelFunction, KernelLibrary, Stream,
                                   StreamOptions)
-from aotrt.runtime.devices import cuda_copies
-from aotrt.runtime.devices.cuda_graphs import CaptureScratch, CudaGraph, is_chain, serialize_graph
-from aotrt.runtime.devices.cpu import KernelCache
+from aotrt.runtime.backends.cuda import copies as cuda_copies
+from aotrt.runtime.backends.cuda.graphs import CaptureScratch, CudaGraph, is_chain, serialize_graph
+from aotrt.runtime.backends.cpu.device import KernelCache
 from aotrt.runtime.tensor import Handle, same_dense_layout
 
 log = logging.getLogger(__name__)
@@ -135,7 +135,7 @@ class CudaStream(Stream):
         # while the stream is being captured
         self.capture_scratch: CaptureScratch | None = None
         # Library ops' shared scratch (cuDNN, cuBLASLt): (pointer, bytes, buffer), grown in
-        # stream order by ops/cuda/common.stream_workspace; the buffer frees itself with
+        # stream order by backends/cuda/ops/common.stream_workspace; the buffer frees itself with
         # the stream's last reference. A workspace a captured graph has baked in is kept in
         # `retired` when it is outgrown, since that graph still uses it.
         self.workspace: tuple[int, int, Any] | None = None
@@ -237,7 +237,7 @@ class CudaStream(Stream):
         if n:
             log.debug("cuda stream %d: %d early-launch edges made full dependencies", self.id, n)
         # The graph writes the workspace it was captured with: a larger one must not free it
-        # (ops/cuda/common.stream_workspace keeps a baked one in `retired`).
+        # (backends/cuda/ops/common.stream_workspace keeps a baked one in `retired`).
         self.workspace_baked = self.workspace_baked or self.workspace is not None
         try:
             exec_ = _check(_drv.cuGraphInstantiate(graph, 0), "graph instantiate")
@@ -446,10 +446,10 @@ class CudaDevice(Device):
     @property
     def libraries(self) -> Any:
         """This device's library state (cuBLASLt, cuDNN, plan caches, index buffers):
-        aotrt.runtime.ops.cuda.libraries.CudaLibraries, made on first use."""
+        aotrt.runtime.backends.cuda.libraries.CudaLibraries, made on first use."""
         with self._helper_lock:
             if self._libraries is None:
-                from aotrt.runtime.ops.cuda.libraries import CudaLibraries
+                from aotrt.runtime.backends.cuda.libraries import CudaLibraries
 
                 self._libraries = CudaLibraries(self)
             return self._libraries
@@ -668,10 +668,10 @@ class CudaDevice(Device):
 
 
 def _register_ops() -> None:
-    """Register the cuda op implementations (ops/cuda/<op>.py) under CudaDevice."""
+    """Register the cuda op implementations (backends/cuda/ops/<op>.py) under CudaDevice."""
     # Imported here, once CudaDevice exists (the op modules name it for type checks only).
     from aotrt.runtime.ops import _common
-    from aotrt.runtime.ops.cuda import conv, gemm, linear_wq, pool, sdpa, topk, upsample
+    from aotrt.runtime.backends.cuda.ops import conv, gemm, linear_wq, pool, sdpa, topk, upsample
 
     def convolution(out: Handle, x: Handle, w: Handle, bias: Handle | None, p: Any,
                     residual: Handle | None, fp32: Any) -> Any:

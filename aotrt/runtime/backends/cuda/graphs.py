@@ -1,4 +1,4 @@
-"""The shape of the CUDA graphs the cuda device captures (devices/cuda.py): programmatic
+"""The shape of the CUDA graphs the cuda device captures (backends/cuda/device.py): programmatic
 (early-launch) edges made full dependencies before a graph is instantiated, and the scratch
 memory library ops take while a stream is captured (plain allocations the graph keeps, not
 graph memory nodes)."""
@@ -15,7 +15,7 @@ log = logging.getLogger(__name__)
 
 try:
     from cuda.bindings import driver as _drv
-except Exception:  # noqa: BLE001 - the cuda device says it is unavailable (devices/cuda.py)
+except Exception:  # noqa: BLE001 - the cuda device says it is unavailable (backends/cuda/device.py)
     _drv = None
 
 

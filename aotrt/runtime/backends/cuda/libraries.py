@@ -20,7 +20,7 @@ from aotrt.runtime import shims
 from aotrt.runtime.memory import Owner, owner_scope
 
 if TYPE_CHECKING:
-    from aotrt.runtime.devices.cuda import CudaDevice
+    from aotrt.runtime.backends.cuda.device import CudaDevice
 
 log = logging.getLogger(__name__)
 
@@ -92,7 +92,7 @@ class Dnn:
                      "two GEMMs", e)
 
     def tuning_stream(self) -> Any:
-        """A stream of the device's own, on which graphs are timed at load (ops/cuda/tf32.py)
+        """A stream of the device's own, on which graphs are timed at load (ops/tf32.py)
         apart from every delegate's work; made on first use."""
         if self._tuning is None or self._tuning.closed:
             from aotrt.runtime.options import StreamOptions

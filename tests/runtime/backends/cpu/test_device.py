@@ -1,4 +1,4 @@
-"""aotrt/runtime/devices/cpu.py: aligned host memory, host_array,
+"""aotrt/runtime/backends/cpu/device.py: aligned host memory, host_array,
 and the kernel compiler with its on-disk cache."""
 
 from __future__ import annotations
@@ -13,8 +13,8 @@ import pytest
 from aotrt.errors import CompileError, InvalidArgument, OutOfMemory
 from aotrt.runtime import shims
 from aotrt.runtime.device import StreamOptions, get_device
-from aotrt.runtime.devices import cpu as cpu_mod
-from aotrt.runtime.devices.cpu import cache_dir, host_array
+from aotrt.runtime.backends.cpu import device as cpu_mod
+from aotrt.runtime.backends.cpu.device import cache_dir, host_array
 from aotrt.runtime.memory import Owner, owner_scope
 from tests.conftest import make_stream
 from tests.support import iota, iota_kernel, kernel_fn, upload
@@ -266,7 +266,7 @@ print("unmapped" if str(lib.path) in maps else "closed",
 """
     env = dict(os.environ, AOTRT_CACHE_DIR=str(tmp_path))
     proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
-                          env=env, cwd=Path(__file__).parents[3], timeout=300)
+                          env=env, cwd=Path(__file__).parents[4], timeout=300)
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert proc.stdout.split() == ["closed", "gomp"], proc.stdout
 
@@ -455,7 +455,7 @@ print("ok", len(names))
 """
     env = dict(os.environ, AOTRT_CACHE_DIR=str(tmp_path))
     proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
-                          env=env, cwd=Path(__file__).parents[3], timeout=120)
+                          env=env, cwd=Path(__file__).parents[4], timeout=120)
     assert proc.returncode == 0 and f"ok {len(HOSTILE_NAMES)}" in proc.stdout, proc.stderr
 
 
@@ -665,7 +665,7 @@ def test_sanitized_build_reports_an_out_of_bounds_write(tmp_path):
     script = """
 import numpy as np
 from aotrt.runtime.device import get_device
-from tests.runtime.devices.test_cpu import _HandWritten, _int64_kernel
+from tests.runtime.backends.cpu.test_device import _HandWritten, _int64_kernel
 cpu = get_device("cpu")
 cpu.renderer = _HandWritten(lambda syms: "#include <stdint.h>\\nint32_t aotrt_error = 0;\\n" +
     "".join(f"void {s}(char **P, int64_t b, int64_t e) {{ ((int64_t *)P[0])[e] = 1; }}\\n"
@@ -680,7 +680,7 @@ print("not reported")
     env = dict(os.environ, AOTRT_CACHE_DIR=str(tmp_path), AOTRT_CC_SANITIZE="address,undefined",
                LD_PRELOAD=asan, ASAN_OPTIONS="detect_leaks=0")
     proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
-                          env=env, cwd=Path(__file__).parents[3], timeout=300)
+                          env=env, cwd=Path(__file__).parents[4], timeout=300)
     assert proc.returncode != 0 and "AddressSanitizer" in proc.stderr, proc.stderr[-2000:]
 
 
@@ -725,7 +725,7 @@ print("equal" if out[1] == out[2] else "different")
     env = dict(os.environ, AOTRT_CACHE_DIR=str(tmp_path), AOTRT_CC_SANITIZE="address,undefined",
                LD_PRELOAD=asan, ASAN_OPTIONS="detect_leaks=0")
     proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
-                          env=env, cwd=Path(__file__).parents[3], timeout=300)
+                          env=env, cwd=Path(__file__).parents[4], timeout=300)
     assert proc.returncode == 0 and proc.stdout.split() == ["equal"], proc.stderr[-2000:]
     assert "Sanitizer" not in proc.stderr and "runtime error" not in proc.stderr
 
@@ -740,7 +740,7 @@ def test_openmp_threads_spin_briefly_unless_the_process_says_otherwise(preset):
     import subprocess
     import sys
 
-    from aotrt.runtime.devices.cpu import OPENMP_ENV
+    from aotrt.runtime.backends.cpu.device import OPENMP_ENV
 
     env = {k: v for k, v in os.environ.items() if k not in OPENMP_ENV}
     if preset is not None:
@@ -748,7 +748,7 @@ def test_openmp_threads_spin_briefly_unless_the_process_says_otherwise(preset):
     script = ("import os\nfrom aotrt.runtime.device import get_device\nget_device('cpu')\n"
               "print(os.environ.get('OMP_WAIT_POLICY'), os.environ.get('GOMP_SPINCOUNT'))\n")
     proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
-                          env=env, cwd=Path(__file__).parents[3], timeout=120)
+                          env=env, cwd=Path(__file__).parents[4], timeout=120)
     want = {None: ["PASSIVE", "30000"], "OMP_WAIT_POLICY": ["ACTIVE", "None"],
             "GOMP_SPINCOUNT": ["None", "1000"]}[preset and preset[0]]
     assert proc.stdout.split() == want, proc.stderr[-2000:]

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from aotrt.runtime.device import get_device
-from aotrt.runtime.ops import cpu_dnnl
+from aotrt.runtime.backends.cpu import dnnl as cpu_dnnl
 
 
 @pytest.fixture
@@ -290,7 +290,7 @@ def test_exit_with_a_run_in_flight_does_not_crash(dnnl, tmp_path):
     pytest.importorskip("torch")
     script = tmp_path / "exit_in_flight.py"
     script.write_text(_EXIT_SCRIPT)
-    repo = Path(__file__).resolve().parents[3]
+    repo = Path(__file__).resolve().parents[4]
     r = subprocess.run([sys.executable, str(script)], cwd=repo, capture_output=True, text=True,
                        timeout=300, env={"PYTHONPATH": str(repo), "PATH": "/usr/bin"})
     assert r.returncode == 0, r.stderr[-3000:]

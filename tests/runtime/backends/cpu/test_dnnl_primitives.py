@@ -1,4 +1,4 @@
-"""Tests for aotrt/runtime/ops/cpu_dnnl_primitives.py: the layouts a primitive asks for,
+"""Tests for aotrt/runtime/backends/cpu/dnnl_primitives.py: the layouts a primitive asks for,
 and the kept copies of constant weights (the runs are tested with the ops, in test_conv)."""
 
 from __future__ import annotations
@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from aotrt.runtime.device import get_device
-from aotrt.runtime.ops.cpu_dnnl_primitives import ConvKey, ConvPrimitive
+from aotrt.runtime.backends.cpu.dnnl_primitives import ConvKey, ConvPrimitive
 
 C, H, W = 16, 6, 5
 DENSE = ((1, C, H, W), (C * H * W, 1, W * C, C))

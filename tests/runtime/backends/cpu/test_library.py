@@ -1,4 +1,4 @@
-"""Tests for aotrt/runtime/devices/cpu_loaded.py: a loaded library's code stays mapped while
+"""Tests for aotrt/runtime/backends/cpu/library.py: a loaded library's code stays mapped while
 a call of it runs (`call`, or a native call within `pinned`), and its error flag is read and
 cleared once."""
 
@@ -11,7 +11,7 @@ import pytest
 
 from aotrt.errors import InvalidArgument
 from aotrt.runtime.device import get_device
-from tests.runtime.devices.test_cpu_native import FLAG_SOURCE
+from tests.runtime.backends.cpu.test_native import FLAG_SOURCE
 
 
 @pytest.fixture

@@ -1,4 +1,4 @@
-"""Tests for aotrt/runtime/devices/cpu_native.py: the C loop that runs a static plan's native
+"""Tests for aotrt/runtime/backends/cpu/native.py: the C loop that runs a static plan's native
 works (oneDNN calls, compiled kernels, copies) and the Python ones between them, in order."""
 
 from __future__ import annotations
@@ -12,7 +12,8 @@ import torch
 import aotrt
 from aotrt.errors import DeviceError, InvalidArgument
 from aotrt.runtime.device import get_device
-from aotrt.runtime.devices import cpu_native, cpu_queue
+from aotrt.runtime.backends.cpu import native as cpu_native
+from aotrt.runtime.backends.cpu import queue as cpu_queue
 from aotrt.runtime.work import Work
 from tests.support import FLAG_SOURCE
 

@@ -1,5 +1,5 @@
-"""aotrt/runtime/devices/cpu_queue.py: the stream queue in C, driven here by a worker thread
-of the test's own (the stream's use of it is in test_cpu_stream.py)."""
+"""aotrt/runtime/backends/cpu/queue.py: the stream queue in C, driven here by a worker thread
+of the test's own (the stream's use of it is in test_stream.py)."""
 
 from __future__ import annotations
 
@@ -9,7 +9,8 @@ import numpy as np
 import pytest
 
 from aotrt.runtime.device import get_device
-from aotrt.runtime.devices import cpu_native, cpu_queue
+from aotrt.runtime.backends.cpu import native as cpu_native
+from aotrt.runtime.backends.cpu import queue as cpu_queue
 from aotrt.runtime.work import Work
 
 

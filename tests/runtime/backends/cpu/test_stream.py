@@ -1,5 +1,5 @@
-"""aotrt/runtime/devices/cpu_stream.py: the cpu stream's worker, with its queue in C
-(devices/cpu_queue.py) or, where the device has none, in Python. Native plan segments and
+"""aotrt/runtime/backends/cpu/stream.py: the cpu stream's worker, with its queue in C
+(backends/cpu/queue.py) or, where the device has none, in Python. Native plan segments and
 Python work run in queue order; a failure skips what follows until a wait reports it; a
 worker that stops never leaves a waiter hanging."""
 
@@ -13,8 +13,9 @@ import pytest
 
 from aotrt.errors import DeviceError, InvalidArgument
 from aotrt.runtime.device import StreamOptions, get_device
-from aotrt.runtime.devices import cpu_native, cpu_queue
-from aotrt.runtime.devices.cpu_stream import PRUNE_AT, CpuStream
+from aotrt.runtime.backends.cpu import native as cpu_native
+from aotrt.runtime.backends.cpu import queue as cpu_queue
+from aotrt.runtime.backends.cpu.stream import PRUNE_AT, CpuStream
 from aotrt.runtime.work import Work
 from tests.conftest import make_stream
 from tests.support import FLAG_SOURCE

@@ -1,12 +1,12 @@
-"""Tests for aotrt/runtime/devices/cuda_copies.py: which kernel a strided copy or fill gets,
-with what arguments (pure Python; tests/runtime/devices/test_cuda.py runs them on a GPU)."""
+"""Tests for aotrt/runtime/backends/cuda/copies.py: which kernel a strided copy or fill gets,
+with what arguments (pure Python; tests/runtime/backends/cuda/test_device.py runs them on a GPU)."""
 
 from __future__ import annotations
 
 import pytest
 
 from aotrt.errors import Unsupported
-from aotrt.runtime.devices import cuda_copies
+from aotrt.runtime.backends.cuda import copies as cuda_copies
 
 BASE = 1 << 20                                    # a 16-byte aligned device address
 

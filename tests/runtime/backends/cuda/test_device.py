@@ -1,4 +1,5 @@
-"""The cuda device (aotrt/runtime/devices/cuda.py) and its renderer (kernels/render_cuda.py).
+"""The cuda device (aotrt/runtime/backends/cuda/device.py) and its renderer
+(kernels/render_cuda.py).
 
 Rendering and NVRTC compilation run wherever NVRTC is installed (no GPU needed); everything
 else skips cleanly without a GPU. Numerics are compared with numpy in float64 on fresh
@@ -18,7 +19,7 @@ from aotrt.runtime import shims
 from aotrt.runtime.device import StreamOptions, cuda_available, get_device
 from aotrt.runtime.tensor import Handle
 
-cuda_mod = pytest.importorskip("aotrt.runtime.devices.cuda")
+cuda_mod = pytest.importorskip("aotrt.runtime.backends.cuda.device")
 
 needs_gpu = pytest.mark.skipif(not cuda_available(), reason="no CUDA GPU here")
 TOL = {"float32": 1e-4, "float16": 2e-2, "bfloat16": 2e-2}

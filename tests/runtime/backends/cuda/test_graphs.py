@@ -1,4 +1,4 @@
-"""aotrt/runtime/devices/cuda_graphs.py: a captured graph's programmatic edges become full
+"""aotrt/runtime/backends/cuda/graphs.py: a captured graph's programmatic edges become full
 dependencies. The driver's graph-edge calls are faked (no GPU needed); the effect on a real
 graph was measured on the H200 by a probe of session 23 (2026-12-03), recorded in
 bench/results/cuda/h200-2026-12-03-session23.md."""
@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import pytest
 
-from aotrt.runtime.devices import cuda_graphs
+from aotrt.runtime.backends.cuda import graphs as cuda_graphs
 
 
 class _Edge:

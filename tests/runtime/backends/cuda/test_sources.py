@@ -2,8 +2,8 @@
 
 NVRTC needs no device, so a broken kernel fails here instead of waiting for the next GPU
 run (issue #9, tests): each library op's own kernels (KERNELS in
-aotrt/runtime/ops/cuda/<op>.py, compiled after common.PRELUDE), the device's copy/fill
-helpers (aotrt/runtime/devices/cuda_copies.py) and the CUDA renderer's
+aotrt/runtime/backends/cuda/ops/<op>.py, compiled after common.PRELUDE), the device's copy/fill
+helpers (aotrt/runtime/backends/cuda/copies.py) and the CUDA renderer's
 output for the fuzzer's seed programs (integer, division, cast, reduction and softmax
 kernels; aotrt/kernels/render_cuda.py).
 """
@@ -13,12 +13,12 @@ from __future__ import annotations
 import pytest
 
 from aotrt.errors import CompileError
-from aotrt.runtime.devices import cuda_copies
+from aotrt.runtime.backends.cuda import copies as cuda_copies
 from aotrt.kernels.render_cuda import CudaRenderer
 from tests.fuzz.mutate import SEEDS
 
-cuda_mod = pytest.importorskip("aotrt.runtime.devices.cuda")
-common = pytest.importorskip("aotrt.runtime.ops.cuda.common")
+cuda_mod = pytest.importorskip("aotrt.runtime.backends.cuda.device")
+common = pytest.importorskip("aotrt.runtime.backends.cuda.ops.common")
 
 ARCHS = ("sm_90", "sm_80")
 
@@ -49,7 +49,7 @@ OP_KERNELS = {
 @pytest.mark.parametrize("arch", ARCHS)
 @pytest.mark.parametrize("op", sorted(OP_KERNELS))
 def test_library_op_kernels_compile(op: str, arch: str) -> None:
-    mod = pytest.importorskip(f"aotrt.runtime.ops.cuda.{op}")
+    mod = pytest.importorskip(f"aotrt.runtime.backends.cuda.ops.{op}")
     code = cuda_mod.compile_source(common.PRELUDE + mod.KERNELS, arch, f"{op} kernels")
     for name in OP_KERNELS[op]:
         assert name.encode() in code
@@ -76,7 +76,7 @@ def test_rendered_seed_programs_compile(seed: str) -> None:
 
 
 def test_a_broken_kernel_fails_with_its_log() -> None:
-    topk = pytest.importorskip("aotrt.runtime.ops.cuda.topk")
+    topk = pytest.importorskip("aotrt.runtime.backends.cuda.ops.topk")
     bad = common.PRELUDE + topk.KERNELS.replace("AOT_TOPK(aot_topk_uint8, unsigned char)",
                                   "AOT_TOPK(aot_topk_uint8, no_such_type)")
     with pytest.raises(CompileError) as info:

@@ -18,14 +18,14 @@ from typing import TYPE_CHECKING, Any, Callable
 import numpy as np
 
 from aotrt.errors import CompileError
-from aotrt.runtime.devices import cpu_native
-from aotrt.runtime.devices.cpu_loaded import OpSource
+from aotrt.runtime.backends.cpu import native as cpu_native
+from aotrt.runtime.backends.cpu.library import OpSource
 from aotrt.runtime.tensor import Handle
 from aotrt.runtime.work import Work, native_of
 from aotrt.sources import source
 
 if TYPE_CHECKING:
-    from aotrt.runtime.devices.cpu import CpuDevice
+    from aotrt.runtime.backends.cpu.device import CpuDevice
 
 log = logging.getLogger(__name__)
 
@@ -40,7 +40,7 @@ SYMBOL = "aot_activation_in_place"
 #: int64 parameters: outer dims, inner length, chunks per row, code, sizes, strides
 _NPARAMS = 4 + 2 * MAX_DIMS
 
-SOURCE = (source(__package__, "cpu_activation.c")
+SOURCE = (source(__package__, "activation.c")
           .replace("MAX_DIMS", str(MAX_DIMS)).replace("CHUNK", str(CHUNK)))
 
 

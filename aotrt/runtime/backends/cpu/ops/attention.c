@@ -5,7 +5,7 @@
 #include <omp.h>
 #pragma GCC optimize("fp-contract=fast")
 int32_t aotrt_error = 0;
-#include "../../kernels/math_c.h"
+#include "../../../../kernels/math_c.h"
 typedef float v16 __attribute__((vector_size(64), aligned(64)));
 typedef float v16u __attribute__((vector_size(64), aligned(4)));
 #define BM 64

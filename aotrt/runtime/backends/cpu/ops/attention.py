@@ -25,15 +25,15 @@ import numpy as np
 
 from aotrt.errors import DeviceError
 from aotrt.kernels.math_c import MATH_C
-from aotrt.runtime.devices import cpu_native
-from aotrt.runtime.devices.cpu_loaded import OpSource
+from aotrt.runtime.backends.cpu import native as cpu_native
+from aotrt.runtime.backends.cpu.library import OpSource
 from aotrt.runtime.ops import _common as c
-from aotrt.runtime.ops.cpu_dnnl_primitives import aligned
+from aotrt.runtime.backends.cpu.dnnl_primitives import aligned
 from aotrt.runtime.work import Work
 from aotrt.sources import source
 
 if TYPE_CHECKING:
-    from aotrt.runtime.devices.cpu import CpuDevice
+    from aotrt.runtime.backends.cpu.device import CpuDevice
     from aotrt.runtime.tensor import Handle
 
 #: query rows and keys per block (the kernel's BM and BN)
@@ -46,8 +46,8 @@ _NPARAMS = 25
 
 SYMBOL = "aot_attention_f32"
 
-SOURCE = source(__package__, "cpu_attention.c").replace(
-    '#include "../../kernels/math_c.h"', MATH_C)
+SOURCE = source(__package__, "attention.c").replace(
+    '#include "../../../../kernels/math_c.h"', MATH_C)
 
 
 def takes(out: "Handle", q: "Handle", k: "Handle", v: "Handle", mask: "Handle | None",

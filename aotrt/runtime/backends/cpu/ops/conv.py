@@ -10,7 +10,9 @@ from typing import Callable
 import numpy as np
 from numpy.lib.stride_tricks import as_strided
 
-from aotrt.runtime.ops import _common as c, cpu_activation, cpu_winograd
+from aotrt.runtime.ops import _common as c
+from aotrt.runtime.backends.cpu.ops import activation as cpu_activation
+from aotrt.runtime.backends.cpu.ops import winograd as cpu_winograd
 from aotrt.runtime.ops.conv import (TAP_LOOP, ConvParams, _epilogue_bytes, _full_extent,
                                     _lifted, conv_cost)
 from aotrt.runtime.options import Fp32Math
@@ -111,7 +113,7 @@ def _dnnl_conv(out: Handle, x: Handle, w: Handle, bias: Handle | None, p: ConvPa
     dnnl = getattr(out.device, "dnnl", None)
     if dnnl is None or p.transposed or w.ndim == 5:
         return None                     # transposed and 3-D: the numpy path
-    from aotrt.runtime.ops import cpu_dnnl
+    from aotrt.runtime.backends.cpu import dnnl as cpu_dnnl
 
     if out.dtype.name not in cpu_dnnl.DATA_TYPES:
         return None
@@ -181,7 +183,7 @@ def make_conv(out: Handle, x: Handle, w: Handle, bias: Handle | None, p: ConvPar
               residual: Handle | None = None, fp32: Fp32Math = Fp32Math()
               ) -> Callable[[], None]:
     """The cpu work of one convolution (with its epilogue)."""
-    # The cpu has no TF32; its float32 trade is Winograd's (ops/cpu_winograd.py).
+    # The cpu has no TF32; its float32 trade is Winograd's (backends/cpu/ops/winograd.py).
     wino = _winograd(out, x, w, bias, p, residual, fp32.conv_winograd)
     if wino is not None:
         return wino
@@ -227,7 +229,7 @@ def _then_activation(work: Callable[[], None], out: Handle,
 def _winograd(out: Handle, x: Handle, w: Handle, bias: Handle | None, p: ConvParams,
               residual: Handle | None, tile: int) -> Callable[[], None] | None:
     """The Winograd work of a convolution it takes, or None."""
-    from aotrt.runtime.ops.cpu_dnnl import stream_threads
+    from aotrt.runtime.backends.cpu.dnnl import stream_threads
 
     if not cpu_winograd.takes(out, x, w, bias, p, residual, tile):
         return None

@@ -18,15 +18,15 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from aotrt.errors import CompileError
-from aotrt.runtime.devices import cpu_native
-from aotrt.runtime.devices.cpu_loaded import OpSource
+from aotrt.runtime.backends.cpu import native as cpu_native
+from aotrt.runtime.backends.cpu.library import OpSource
 from aotrt.runtime.ops import _common as c
 from aotrt.runtime.tensor import Handle
 from aotrt.runtime.work import Work
 from aotrt.sources import source
 
 if TYPE_CHECKING:
-    from aotrt.runtime.devices.cpu import CpuDevice
+    from aotrt.runtime.backends.cpu.device import CpuDevice
 
 log = logging.getLogger(__name__)
 
@@ -39,7 +39,7 @@ MAX_ROWS = 8
 #: it saves on a small layer
 MIN_PARALLEL_BYTES = 1 << 18
 
-SOURCE = source(__package__, "cpu_vec8.h") + source(__package__, "cpu_gemv.c")
+SOURCE = source(__package__, "vec8.h") + source(__package__, "gemv.c")
 
 
 class GemvKernel(OpSource):

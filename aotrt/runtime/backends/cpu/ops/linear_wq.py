@@ -23,8 +23,8 @@ from typing import TYPE_CHECKING, Callable
 import numpy as np
 
 from aotrt.errors import CompileError
-from aotrt.runtime.devices import cpu_native
-from aotrt.runtime.devices.cpu_loaded import OpSource
+from aotrt.runtime.backends.cpu import native as cpu_native
+from aotrt.runtime.backends.cpu.library import OpSource
 from aotrt.runtime.ops import _common as c
 from aotrt.runtime.ops.linear_wq import FUSED_MAX_ROWS, dense, rows_of
 from aotrt.runtime.tensor import Handle, host_array
@@ -32,7 +32,7 @@ from aotrt.runtime.work import Work
 from aotrt.sources import source
 
 if TYPE_CHECKING:
-    from aotrt.runtime.devices.cpu import CpuDevice
+    from aotrt.runtime.backends.cpu.device import CpuDevice
 
 log = logging.getLogger(__name__)
 
@@ -44,8 +44,8 @@ MAX_GROUPS = 1024
 #: the kernel's dtype codes
 CODES = {"float32": 0, "bfloat16": 1, "float16": 2}
 
-SOURCE = source(__package__, "cpu_vec8.h") + (
-    source(__package__, "cpu_linear_wq.c").replace("MAX_GROUPS", str(MAX_GROUPS))
+SOURCE = source(__package__, "vec8.h") + (
+    source(__package__, "linear_wq.c").replace("MAX_GROUPS", str(MAX_GROUPS))
     .replace("COLUMNS", str(COLUMNS)))
 
 

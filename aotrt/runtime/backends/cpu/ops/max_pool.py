@@ -7,7 +7,8 @@ from typing import Callable
 import numpy as np
 from numpy.lib.stride_tricks import as_strided
 
-from aotrt.runtime.ops import _common as c, cpu_pool
+from aotrt.runtime.ops import _common as c
+from aotrt.runtime.backends.cpu.ops import pool as cpu_pool
 from aotrt.runtime.ops.pool import TAP_LOOP, PoolParams, _geometry
 from aotrt.runtime.tensor import Handle, host_array
 

@@ -9,7 +9,8 @@ from typing import Any, Callable
 import numpy as np
 
 from aotrt.errors import DeviceError
-from aotrt.runtime.ops import _common as c, cpu_gemv
+from aotrt.runtime.ops import _common as c
+from aotrt.runtime.backends.cpu.ops import gemv as cpu_gemv
 from aotrt.runtime.ops.mm import check_addmm, check_linear, check_mm
 from aotrt.runtime.tensor import Handle, host_array
 
@@ -53,7 +54,7 @@ def make_matmul(out: Handle, a: Handle, b: Handle, bias: Handle | None, beta: fl
 
 
 def _gemv_first(device: Any) -> bool:
-    """Whether a GEMM of a few rows tries the compiled kernel (ops/cpu_gemv.py) first: where
+    """Whether a GEMM of a few rows tries the compiled kernel (gemv.py) first: where
     oneDNN has no brgemm matmul for the CPU (then numpy's OpenBLAS ran it)."""
     dnnl = getattr(device, "dnnl", None)
     return dnnl is None or not dnnl.gemm_pool
@@ -95,7 +96,7 @@ def _dnnl_gemm(out: Handle, x: Handle, w: Handle, w_kn: tuple[tuple[int, ...], t
     dnnl = getattr(out.device, "dnnl", None)
     if dnnl is None or out.dtype.name != "float32":
         return None
-    from aotrt.runtime.ops import cpu_dnnl
+    from aotrt.runtime.backends.cpu import dnnl as cpu_dnnl
 
     xr, outr = _rows(x), _rows(out)
     ok, bias_stride = _bias_row(bias, w_kn[0][1])

@@ -18,14 +18,14 @@ import threading
 from typing import TYPE_CHECKING, Callable
 
 from aotrt.kernels import ir
-from aotrt.runtime.devices import cpu_native
+from aotrt.runtime.backends.cpu import native as cpu_native
 from aotrt.runtime.device import KernelLibrary, arg_bounds
 from aotrt.runtime.ops import _common as c
 from aotrt.runtime.tensor import Handle
 from aotrt.runtime.work import Work
 
 if TYPE_CHECKING:
-    from aotrt.runtime.devices.cpu import CpuDevice
+    from aotrt.runtime.backends.cpu.device import CpuDevice
     from aotrt.runtime.ops.pool import PoolParams
 
 #: windows of more taps than this stay on numpy (the kernel unrolls every tap)

@@ -8,7 +8,8 @@ from typing import Any, Callable
 import numpy as np
 from numpy.lib.stride_tricks import as_strided
 
-from aotrt.runtime.ops import _common as c, cpu_attention
+from aotrt.runtime.ops import _common as c
+from aotrt.runtime.backends.cpu.ops import attention as cpu_attention
 from aotrt.runtime.ops.sdpa import _blocks
 from aotrt.runtime.tensor import Handle, host_array
 
@@ -145,7 +146,7 @@ def _attend(q: np.ndarray, k: np.ndarray, v: np.ndarray, m: np.ndarray | None, h
             h1: int, l0: int, l1: int, kend: int, is_causal: bool, scale: float,
             softmax: Any = None, gemm: Any = None, room: _Room | None = None) -> np.ndarray:
     """Attention of query rows l0:l1 of heads h0:h1 over keys [0, kend), in float32;
-    `softmax`: the compiled row softmax (ops/cpu_softmax.py), else numpy's passes; `gemm`:
+    `softmax`: the compiled row softmax (backends/cpu/ops/softmax.py), else numpy's passes; `gemm`:
     oneDNN's array matmul (Dnnl.gemm_arrays), else numpy's; `room`: where the block's
     copies, scores and result go, else fresh memory."""
     # Queries packed (row-major) as they are scaled: oneDNN refuses heads interleaved in

@@ -18,7 +18,7 @@ from aotrt.errors import InvalidArgument
 from aotrt.kernels import ir
 
 if TYPE_CHECKING:
-    from aotrt.runtime.devices.cpu import CpuDevice
+    from aotrt.runtime.backends.cpu.device import CpuDevice
 
 #: a fully masked row (max -inf) is shifted by this instead, so exp() gives 0, not NaN ...
 _LOWEST = -3.0e38

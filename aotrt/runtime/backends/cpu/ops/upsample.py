@@ -7,7 +7,7 @@ from typing import Callable
 import numpy as np
 from numpy.lib.stride_tricks import as_strided
 
-from aotrt.runtime.devices import cpu_native
+from aotrt.runtime.backends.cpu import native as cpu_native
 from aotrt.runtime.ops import _common as c
 from aotrt.runtime.ops.upsample import MAX_COPIES
 from aotrt.runtime.tensor import Handle, host_array

@@ -3,7 +3,7 @@
 #include <string.h>
 #include <math.h>
 int32_t aotrt_error = 0;
-#include "../../kernels/math_c.h"
+#include "../../../../kernels/math_c.h"
 
 typedef float v16 __attribute__((vector_size(64)));
 typedef float v8 __attribute__((vector_size(32)));

@@ -36,15 +36,15 @@ import numpy as np
 
 from aotrt.errors import CompileError
 from aotrt.kernels.math_c import MATH_C
-from aotrt.runtime.devices import cpu_native
-from aotrt.runtime.devices.cpu_loaded import OpSource
+from aotrt.runtime.backends.cpu import native as cpu_native
+from aotrt.runtime.backends.cpu.library import OpSource
 from aotrt.runtime.ops import _common as c
 from aotrt.runtime.tensor import Handle, host_array
 from aotrt.runtime.work import Work
 from aotrt.sources import source
 
 if TYPE_CHECKING:
-    from aotrt.runtime.devices.cpu import CpuDevice
+    from aotrt.runtime.backends.cpu.device import CpuDevice
     from aotrt.runtime.ops.conv import ConvParams
 
 log = logging.getLogger(__name__)
@@ -70,8 +70,8 @@ AT = {2: [[1, 1, 1, 0], [0, 1, -1, -1]],
        4: [[1, 1, 1, 1, 1, 0], [0, 1, -1, 2, -2, 0], [0, 1, 1, 4, 4, 0],
            [0, 1, -1, 8, -8, 1]]}
 
-SOURCE = source(__package__, "cpu_winograd.c").replace(
-    '#include "../../kernels/math_c.h"', MATH_C)
+SOURCE = source(__package__, "winograd.c").replace(
+    '#include "../../../../kernels/math_c.h"', MATH_C)
 
 
 def takes(out: Handle, x: Handle, w: Handle, bias: Handle | None, p: "ConvParams",

@@ -13,7 +13,7 @@ from aotrt.runtime.tensor import Handle, contiguous_strides
 from aotrt.sources import source
 
 if TYPE_CHECKING:
-    from aotrt.runtime.devices.cuda import CudaDevice, CudaStream
+    from aotrt.runtime.backends.cuda.device import CudaDevice, CudaStream
 
 log = logging.getLogger(__name__)
 
@@ -48,7 +48,7 @@ class Scratch:
 
     It comes straight from the driver's stream-ordered allocator (cuMemAllocAsync), or,
     while the stream is being captured into a CUDA graph, from the capture's own blocks
-    (devices/cuda_graphs.CaptureScratch), which the graph keeps.
+    (backends/cuda/graphs.CaptureScratch), which the graph keeps.
     """
 
     def __init__(self, stream: "CudaStream", nbytes: int) -> None:

@@ -11,17 +11,17 @@ import numpy as np
 
 from aotrt.errors import Unsupported
 from aotrt.runtime.ops._common import overlaps
-from aotrt.runtime.ops.cuda.common import (CUDA_TYPE, Scratch, Work, alignment,
-                                           copy_packed, copy_unpacked, i32, kernel, replayed,
-                                           stream_workspace, typed)
-from aotrt.runtime.ops.cuda.gemm import operand, plain_plan
-from aotrt.runtime.ops.cuda.libraries import DNN_TYPES, Dnn
-from aotrt.runtime.ops.cuda.tf32 import faster_of
+from aotrt.runtime.backends.cuda.ops.common import (CUDA_TYPE, Scratch, Work, alignment,
+                                                    copy_packed, copy_unpacked, i32, kernel,
+                                                    replayed, stream_workspace, typed)
+from aotrt.runtime.backends.cuda.ops.gemm import operand, plain_plan
+from aotrt.runtime.backends.cuda.libraries import DNN_TYPES, Dnn
+from aotrt.runtime.backends.cuda.ops.tf32 import faster_of
 from aotrt.runtime.tensor import Handle, contiguous_strides
 from aotrt.sources import source
 
 if TYPE_CHECKING:
-    from aotrt.runtime.devices.cuda import CudaDevice, CudaStream
+    from aotrt.runtime.backends.cuda.device import CudaDevice, CudaStream
 
 log = logging.getLogger(__name__)
 

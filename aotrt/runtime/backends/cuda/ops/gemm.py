@@ -11,13 +11,13 @@ from typing import TYPE_CHECKING, Any, Sequence
 import numpy as np
 
 from aotrt.errors import Unsupported
-from aotrt.runtime.ops.cuda.common import (CUDA_TYPE, Scratch, Work, align,
-                                           broadcast_strides, copy_packed, copy_unpacked,
-                                           stream_workspace)
+from aotrt.runtime.backends.cuda.ops.common import (CUDA_TYPE, Scratch, Work, align,
+                                                    broadcast_strides, copy_packed, copy_unpacked,
+                                                    stream_workspace)
 from aotrt.runtime.tensor import Handle, contiguous_strides
 
 if TYPE_CHECKING:
-    from aotrt.runtime.devices.cuda import CudaDevice, CudaStream
+    from aotrt.runtime.backends.cuda.device import CudaDevice, CudaStream
 
 # cublasComputeType_t CUBLAS_COMPUTE_32F: every GEMM accumulates in float32
 _COMPUTE_32F = 68

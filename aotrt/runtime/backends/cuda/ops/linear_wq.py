@@ -12,15 +12,15 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from aotrt.runtime.ops._common import overlaps
-from aotrt.runtime.ops.cuda.common import (Scratch, Work, alignment, copy_packed,
-                                           copy_unpacked, i32, kernel, typed)
-from aotrt.runtime.ops.cuda.gemm import plain_plan
+from aotrt.runtime.backends.cuda.ops.common import (Scratch, Work, alignment, copy_packed,
+                                                    copy_unpacked, i32, kernel, typed)
+from aotrt.runtime.backends.cuda.ops.gemm import plain_plan
 from aotrt.runtime.ops.linear_wq import dense, rows_of
 from aotrt.runtime.tensor import Handle
 from aotrt.sources import source
 
 if TYPE_CHECKING:
-    from aotrt.runtime.devices.cuda import CudaStream
+    from aotrt.runtime.backends.cuda.device import CudaStream
 
 #: rows the GEMV takes (each tile of 8 rows reads the weights once more, from L2)
 GEMV_MAX_ROWS = 16

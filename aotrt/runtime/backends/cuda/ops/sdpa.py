@@ -10,16 +10,16 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from aotrt.errors import Unsupported
-from aotrt.runtime.ops.cuda.common import (CUDA_TYPE, Scratch, Work, alignment,
-                                           broadcast_strides, i32, kernel, replayed,
-                                           stream_workspace, typed)
-from aotrt.runtime.ops.cuda.gemm import operand, plain_plan
-from aotrt.runtime.ops.cuda.libraries import DNN_TYPES, Dnn
+from aotrt.runtime.backends.cuda.ops.common import (CUDA_TYPE, Scratch, Work, alignment,
+                                                    broadcast_strides, i32, kernel, replayed,
+                                                    stream_workspace, typed)
+from aotrt.runtime.backends.cuda.ops.gemm import operand, plain_plan
+from aotrt.runtime.backends.cuda.libraries import DNN_TYPES, Dnn
 from aotrt.runtime.tensor import Handle, contiguous_strides
 from aotrt.sources import source
 
 if TYPE_CHECKING:
-    from aotrt.runtime.devices.cuda import CudaStream
+    from aotrt.runtime.backends.cuda.device import CudaStream
 
 log = logging.getLogger(__name__)
 

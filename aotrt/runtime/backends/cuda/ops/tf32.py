@@ -15,11 +15,11 @@ import logging
 from typing import TYPE_CHECKING, Any, Callable, Sequence
 
 from aotrt.errors import DeviceError
-from aotrt.runtime.ops.cuda.common import Scratch
+from aotrt.runtime.backends.cuda.ops.common import Scratch
 
 if TYPE_CHECKING:
-    from aotrt.runtime.devices.cuda import CudaStream
-    from aotrt.runtime.ops.cuda.libraries import Dnn
+    from aotrt.runtime.backends.cuda.device import CudaStream
+    from aotrt.runtime.backends.cuda.libraries import Dnn
 
 log = logging.getLogger(__name__)
 
@@ -30,7 +30,7 @@ REPS, LAUNCHES = 4, 3
 #: the scratch operands hold 0.1f: zeros can run faster than data does
 _FILL = 0x3DCCCCCD
 
-#: (graph, x, w, b, r, y, workspace bytes) as ops/cuda/conv.py builds it
+#: (graph, x, w, b, r, y, workspace bytes) as backends/cuda/ops/conv.py builds it
 Built = tuple
 
 

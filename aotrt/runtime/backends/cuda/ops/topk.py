@@ -9,13 +9,13 @@ from typing import TYPE_CHECKING, Sequence
 import numpy as np
 
 from aotrt.runtime.ops._common import overlaps
-from aotrt.runtime.ops.cuda.common import (Scratch, Work, copy_packed, copy_unpacked, kernel,
-                                           typed)
+from aotrt.runtime.backends.cuda.ops.common import (Scratch, Work, copy_packed, copy_unpacked,
+                                                    kernel, typed)
 from aotrt.runtime.tensor import Handle
 from aotrt.sources import source
 
 if TYPE_CHECKING:
-    from aotrt.runtime.devices.cuda import CudaStream
+    from aotrt.runtime.backends.cuda.device import CudaStream
 
 
 def make_topk(values_out: Handle, indices_out: Handle, x: Handle, k: int, dim: int,

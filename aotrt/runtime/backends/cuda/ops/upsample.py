@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from aotrt.runtime.ops.cuda.common import Work, i32, launch
+from aotrt.runtime.backends.cuda.ops.common import Work, i32, launch
 from aotrt.runtime.tensor import Handle
 from aotrt.sources import source
 

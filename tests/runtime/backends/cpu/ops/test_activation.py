@@ -1,5 +1,5 @@
 """The cpu device's in-place relu and relu6 after a oneDNN convolution
-(aotrt/runtime/ops/cpu_activation.py): the views it takes, NaN and -0.0 kept as in torch,
+(aotrt/runtime/backends/cpu/ops/activation.py): the views it takes, NaN and -0.0 kept as in torch,
 and whole programs through it, in the Python and the native plan paths."""
 
 from __future__ import annotations
@@ -12,7 +12,8 @@ import pytest
 import aotrt
 from aotrt.errors import CompileError
 from aotrt.runtime.device import get_device
-from aotrt.runtime.ops import cpu_activation, cpu_winograd
+from aotrt.runtime.backends.cpu.ops import activation as cpu_activation
+from aotrt.runtime.backends.cpu.ops import winograd as cpu_winograd
 
 torch = pytest.importorskip("torch")
 

@@ -1,4 +1,4 @@
-"""aotrt/runtime/ops/cpu_attention.py: the cpu device's fused attention kernel against
+"""aotrt/runtime/backends/cpu/ops/attention.py: the cpu device's fused attention kernel against
 torch's float64 math attention, through sdpa: its blocks' edges (rows past a block of 64,
 keys past a block of 128 or a vector of 16), causal rows over fewer or more keys than
 queries, grouped key heads, heads interleaved in the rows, sharp scores, bool masks, and the
@@ -11,7 +11,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from aotrt.runtime.ops import cpu_attention, sdpa
+from aotrt.runtime.ops import sdpa
+from aotrt.runtime.backends.cpu.ops import attention as cpu_attention
 
 
 @pytest.fixture

@@ -1,4 +1,4 @@
-"""The cpu device's few-row float32 GEMM kernel (ops/cpu_gemv.py): linear, mm and addmm
+"""The cpu device's few-row float32 GEMM kernel (backends/cpu/ops/gemv.py): linear, mm and addmm
 through it against torch (float64 reference) in every layout it takes or declines, and the
 same bits for any thread count."""
 
@@ -11,7 +11,9 @@ import pytest
 import torch
 
 from aotrt.runtime.device import get_device
-from aotrt.runtime.ops import addmm, cpu_gemv, cpu_mm, linear, mm
+from aotrt.runtime.ops import addmm, linear, mm
+from aotrt.runtime.backends.cpu.ops import gemv as cpu_gemv
+from aotrt.runtime.backends.cpu.ops import mm as cpu_mm
 
 
 @pytest.fixture

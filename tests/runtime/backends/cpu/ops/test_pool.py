@@ -7,7 +7,8 @@ import numpy as np
 import pytest
 import torch
 
-from aotrt.runtime.ops import cpu_pool, max_pool2d
+from aotrt.runtime.ops import max_pool2d
+from aotrt.runtime.backends.cpu.ops import pool as cpu_pool
 
 CASES = [
     # kernel, stride, padding, dilation, ceil_mode

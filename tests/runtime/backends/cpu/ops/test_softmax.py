@@ -1,5 +1,5 @@
-"""aotrt/runtime/ops/cpu_softmax.py: the compiled row softmax of the cpu device's attention,
-against float64 numpy, with fully masked and NaN rows, and its use by sdpa."""
+"""aotrt/runtime/backends/cpu/ops/softmax.py: the compiled row softmax of the cpu device's
+attention, against float64 numpy, with fully masked and NaN rows, and its use by sdpa."""
 
 from __future__ import annotations
 
@@ -10,7 +10,8 @@ import torch.nn.functional as F
 
 from aotrt.errors import InvalidArgument
 from aotrt.runtime.device import get_device
-from aotrt.runtime.ops import cpu_attention, sdpa
+from aotrt.runtime.ops import sdpa
+from aotrt.runtime.backends.cpu.ops import attention as cpu_attention
 
 
 @pytest.fixture
@@ -64,7 +65,7 @@ def test_each_exp_is_taken_once(cpu):
     """Two passes: exp(x - max) written out, then scaled by 1 / sum; so the rendered C has
     one exp call site and no division per element."""
     from aotrt.kernels.render_c import CRenderer
-    from aotrt.runtime.ops.cpu_softmax import softmax_kernels
+    from aotrt.runtime.backends.cpu.ops.softmax import softmax_kernels
 
     src = CRenderer().render(list(softmax_kernels(4, 64)))
     body = src[src.index("/* kernel row_softmax_exp"):]
@@ -116,7 +117,7 @@ def test_causal_sdpa_uses_it_where_a_block_sees_every_key(kit, stream, monkeypat
     the others keep numpy's passes (20 queries over 37 keys never see every key)."""
     if kit.dev.name != "cpu":
         pytest.skip("the cpu device's softmax")
-    # Unmasked float32 attention takes the fused kernel (ops/cpu_attention.py); the block
+    # Unmasked float32 attention takes the fused kernel (backends/cpu/ops/attention.py); the block
     # loop, which this softmax serves, still takes masked and half-type attention.
     monkeypatch.setattr(cpu_attention, "takes", lambda *a: False)
     cache = kit.dev.softmaxes

@@ -1,4 +1,4 @@
-"""The cpu device's Winograd convolution (aotrt/runtime/ops/cpu_winograd.py): which
+"""The cpu device's Winograd convolution (aotrt/runtime/backends/cpu/ops/winograd.py): which
 convolutions it takes, the weight transform, and whole programs through it against float64
 torch, in the Python and the native plan paths."""
 
@@ -10,7 +10,8 @@ import pytest
 import aotrt
 from aotrt.errors import CompileError, InvalidArgument
 from aotrt.runtime.device import get_device
-from aotrt.runtime.ops import cpu_dnnl, cpu_winograd
+from aotrt.runtime.backends.cpu import dnnl as cpu_dnnl
+from aotrt.runtime.backends.cpu.ops import winograd as cpu_winograd
 
 torch = pytest.importorskip("torch")
 from tests.exporter.harness import rel_err  # noqa: E402 - needs torch

@@ -1,4 +1,4 @@
-"""What the cuda library ops share (aotrt/runtime/ops/cuda/common.py): the per-stream
+"""What the cuda library ops share (aotrt/runtime/backends/cuda/ops/common.py): the per-stream
 workspace and `replayed`, which captures a planned library command into a CUDA graph on its
 second call. Skips cleanly without a GPU."""
 
@@ -38,7 +38,7 @@ def _memset_work(ptr: int, n: int, byte: list[int]):
 def test_replayed_runs_plainly_once_then_launches_its_capture(dev, stream) -> None:
     """Call 1 runs the work; call 2 captures it (so what it enqueued is frozen) and launches
     the graph; later calls launch that graph without running the host code again."""
-    from aotrt.runtime.ops.cuda.common import replayed
+    from aotrt.runtime.backends.cuda.ops.common import replayed
 
     h = shims.empty_strided([4096], [1], "uint8", dev)
     byte = [7]
@@ -57,7 +57,7 @@ def test_replayed_runs_plainly_once_then_launches_its_capture(dev, stream) -> No
 @needs_gpu
 def test_replayed_runs_plainly_inside_a_whole_run_capture_and_on_another_stream(
         dev, stream) -> None:
-    from aotrt.runtime.ops.cuda.common import replayed
+    from aotrt.runtime.backends.cuda.ops.common import replayed
 
     h = shims.empty_strided([256], [1], "uint8", dev)
     byte = [3]
@@ -91,7 +91,7 @@ def test_replayed_runs_plainly_inside_a_whole_run_capture_and_on_another_stream(
 def test_an_outgrown_workspace_a_graph_baked_in_is_kept(dev, stream) -> None:
     """A captured graph keeps writing the workspace it was captured with: when a larger one
     replaces it, the old buffer is retired (kept), not freed under the graph."""
-    from aotrt.runtime.ops.cuda.common import replayed, stream_workspace
+    from aotrt.runtime.backends.cuda.ops.common import replayed, stream_workspace
 
     from cuda.bindings import driver
 
@@ -115,7 +115,7 @@ def test_an_outgrown_workspace_a_graph_baked_in_is_kept(dev, stream) -> None:
 def test_a_workspace_a_whole_run_capture_baked_in_is_kept(dev, stream) -> None:
     """begin_capture/end_capture (a delegate's whole-run graph) bakes the workspace in as
     `replayed` does: outgrowing it afterwards retires the old buffer instead of freeing it."""
-    from aotrt.runtime.ops.cuda.common import stream_workspace
+    from aotrt.runtime.backends.cuda.ops.common import stream_workspace
 
     from cuda.bindings import driver
 

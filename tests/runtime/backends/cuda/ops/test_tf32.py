@@ -1,4 +1,4 @@
-"""TF32 only where it pays (aotrt/runtime/ops/cuda/tf32.py): the rule, which graph
+"""TF32 only where it pays (aotrt/runtime/backends/cuda/ops/tf32.py): the rule, which graph
 `faster_of` keeps when a build or the timing fails, and `time_graph` on the GPU (skips
 cleanly without one)."""
 
@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 
 from aotrt.runtime.device import cuda_available, get_device
-from aotrt.runtime.ops.cuda import tf32
+from aotrt.runtime.backends.cuda.ops import tf32
 
 needs_gpu = pytest.mark.skipif(not cuda_available(), reason="no CUDA GPU here")
 
@@ -20,7 +20,7 @@ def test_prefers_tf32_only_for_a_clear_gain(exact_ms, tf32_ms, pick) -> None:
 
 
 class _Dnn:
-    """Stands in for ops/cuda/libraries.Dnn: faster_of only asks it for a stream."""
+    """Stands in for backends/cuda/libraries.Dnn: faster_of only asks it for a stream."""
 
     def __init__(self, fails: bool = False) -> None:
         self.fails = fails
@@ -57,7 +57,7 @@ def test_faster_of_takes_the_graph_that_builds() -> None:
 
 
 def _graph(dnn, n: int, c: int, hw: int, exact: bool) -> tuple:
-    """A float32 NHWC 3x3 convolution graph of cuDNN's, as ops/cuda/conv.py builds one."""
+    """A float32 NHWC 3x3 convolution graph of cuDNN's, as backends/cuda/ops/conv.py builds one."""
     cudnn = dnn.cudnn
     f = cudnn.data_type.FLOAT
     g = cudnn.pygraph(io_data_type=f, intermediate_data_type=f, compute_data_type=f,
@@ -83,7 +83,7 @@ def _graph(dnn, n: int, c: int, hw: int, exact: bool) -> tuple:
 def test_time_graph_measures_the_work_and_tf32_pays_on_a_large_convolution() -> None:
     """A convolution with 64x the arithmetic takes longer; on one that large (8x256x56x56,
     3x3) the TF32 engines pass the PAYS rule, so Fp32Math(conv_tf32=True) still uses them."""
-    from aotrt.runtime.ops.cuda.libraries import Dnn
+    from aotrt.runtime.backends.cuda.libraries import Dnn
 
     dev = get_device("cuda")
     dnn = dev.libraries.state(Dnn)
