@@ -52,6 +52,8 @@ _TOP_KEYS = ("format", "version", "provenance", "inputs", "outputs", "constants"
              "tensors", "kernels", "instructions", "outputs_tensors")
 _TOP_KEYS_V2 = ("format", "version", "provenance", "constants", "state", "kernels", "methods")
 _METHOD_KEYS = ("inputs", "outputs", "arena", "tensors", "instructions", "outputs_tensors")
+#: a version-2 method's optional fields: its symbols and the fields that depend on them
+_DYNAMIC_KEYS = ("symbols", "symbolic")
 _STATE_KEYS = {"name", "dtype", "shape", "init"}
 
 
@@ -83,7 +85,9 @@ class Program:
                  instructions: Sequence[Mapping[str, Any]] = (),
                  outputs_tensors: Sequence[int] = (),
                  provenance: Mapping[str, Any] | None = None, version: int | None = None,
-                 state: Sequence[Mapping[str, Any]] = ()) -> None:
+                 state: Sequence[Mapping[str, Any]] = (),
+                 symbols: Sequence[Mapping[str, Any]] = (),
+                 symbolic: Sequence[Mapping[str, Any]] = ()) -> None:
         # Shallow copies only: validate() checks the shapes of whatever was passed in.
         self.provenance = dict(provenance or {})
         self.inputs = list(inputs)
@@ -95,9 +99,14 @@ class Program:
         self.instructions = list(instructions)
         self.outputs_tensors = list(outputs_tensors)
         self.state = list(state)
+        #: bounded dynamic sizes (program_symbols.py): [{name, min, max}], and where the
+        #: method's fields depend on them: [{at: path, expr: terms}]
+        self.symbols = list(symbols)
+        self.symbolic = list(symbolic)
         # name -> method Program, for a program of several methods (with_methods)
         self._methods: dict[str, Program] | None = None
-        self.version = version if version is not None else (2 if self.state else 1)
+        self.version = version if version is not None else (
+            2 if self.state or self.symbols else 1)
 
     @classmethod
     def with_methods(cls, methods: Mapping[str, "Program"], *,
@@ -116,7 +125,8 @@ class Program:
                                    f"{type(m).__name__}")
             sub = cls(inputs=m.inputs, outputs=m.outputs, arena_nbytes=m.arena_nbytes,
                       tensors=m.tensors, instructions=m.instructions,
-                      outputs_tensors=m.outputs_tensors, version=2)
+                      outputs_tensors=m.outputs_tensors, version=2, symbols=m.symbols,
+                      symbolic=m.symbolic)
             sub.constants, sub.kernels, sub.state, sub.provenance = shared
             prog._methods[name] = sub
         return prog
@@ -167,9 +177,17 @@ class Program:
                 "methods": {name: m._method_doc() for name, m in methods.items()}}
 
     def _method_doc(self) -> dict[str, Any]:
-        return {"inputs": self.inputs, "outputs": self.outputs,
-                "arena": {"nbytes": self.arena_nbytes}, "tensors": self.tensors,
-                "instructions": self.instructions, "outputs_tensors": self.outputs_tensors}
+        doc = {"inputs": self.inputs, "outputs": self.outputs,
+               "arena": {"nbytes": self.arena_nbytes}, "tensors": self.tensors,
+               "instructions": self.instructions, "outputs_tensors": self.outputs_tensors}
+        if self.symbols or self.symbolic:
+            doc.update(symbols=self.symbols, symbolic=self.symbolic)
+        return doc
+
+    @property
+    def is_dynamic(self) -> bool:
+        """True for a method with bounded dynamic sizes (symbols)."""
+        return bool(self.symbols)
 
     @classmethod
     def from_json(cls, doc: Any, arrays: Mapping[str, np.ndarray],
@@ -231,8 +249,10 @@ class Program:
             for name, mdoc in table.items():
                 w = f"methods[{name!r}]"[:120]
                 check_method_name(name, w)
-                mdoc = check_dict(mdoc, w, set(_METHOD_KEYS))
-                methods[name] = cls(**_method_fields(mdoc, f"{w}."), version=2)
+                mdoc = check_dict(mdoc, w, set(_METHOD_KEYS), set(_DYNAMIC_KEYS))
+                methods[name] = cls(**_method_fields(mdoc, f"{w}."), version=2,
+                                    symbols=mdoc.get("symbols", []),
+                                    symbolic=mdoc.get("symbolic", []))
             prog = cls.with_methods(methods, constants=consts, kernels=kernels, state=state,
                                     provenance=prov)
         prog.validate(lim)
@@ -309,9 +329,12 @@ class Program:
             raise fail("version", f"unknown format version {self.version!r}"[:200])
         if self.version == 1 and (self.state or self._methods is not None):
             raise fail("version", "state and several methods need format version 2")
+        if self.version == 1 and (self.symbols or self.symbolic):
+            raise fail("version", "dynamic sizes (symbols) need format version 2")
         if self._methods is None:
             check_state(self.state, self.constants)
             Validator(self, lim).run()
+            _check_dynamic(self, lim, "")
             return
         if self.inputs or self.outputs or self.tensors or self.instructions:
             raise fail("methods", "a program of several methods keeps inputs, outputs, "
@@ -331,6 +354,7 @@ class Program:
             v = Validator(m, lim, kernels_of=first)
             try:
                 v.run()
+                _check_dynamic(m, lim, f"methods[{name!r}].")
             except ProgramError as e:
                 raise ProgramError(f"method {name!r}: {e}") from None
             first = first or v
@@ -465,6 +489,23 @@ def check_method_name(name: Any, where: str) -> str:
         raise fail(where, f"a method name must be an identifier of at most 64 characters, "
                           f"got {name!r}"[:200])
     return name
+
+
+def _check_dynamic(m: Program, lim: Limits, where: str) -> None:
+    """A dynamic method's symbols and symbolic fields (program_symbols.py), and the method
+    at the lower bounds validated as a static one: the upper bounds are its stored fields,
+    validated already, and every size grows with its symbols, so the two ends bound it."""
+    if not m.symbols and not m.symbolic:
+        return
+    from aotrt.program_symbols import check_symbolic, instantiate
+
+    bounds = check_symbolic(m, where)
+    low = instantiate(m, {s: lo for s, (lo, hi) in bounds.items()})
+    try:
+        Validator(low, lim).run()
+    except ProgramError as e:
+        raise ProgramError(f"at the lower bounds {dict((s, b[0]) for s, b in bounds.items())}: "
+                           f"{e}") from None
 
 
 def _human(n: int) -> str:

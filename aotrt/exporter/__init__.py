@@ -23,8 +23,14 @@ __all__ = ["export"]
 
 def export(model: Any, example_inputs: Sequence[Any] | None = None, *,
            kwargs: dict[str, Any] | None = None, name: str | None = None, strict: bool = False,
-           layout: str = "auto", share_state: bool | Sequence[str] = False) -> Program:
-    """Export `model` traced on `example_inputs` (static shapes) into a validated Program.
+           layout: str = "auto", share_state: bool | Sequence[str] = False,
+           dynamic_shapes: Any = None) -> Program:
+    """Export `model` traced on `example_inputs` into a validated Program.
+
+    `dynamic_shapes` (torch.export's) makes sizes dynamic within bounds: each dynamic dim a
+    `Dim(name, min=, max=)` or `Dim.AUTO(max=)`/`Dim.DYNAMIC(max=)`; an unbounded one is an
+    Unsupported naming the input and dim (memory is planned at the upper bound). The
+    program is then version 2, its method with symbols (aotrt/exporter/dynamic.py).
 
     `model` may be a dict of methods, `{"prefill": (module, args), "decode": ...}`: each
     value is `(module, args)`, `(module, args, kwargs)`, an ExportedProgram, or a dict with
@@ -50,11 +56,74 @@ def export(model: Any, example_inputs: Sequence[Any] | None = None, *,
         if example_inputs is not None or kwargs is not None:
             raise InvalidArgument("example_inputs, kwargs: give each method its own, in the "
                                   "dict of methods")
+        if dynamic_shapes is not None:
+            raise InvalidArgument("dynamic_shapes: give each method its own, in the dict of "
+                                  "methods")
         return _export_methods(model, name=name, strict=strict, layout=layout,
                                share_state=share_state)
+    if dynamic_shapes is not None:
+        dyn = _Dynamic(model, example_inputs, kwargs, dynamic_shapes, name, strict, layout)
+        return dyn.lower()
     ep, what, channels_last, t0 = _capture(model, example_inputs, kwargs, name, strict,
                                            layout)
     return _lower(ep, what, channels_last, t0)
+
+
+class _Dynamic:
+    """One method with dynamic sizes: its symbols (torch.export with the Dims), then its
+    lowerings at the sample sizes, fitted (aotrt/exporter/dynamic.py)."""
+
+    def __init__(self, model: Any, args: Any, kwargs: dict[str, Any] | None,
+                 dynamic_shapes: Any, name: str | None, strict: bool, layout: str) -> None:
+        import torch
+
+        from aotrt.exporter.capture import _example_args
+        from aotrt.exporter.dynamic import dim_names, symbols_of
+
+        if isinstance(model, torch.export.ExportedProgram):
+            raise InvalidArgument("dynamic_shapes: an ExportedProgram has its dynamic shapes "
+                                  "already; pass its module (ep.module()) and the Dims")
+        if not isinstance(model, torch.nn.Module):
+            raise InvalidArgument(f"model: expected a torch.nn.Module, got "
+                                  f"{type(model).__name__}")
+        self.model, self.kwargs, self.name = model, kwargs, name
+        self.strict, self.layout = strict, layout
+        self.args = _example_args(args if args is not None else ())
+        what = name or type(model).__name__
+        with progress.step(f"capturing {what} with dynamic shapes"):
+            try:
+                ep = torch.export.export(model, self.args, kwargs=kwargs or {},
+                                         dynamic_shapes=dynamic_shapes, strict=strict)
+            except Exception as e:  # torch raises many types; the user needs its message
+                raise Unsupported(f"torch.export could not capture {what} with these "
+                                  f"dynamic_shapes: {type(e).__name__}: {e}") from e
+        self.symbols = symbols_of(ep, dim_names(model, self.args, kwargs, dynamic_shapes))
+        self.base = {s.name: s.hi for s in self.symbols}
+
+    def capture_at(self, values: dict[str, int]) -> tuple[Any, str, bool, float]:
+        """The static capture at sizes `values`."""
+        from aotrt.exporter.dynamic import resized
+
+        a, kw = resized(self.args, self.kwargs, self.symbols, values)
+        return _capture(self.model, a, kw or self.kwargs, self.name, self.strict, self.layout)
+
+    def lower(self, state: frozenset[str] = frozenset(),
+              base: tuple[Any, str, bool, float] | None = None) -> Program:
+        """The method: lowered at every sample size, fitted."""
+        from aotrt.exporter.dynamic import Fitter, fit_method, sample_plan
+        from aotrt.exporter.lower import Lowering
+
+        if not self.symbols:            # torch made every dim static
+            return _lower(*(base or self.capture_at({})), state=state)
+        points, monos, checks = sample_plan(self.symbols)
+        fitter = Fitter(points, monos, checks)
+        builders = []
+        for i, p in enumerate(points + checks):
+            ep, what, cl, _ = base if (i == 0 and base is not None) else self.capture_at(p)
+            with progress.step(f"lowering {what} at {p}"):
+                builders.append(Lowering(ep, what, channels_last=cl, state=state).builder())
+        return fit_method(builders[:len(points)], builders[len(points):], fitter,
+                          self.symbols)
 
 
 def _capture(model: Any, example_inputs: Sequence[Any] | None, kwargs: dict[str, Any] | None,
@@ -122,6 +191,7 @@ def _export_methods(methods: dict[str, Any], *, name: str | None, strict: bool, 
     from aotrt.exporter.methods import merge
 
     captured: dict[str, tuple[Any, str, bool, float]] = {}
+    dynamic: dict[str, _Dynamic] = {}
     module_name = name
     for mname, spec in methods.items():
         if isinstance(spec, torch.export.ExportedProgram):
@@ -131,10 +201,15 @@ def _export_methods(methods: dict[str, Any], *, name: str | None, strict: bool, 
             if unknown or "model" not in spec:
                 raise InvalidArgument(f"method {mname!r}: expected keys model, args, kwargs; "
                                       f"got {sorted(spec)}")
-            if spec.get("dynamic_shapes") is not None:
-                raise Unsupported(f"method {mname!r}: dynamic shapes are not supported yet; "
-                                  f"export one method per size")
             model, args, kw = spec["model"], spec.get("args", ()), spec.get("kwargs")
+            if spec.get("dynamic_shapes") is not None:
+                if module_name is None:
+                    module_name = type(model).__name__
+                dyn = _Dynamic(model, args, kw, spec["dynamic_shapes"],
+                               f"{module_name}.{mname}", strict, layout)
+                dynamic[mname] = dyn
+                captured[mname] = dyn.capture_at(dyn.base)
+                continue
         elif isinstance(spec, tuple) and len(spec) in (2, 3):
             model, args = spec[0], spec[1]
             kw = spec[2] if len(spec) == 3 else None
@@ -155,7 +230,8 @@ def _export_methods(methods: dict[str, Any], *, name: str | None, strict: bool, 
         shared = frozenset()        # (a string is refused by merge, naming it)
     else:
         shared = frozenset(share_state) & written
-    progs = {mname: _lower(*c, state=shared) for mname, c in captured.items()}
+    progs = {mname: (dynamic[mname].lower(shared, c) if mname in dynamic
+                     else _lower(*c, state=shared)) for mname, c in captured.items()}
     with progress.step(f"merging {len(progs)} methods"):
         prog = merge(progs, share_state,
                      provenance={**next(iter(progs.values())).provenance,

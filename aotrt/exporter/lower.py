@@ -37,10 +37,11 @@ from torch.export.graph_signature import InputKind, OutputKind
 from aotrt import dtypes
 from aotrt.errors import InvalidArgument, Unsupported
 from aotrt.exporter import epilogue, fuse, layout
+from aotrt.exporter.builder import ProgramBuilder
 from aotrt.exporter.dedup import KernelSet
 from aotrt.exporter.nodes import (describe, dtype_name, is_pointwise, static_ints, tensor_meta,
                                   unsupported)
-from aotrt.exporter.outputs import build, place_outputs
+from aotrt.exporter.outputs import builder_of, place_outputs
 from aotrt.exporter.rules import rule_of
 from aotrt.exporter.rules.cat_scatter import dest
 from aotrt.exporter.rules.fold import (const_view, fold_batch_norms, propagate_constants,
@@ -96,6 +97,11 @@ class Lowering:
 
     def run(self) -> Program:
         """Lower the whole graph; raise Unsupported (naming op and line) before any work."""
+        return self.builder().build()
+
+    def builder(self) -> ProgramBuilder:
+        """Lower the whole graph into a ProgramBuilder, before its arena is planned (the
+        dynamic-size export compares these across sizes, exporter/dynamic.py)."""
         self._classify_placeholders()
         self._check_outputs()
         remove_noops(self)
@@ -130,10 +136,10 @@ class Lowering:
                 lower_group(self, unit)
             else:
                 rule_of(unit[0]).lower(self, unit[0])
-        prog = build(self, place_outputs(self))
+        pb = builder_of(self, place_outputs(self))
         log.debug("%d kernel instructions call an identical earlier kernel",
                   self.kernel_set.merged)
-        return prog
+        return pb
 
     # -- the signature: inputs, constants, outputs --------------------------------------------
 

@@ -112,10 +112,13 @@ def merge(methods: Mapping[str, Program], share_state: bool | Iterable[str] = Fa
             tensors.append(t)
         instructions = [dict(ins, name=knames[ins["name"]]) if ins["op"] == "kernel"
                         else dict(ins) for ins in m.instructions]
+        # A dynamic method's kernel fields name its kernels: by their merged names now.
+        symbolic = [dict(e, at=[e["at"][0], knames[e["at"][1]], *e["at"][2:]])
+                    if e["at"][0] == "kernels" else e for e in m.symbolic]
         merged[mname] = Program(inputs=m.inputs, outputs=m.outputs,
                                 arena_nbytes=m.arena_nbytes, tensors=tensors,
                                 instructions=instructions, outputs_tensors=m.outputs_tensors,
-                                version=2)
+                                version=2, symbols=m.symbols, symbolic=symbolic)
     prog = Program.with_methods(merged, constants=constants, kernels=list(kernels.values()),
                                 state=state, provenance=provenance)
     prog.validate()

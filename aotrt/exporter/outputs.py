@@ -84,6 +84,11 @@ def _output_names(lw: Lowering, n: int) -> list[str]:
 
 def build(lw: Lowering, outputs: list[tuple[str, TView]]) -> Program:
     """The Program of the lowered instructions (arena Bufs planned by ProgramBuilder)."""
+    return builder_of(lw, outputs).build()
+
+
+def builder_of(lw: Lowering, outputs: list[tuple[str, TView]]) -> ProgramBuilder:
+    """The lowered instructions in a ProgramBuilder, its arena Bufs not yet planned."""
     pb = ProgramBuilder(module=lw.name, provenance={"torch": torch.__version__})
     for name, tv in lw.inputs:
         pb.input(name, tv.dtype, tv.sizes, tv.strides)
@@ -114,4 +119,4 @@ def build(lw: Lowering, outputs: list[tuple[str, TView]]) -> Program:
                        ins.params or {}, ins.src)
         else:
             pb.copy(tid(ins.outs[0]), tid(ins.ins[0]), ins.src)
-    return pb.build()
+    return pb

@@ -81,19 +81,27 @@ class Delegate:
     def __init__(self, program: Program, device: Any = None, check_hazards: bool = False,
                  cuda_graph: bool | None = None, limits: Limits | None = None,
                  threads: int | None = None, fp32_math: Fp32Math | None = None, *,
-                 _validated: bool = False, _loaded: LoadedProgram | None = None) -> None:
+                 _validated: bool = False, _loaded: LoadedProgram | None = None,
+                 _own_kernels: bool = False, _arena: Handle | None = None) -> None:
         """Validate `program` within `limits` (aotrt.Limits; None: the defaults) and load it
         onto `device` (None: cuda if present, else cpu); `threads`, `fp32_math`: see `load`.
 
         `program` is one method (a Program without `methods` of its own). A Module passes
         `_loaded`, the program's constants, state, kernels and stream, which its methods
-        share; otherwise the delegate loads and owns them itself."""
+        share; otherwise the delegate loads and owns them itself. A dynamic method's delegate
+        for one size (runtime/dynamic.py) passes `_own_kernels` (its kernels are compiled for
+        that size, and freed with it) and `_arena` (the method's arena, planned at the upper
+        bound and shared by its sizes, which run one at a time on the program's stream)."""
         if not isinstance(program, Program):
             raise InvalidArgument(f"program: expected an aotrt.Program, got "
                                   f"{type(program).__name__}")
         if program.has_methods:
             raise InvalidArgument(f"program: it has methods {sorted(program.methods)}; load it "
                                   f"with aotrt.load, or pass program.method(name)")
+        if program.symbols:
+            raise InvalidArgument("program: its method has dynamic sizes (symbols "
+                                  f"{[s.get('name') for s in program.symbols]}); load it with "
+                                  f"aotrt.load, which runs it at each size")
         if not _validated:
             # A Program is mutable: what runs is checked here. `load` skips this only for
             # the Program it has just read and validated itself, which no one else holds.
@@ -128,6 +136,8 @@ class Delegate:
         # Without graphs, on host memory: every step planned once over static input/output
         # buffers (measured on cpu only; cuda without graphs builds I/O steps at each run).
         self._static_io: StaticIO | None = None
+        self._own_kernels = _own_kernels
+        self._arena_given = _arena
         # What close() (or the garbage collector, for a delegate never closed) tears down.
         self._res = Resources(self._owner)
         self._closer = finalize.finalizer(self, teardown, self._res)
@@ -162,10 +172,14 @@ class Delegate:
     def _make_roots(self) -> None:
         prog, dev, stream = self.program, self.device, self._stream
         u8 = dtypes.uint8
-        arena = shims.empty_strided([prog.arena_nbytes], [1], u8, dev)
-        # Pooled memory may hold a previous owner's data: zeroed once here, so no program
-        # can read another delegate's tensors from bytes it reads before writing.
-        stream.fill(arena, 0)
+        if self._arena_given is not None:
+            # The dynamic method's: zeroed when it was made, and big enough (it checks).
+            arena = shims.reinterpret_tensor(self._arena_given, [prog.arena_nbytes], [1], 0)
+        else:
+            arena = shims.empty_strided([prog.arena_nbytes], [1], u8, dev)
+            # Pooled memory may hold a previous owner's data: zeroed once here, so no
+            # program can read another delegate's tensors from bytes it reads before writing.
+            stream.fill(arena, 0)
         loaded = self._loaded
         bases = {"constant": loaded.constant_bases, "state": loaded.state_bases}
         self._static = [None] * len(prog.tensors)
@@ -188,6 +202,10 @@ class Delegate:
     def _make_steps(self) -> None:
         prog = self.program
         lib = self._loaded.library      # the program's: compiled once for every method
+        if self._own_kernels and prog.kernels:
+            used = {ins["name"] for ins in prog.instructions if ins["op"] == "kernel"}
+            lib = self.device.kernel_library([k for k in prog.kernels if k.name in used])
+            self._res.library = lib
         ops = None
         for i, ins in enumerate(prog.instructions):
             op = ins["op"]

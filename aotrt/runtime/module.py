@@ -21,6 +21,7 @@ from aotrt.errors import InvalidArgument
 from aotrt.limits import Limits
 from aotrt.program import Program
 from aotrt.runtime.delegate import Delegate
+from aotrt.runtime.dynamic import DynamicMethod
 from aotrt.runtime.load_options import resolve_options
 from aotrt.runtime.loaded import LoadedProgram, StateView
 from aotrt.runtime.options import Fp32Math
@@ -44,9 +45,15 @@ class Module:
         self.program = program
         self.name = program.provenance.get("module") or "program"
         self._loaded = LoadedProgram(program, dev, options, self.name)
-        self._methods: dict[str, Delegate] = {}
+        self._methods: dict[str, Delegate | DynamicMethod] = {}
         try:
             for name, m in program.methods.items():
+                if m.symbols:
+                    self._methods[name] = DynamicMethod(
+                        m, self._loaded, f"{self.name}.{name}", limits=limits,
+                        check_hazards=check_hazards, cuda_graph=cuda_graph, threads=threads,
+                        fp32_math=fp32_math)
+                    continue
                 self._methods[name] = Delegate(
                     m, device=dev, check_hazards=check_hazards, cuda_graph=cuda_graph,
                     limits=limits, threads=threads, fp32_math=fp32_math, _validated=True,
@@ -64,7 +71,7 @@ class Module:
         """The methods' names, in the file's order."""
         return tuple(self._methods)
 
-    def method(self, name: str) -> Delegate:
+    def method(self, name: str) -> Delegate | DynamicMethod:
         """The method `name`, to run (InvalidArgument naming the methods there are)."""
         m = self._methods.get(name) if isinstance(name, str) else None
         if m is None:
@@ -140,7 +147,7 @@ def load(prog_or_path: Any, device: Any = None, check_hazards: bool = False,
     kwargs = dict(device=device, check_hazards=check_hazards, cuda_graph=cuda_graph,
                   limits=limits, threads=threads, fp32_math=fp32_math,
                   _validated=prog is not prog_or_path)
-    if prog.has_methods or prog.state:
+    if prog.has_methods or prog.state or prog.symbols:
         return Module(prog, **kwargs)
     return Delegate(prog, **kwargs)
 

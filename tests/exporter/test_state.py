@@ -197,13 +197,6 @@ def test_training_batch_norm_is_still_refused() -> None:
         aotrt.export(m.train(), (torch.randn(2, 3, 8, 8),))
 
 
-def test_dynamic_shapes_refused_clearly() -> None:
-    m = Counter().eval()
-    with pytest.raises(Unsupported, match="dynamic shapes"):
-        aotrt.export({"a": {"model": m, "args": (torch.zeros(4),),
-                            "dynamic_shapes": ({0: torch.export.Dim("n", max=8)},)}})
-
-
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("pos_rank", [1, 0])
 def test_decoder_block_prefill_then_64_decode_steps(device: str, pos_rank: int) -> None:
