@@ -239,7 +239,8 @@ def export_aotrt(args: argparse.Namespace, batch: int, weights: str | None, path
     model = _model(args.model, args.dtype)
     t0 = time.perf_counter()
     prog = llm.export(model, max_seq_len=args.prompt + args.new, max_batch=batch,
-                      prefill_len=args.prompt, weights=weights)
+                      prefill_len=args.prompt, weights=weights,
+                      embeddings=weights if args.embeddings else None)
     export_s = time.perf_counter() - t0
     prog.save(path)
     return {"export_s": export_s, "vocab": model.config.vocab_size}
@@ -261,6 +262,7 @@ def run_aotrt(args: argparse.Namespace, batch: int, weights: str | None = None
             cmd = [sys.executable, __file__, "--export-to", str(path), "--weights",
                    weights or "", "--model", args.model, "--dtype", args.dtype, "--batch",
                    str(batch), "--prompt", str(args.prompt), "--new", str(args.new)]
+            cmd += ["--embeddings"] if args.embeddings else []
             env = dict(os.environ, OMP_NUM_THREADS=str(args.threads))
             proc = subprocess.run(cmd, capture_output=True, text=True, env=env, check=True)
             info = json.loads(proc.stdout.strip().splitlines()[-1])
@@ -325,6 +327,9 @@ def main() -> None:
     p.add_argument("--threads", type=int, default=2, help="cpu: threads for every runner")
     p.add_argument("--runners", nargs="+", choices=RUNNERS,
                    help="default: the device's (DEVICE_RUNNERS)")
+    p.add_argument("--embeddings", action="store_true",
+                   help="the int8/int4 runners quantize the embeddings too (a tied head "
+                        "shares them): llm.export(embeddings=)")
     p.add_argument("--out", type=Path)
     p.add_argument("--one", choices=RUNNERS, help=argparse.SUPPRESS)
     p.add_argument("--export-to", type=Path, help=argparse.SUPPRESS)
@@ -349,6 +354,7 @@ def main() -> None:
                    "--device", args.device, "--dtype", args.dtype, "--batch", str(batch),
                    "--prompt", str(args.prompt), "--new", str(args.new),
                    "--runs", str(args.runs), "--threads", str(args.threads)]
+            cmd += ["--embeddings"] if args.embeddings else []
             load0 = os.getloadavg()[0]
             proc = subprocess.run(cmd, capture_output=True, text=True, env=env)
             lines = proc.stdout.strip().splitlines()
@@ -364,7 +370,8 @@ def main() -> None:
     mem = "dev MiB" if args.device == "cuda" else "RSS MiB"
     ref = next((r.get("tokens") for r in rows if r.get("tokens")), None)
     print(f"{'runner':10} {'batch':>5} {'ttft ms':>9} {'ms/token':>9} {'range':>15} "
-          f"{mem:>8} {'load s':>7} {'host us':>8} {'tokens':>7} {'load avg':>9}")
+          f"{mem:>8} {'file MiB':>8} {'load s':>7} {'host us':>8} {'tokens':>7} "
+          f"{'load avg':>9}")
     for r in rows:
         if "error" in r:
             print(f"{r['runner']:10} {r['batch']:>5} error: "
@@ -372,16 +379,19 @@ def main() -> None:
             continue
         lo, hi = r["ms_per_token_range"]
         host = r.get("host_us")
+        size = r.get("file_mib")
         same = "same" if r.get("tokens") == ref else "differ"
         la = "-".join(f"{x:.1f}" for x in r["loadavg"])
         print(f"{r['runner']:10} {r['batch']:>5} {r['ttft_ms']:9.2f} {r['ms_per_token']:9.3f} "
-              f"{f'{lo:.3f}-{hi:.3f}':>15} {r['device_mib']:8.0f} {r['load_s']:7.2f} "
+              f"{f'{lo:.3f}-{hi:.3f}':>15} {r['device_mib']:8.0f} "
+              f"{'' if size is None else f'{size:8.1f}':>8} {r['load_s']:7.2f} "
               f"{'' if host is None else f'{host:8.1f}':>8} {same:>7} {la:>9}")
     if args.out:
         args.out.parent.mkdir(parents=True, exist_ok=True)
         args.out.write_text(json.dumps({"model": args.model, "dtype": args.dtype,
                                         "device": args.device, "prompt": args.prompt,
                                         "new": args.new, "threads": args.threads,
+                                        "embeddings": args.embeddings,
                                         "machine": _machine(), "rows": rows}, indent=1))
 
 

@@ -126,6 +126,23 @@ class QuantizedLinear(torch.nn.Module):
         self.bias = None if linear.bias is None else torch.nn.Parameter(
             linear.bias.detach().clone(), requires_grad=False)
 
+    @classmethod
+    def packed(cls, qweight: torch.Tensor, scales: torch.Tensor,
+               zeros: Optional[torch.Tensor], bits: int, group_size: int,
+               bias: Optional[torch.Tensor] = None) -> "QuantizedLinear":
+        """A layer over packed tensors that already exist (a head tied to an embedding)."""
+        self = cls.__new__(cls)
+        torch.nn.Module.__init__(self)
+        self.out_features = int(qweight.shape[0])
+        self.in_features = int(qweight.shape[1]) * (2 if bits == 4 else 1)
+        self.bits, self.group_size = bits, group_size
+        self.register_buffer("qweight", qweight)
+        self.register_buffer("scales", scales)
+        self.register_buffer("zeros", zeros)
+        self.bias = None if bias is None else torch.nn.Parameter(bias.detach().clone(),
+                                                                 requires_grad=False)
+        return self
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """The dequantize-then-linear custom op."""
         return torch.ops.aotrt.linear_wq(x, self.qweight, self.scales, self.zeros, self.bias,
@@ -138,6 +155,102 @@ class QuantizedLinear(torch.nn.Module):
     def extra_repr(self) -> str:
         return (f"in_features={self.in_features}, out_features={self.out_features}, "
                 f"int{self.bits}, group_size={self.group_size}")
+
+
+class QuantizedEmbedding(torch.nn.Module):
+    """An Embedding whose table is stored packed like QuantizedLinear's weight ([V, D] is
+    [N, K]) and dequantized per looked-up row, in plain torch ops that the exporter fuses
+    into one gather kernel; the result is in `dtype` (the table's float dtype)."""
+
+    def __init__(self, qweight: torch.Tensor, scales: torch.Tensor,
+                 zeros: Optional[torch.Tensor], bits: int, group_size: int,
+                 dtype: torch.dtype) -> None:
+        super().__init__()
+        self.num_embeddings = int(qweight.shape[0])
+        self.embedding_dim = int(qweight.shape[1]) * (2 if bits == 4 else 1)
+        self.bits, self.group_size, self.dtype = bits, group_size, dtype
+        self.register_buffer("qweight", qweight)
+        self.register_buffer("scales", scales)
+        self.register_buffer("zeros", zeros)
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        """The rows `ids` of the dequantized table: (q - zero) * scale in float32."""
+        rows = self.qweight[ids]
+        if self.bits == 8:
+            w = rows.float() * self.scales[ids].float().unsqueeze(-1)
+            return w.to(self.dtype)
+        q = torch.stack((rows & 0xF, rows >> 4), dim=-1).flatten(-2).float()
+        s = self.scales[ids].float().repeat_interleave(self.group_size, dim=-1)
+        z = self.zeros[ids].float().repeat_interleave(self.group_size, dim=-1)
+        return ((q - z) * s).to(self.dtype)
+
+    def dequantized_weight(self) -> torch.Tensor:
+        """The float32 [V, D] table this layer looks rows up in."""
+        return dequantize(self.qweight, self.scales, self.zeros, self.bits, self.group_size)
+
+    def extra_repr(self) -> str:
+        return (f"{self.num_embeddings}, {self.embedding_dim}, int{self.bits}, "
+                f"group_size={self.group_size}")
+
+
+def quantize_embeddings(module: torch.nn.Module, weights: str = "int8",
+                        group_size: int = 128, scale_dtype: torch.dtype | None = None
+                        ) -> list[str]:
+    """Replace every torch.nn.Embedding in `module` in place by a QuantizedEmbedding (the
+    scheme of `quantize_linears`, one row of the table per output channel); returns the
+    names replaced.
+
+    A Linear whose weight is the table itself (an output head tied to the input embedding)
+    becomes a QuantizedLinear over the same packed tensors, so the file stores them once.
+    Call it before `quantize_linears`, which then leaves those heads as they are.
+    """
+    bits, scale_dtype = _scheme(weights, group_size, scale_dtype)
+    tables = [(name, m) for name, m in module.named_modules()
+              if type(m) is torch.nn.Embedding]
+    for name, emb in tables:
+        if emb.max_norm is not None:
+            raise InvalidArgument(f"quantize_embeddings: {name}: max_norm renormalises the "
+                                  f"table as it is read; leave the layer out")
+        w = emb.weight
+        d = emb.embedding_dim
+        if bits == 4 and (d % group_size or d % 2):
+            raise InvalidArgument(f"quantize_embeddings: {name}: embedding_dim {d} is not a "
+                                  f"multiple of group_size {group_size}")
+        if w.dtype not in SCALE_DTYPES:
+            raise InvalidArgument(f"quantize_embeddings: {name}: weight dtype {w.dtype} is "
+                                  f"not a float dtype")
+        sd = scale_dtype or w.dtype
+        gs = d if bits == 8 else group_size
+        if bits == 8:
+            q, s = quantize_int8(w, sd)
+            z = None
+        else:
+            q, s, z = quantize_int4(w, gs, sd)
+        q, s = q.to(w.device), s.to(w.device)
+        z = None if z is None else z.to(w.device)
+        heads = [hname for hname, h in module.named_modules()
+                 if type(h) is torch.nn.Linear and h.weight is w]
+        _replace(module, name, QuantizedEmbedding(q, s, z, bits, gs, w.dtype))
+        for hname in heads:
+            head = module.get_submodule(hname)
+            _replace(module, hname, QuantizedLinear.packed(q, s, z, bits, gs, head.bias))
+    return [name for name, _ in tables]
+
+
+def _scheme(weights: str, group_size: int, scale_dtype: torch.dtype | None
+            ) -> tuple[int, torch.dtype | None]:
+    """The bit width of `weights`, with the group size and scale dtype checked."""
+    if weights not in BITS:
+        raise InvalidArgument(f"quantize: weights: expected one of {sorted(BITS)}, "
+                              f"got {weights!r}")
+    bits = BITS[weights]
+    if bits == 4 and group_size not in GROUP_SIZES:
+        raise InvalidArgument(f"quantize: group_size: expected one of {GROUP_SIZES} "
+                              f"for int4, got {group_size!r}")
+    if scale_dtype is not None and scale_dtype not in SCALE_DTYPES:
+        raise InvalidArgument(f"quantize: scale_dtype: expected one of "
+                              f"{SCALE_DTYPES}, got {scale_dtype!r}")
+    return bits, scale_dtype
 
 
 def quantize_linears(module: torch.nn.Module, weights: str = "int8", group_size: int = 128,
@@ -153,16 +266,7 @@ def quantize_linears(module: torch.nn.Module, weights: str = "int8", group_size:
     `include`: a regular expression the layer's qualified name must match (re.search), or a
     predicate (name, layer) -> bool; None takes every Linear. Embeddings are never touched.
     """
-    if weights not in BITS:
-        raise InvalidArgument(f"quantize_linears: weights: expected one of {sorted(BITS)}, "
-                              f"got {weights!r}")
-    bits = BITS[weights]
-    if bits == 4 and group_size not in GROUP_SIZES:
-        raise InvalidArgument(f"quantize_linears: group_size: expected one of {GROUP_SIZES} "
-                              f"for int4, got {group_size!r}")
-    if scale_dtype is not None and scale_dtype not in SCALE_DTYPES:
-        raise InvalidArgument(f"quantize_linears: scale_dtype: expected one of "
-                              f"{SCALE_DTYPES}, got {scale_dtype!r}")
+    bits, scale_dtype = _scheme(weights, group_size, scale_dtype)
     if include is None:
         def take(name: str, layer: torch.nn.Linear) -> bool:
             return True
@@ -218,5 +322,6 @@ def _replace(root: torch.nn.Module, name: str, new: torch.nn.Module) -> None:
     setattr(parent, leaf, new)
 
 
-__all__ = ["BITS", "GROUP_SIZES", "QuantizedLinear", "dequantize", "linear_wq", "pack_int4",
-           "quantize_int4", "quantize_int8", "quantize_linears", "unpack_int4"]
+__all__ = ["BITS", "GROUP_SIZES", "QuantizedEmbedding", "QuantizedLinear", "dequantize",
+           "linear_wq", "pack_int4", "quantize_embeddings", "quantize_int4", "quantize_int8",
+           "quantize_linears", "unpack_int4"]

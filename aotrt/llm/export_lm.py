@@ -33,16 +33,18 @@ def _positive(name: str, value: Any) -> int:
 
 def export(model: torch.nn.Module, *, max_seq_len: int = 512, max_batch: int = 1,
            prefill_len: int | None = None, dtype: torch.dtype | None = None,
-           weights: str | None = None, group_size: int = 128, sampling: bool = False
-           ) -> Program:
+           weights: str | None = None, group_size: int = 128, sampling: bool = False,
+           embeddings: str | None = None) -> Program:
     """Export `model` (a transformers causal LM) as methods `prefill` and `decode` over a
     KV cache of `max_batch` rows and `max_seq_len` slots, in `dtype` (default: the model's).
 
     `prefill_len` (default min(128, max_seq_len)) is how many tokens one prefill call takes;
     `generate` left-pads a prompt to a multiple of it. `weights` "int8" or "int4" quantizes
-    every linear layer's weight (the output head too; embeddings stay as they are) on a
-    copy of the model (aotrt/exporter/quantize.py: int8 per output channel, int4 per group
-    of `group_size` along K), with scales in `dtype`. `sampling` adds the method `sample`
+    every linear layer's weight (the output head too) on a copy of the model
+    (aotrt/exporter/quantize.py: int8 per output channel, int4 per group of `group_size`
+    along K), with scales in `dtype`. Embeddings stay as they are unless `embeddings`
+    ("int8" or "int4") quantizes them too, a row per channel; a head tied to the embedding
+    then shares its packed table, stored once. `sampling` adds the method `sample`
     (one token a row, drawn in the graph: aotrt/llm/causal.py), which `generate(...,
     do_sample=True)` needs.
     """
@@ -59,13 +61,18 @@ def export(model: torch.nn.Module, *, max_seq_len: int = 512, max_batch: int = 1
                               f"config), got {type(model).__name__}")
     dtype = dtype or next(model.parameters()).dtype
     model = model.eval().to(dtype)
-    if weights is not None:
-        from aotrt.exporter.quantize import quantize_linears
+    if weights is not None or embeddings is not None:
+        from aotrt.exporter.quantize import quantize_embeddings, quantize_linears
 
         # On a copy: the caller's model keeps its float weights (and its tied head).
         model = copy.deepcopy(model)
-        with progress.step(f"quantizing linear layers to {weights}"):
-            quantize_linears(model, weights, group_size)
+        if embeddings is not None:
+            # First, so that a tied head shares the table (quantize_linears then skips it).
+            with progress.step(f"quantizing embeddings to {embeddings}"):
+                quantize_embeddings(model, embeddings, group_size)
+        if weights is not None:
+            with progress.step(f"quantizing linear layers to {weights}"):
+                quantize_linears(model, weights, group_size)
     step = CausalStep(model, max_batch, max_seq_len, dtype).eval()
     i64 = torch.int64
 

@@ -12,7 +12,8 @@ import torch
 
 import aotrt
 from aotrt.errors import InvalidArgument
-from aotrt.exporter.quantize import (QuantizedLinear, dequantize, pack_int4, quantize_int4,
+from aotrt.exporter.quantize import (QuantizedEmbedding, QuantizedLinear, dequantize,
+                                     pack_int4, quantize_embeddings, quantize_int4,
                                      quantize_int8, quantize_linears, unpack_int4)
 from tests.conftest import DEVICES
 
@@ -150,3 +151,51 @@ def test_inspect_names_each_quantized_layer(tmp_path, capsys):
     out = capsys.readouterr().out
     assert out.count("linear_wq int4, group 32") == 2
     assert "quantized weights:" in out
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("weights,group_size", [("int8", 128), ("int4", 32), ("int4", 64),
+                                                ("int4", 128)])
+def test_quantized_embedding_and_its_tied_head_run_as_in_torch(weights: str, group_size: int,
+                                                               device: str) -> None:
+    class Tied(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.emb = torch.nn.Embedding(300, 256)
+            self.head = torch.nn.Linear(256, 300, bias=False)
+            self.head.weight = self.emb.weight
+            with torch.no_grad():
+                self.emb.weight.copy_(outlier_weights(300, 256, seed=3))
+
+        def forward(self, ids: torch.Tensor) -> torch.Tensor:
+            return self.head(self.emb(ids))
+
+    model = Tied().eval()
+    names = quantize_embeddings(model, weights, group_size)
+    assert names == ["emb"]
+    assert isinstance(model.emb, QuantizedEmbedding) and isinstance(model.head,
+                                                                    QuantizedLinear)
+    # the head reads the embedding's packed table: one copy
+    assert model.head.qweight is model.emb.qweight
+    assert quantize_linears(model, weights, group_size) == []
+    ids = torch.randint(0, 300, (2, 5))
+    rows = model.emb(ids)
+    torch.testing.assert_close(rows, model.emb.dequantized_weight()[ids], rtol=0, atol=0)
+    prog = aotrt.export(model, (ids,))
+    # the file holds the packed table, its scales and zeros once
+    once = sum(b.numel() * b.element_size() for b in model.emb.buffers())
+    assert sum(a.nbytes for a in prog.constants.values()) == once
+    want = model(ids).numpy()
+    with aotrt.load(prog, device=device) as m:
+        got = np.asarray(m(ids.numpy())[0])
+    np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)
+
+
+def test_quantize_embeddings_refuses_what_it_cannot_pack() -> None:
+    with pytest.raises(InvalidArgument, match="embedding_dim 48 is not a multiple"):
+        quantize_embeddings(torch.nn.Sequential(torch.nn.Embedding(10, 48)), "int4", 32)
+    with pytest.raises(InvalidArgument, match="max_norm"):
+        quantize_embeddings(torch.nn.Sequential(torch.nn.Embedding(10, 64, max_norm=1.0)),
+                            "int8")
+    with pytest.raises(InvalidArgument, match="weights: expected one of"):
+        quantize_embeddings(torch.nn.Sequential(torch.nn.Embedding(10, 64)), "int2")

@@ -11,7 +11,7 @@ import torch
 
 import aotrt
 from aotrt import llm
-from aotrt.exporter.quantize import QuantizedLinear, quantize_linears
+from aotrt.exporter.quantize import QuantizedLinear, quantize_embeddings, quantize_linears
 from tests.conftest import DEVICES
 from tests.llm.models import VOCAB, build
 
@@ -41,3 +41,27 @@ def test_quantized_tokens_equal_the_quantized_torch_model(family: str, weights: 
     params = {id(p): p.numel() * p.element_size() for p in model.parameters()}
     size = sum(a.nbytes for a in prog.constants.values())
     assert size < 0.75 * sum(params.values())
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("family,weights", [("gpt2", "int4"), ("llama", "int8")])
+def test_quantized_embeddings_tokens_equal_and_a_tied_table_is_stored_once(
+        family: str, weights: str, device: str) -> None:
+    model = build(family)
+    prog = llm.export(model, max_seq_len=64, max_batch=1, prefill_len=8, weights=weights,
+                      group_size=32, embeddings=weights)
+    ref = copy.deepcopy(model)
+    tables = quantize_embeddings(ref, weights, 32)
+    quantize_linears(ref, weights, 32)
+    assert len(tables) == (2 if family == "gpt2" else 1)   # GPT-2's positions too
+    ids = np.random.default_rng(2).integers(3, VOCAB, (1, 9))
+    with aotrt.load(prog, device=device, check_hazards=True) as m:
+        got = llm.generate(m, ids, max_new_tokens=NEW, eos_token_id=[])
+    want = ref.generate(torch.tensor(ids), max_new_tokens=NEW, do_sample=False,
+                        cache_implementation="static", pad_token_id=0, eos_token_id=None)
+    assert len(np.unique(want[0, 9:].numpy())) > 4
+    np.testing.assert_array_equal(got, want.numpy())
+    # (tests/exporter/test_quantize.py checks that a tied table is stored exactly once)
+    stored = sum(a.nbytes for a in prog.constants.values())
+    floats = sum(p.numel() * p.element_size() for p in model.parameters())
+    assert stored < (0.25 if weights == "int4" else 0.4) * floats
