@@ -73,8 +73,8 @@ def symbols_of(ep: torch.export.ExportedProgram, names: dict[tuple[int, int], st
                 vr = ep.range_constraints.get(expr)
                 lo, hi = (vr.lower, vr.upper) if vr is not None else (0, None)
                 try:
-                    hi_i = int(hi)
-                except (TypeError, ValueError, OverflowError):
+                    hi_i = int(hi) if getattr(hi, "is_finite", True) else None
+                except Exception:  # noqa: BLE001 - sympy's infinities raise several types
                     hi_i = None
                 if hi_i is None or hi_i > MAX_BOUND:
                     raise Unsupported(f"{where} is unbounded (Dim {names.get((k, d), expr)!s}):"

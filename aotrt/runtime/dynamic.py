@@ -106,6 +106,19 @@ class DynamicMethod:
                                           f"{where[sym]} is {sym} = {values[sym]}")
                 values[sym] = v
                 where[sym] = what
+        # The static dims too, before a plan is made for a run that would be refused anyway.
+        dynamic = {kd for dims in self._dims.values() for kd in dims}
+        for k, spec in enumerate(specs):
+            shape = _shape(inputs[k])
+            if shape is None:
+                continue            # the plan's Delegate says what it expected
+            if len(shape) != len(spec["shape"]):
+                raise InvalidArgument(f"{self.name}: input {spec['name']!r}: expected "
+                                      f"{len(spec['shape'])} dims, got shape {list(shape)}")
+            for d, n in enumerate(spec["shape"]):
+                if (k, d) not in dynamic and shape[d] != n:
+                    raise InvalidArgument(f"{self.name}: input {spec['name']!r} dim {d}: "
+                                          f"expected {n}, got {shape[d]}")
         return values
 
     def plan(self, values: Mapping[str, int]) -> Delegate:
