@@ -16,15 +16,15 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1] / "aotrt"
 
 
-def _module_name(path: Path) -> str:
-    parts = list(path.relative_to(ROOT.parent).with_suffix("").parts)
+def _module_name(path: Path, root: Path = ROOT) -> str:
+    parts = list(path.relative_to(root.parent).with_suffix("").parts)
     if parts[-1] == "__init__":
         parts.pop()
     return ".".join(parts)
 
 
-def _modules() -> dict[str, Path]:
-    return {_module_name(p): p for p in sorted(ROOT.rglob("*.py"))}
+def _modules(root: Path = ROOT) -> dict[str, Path]:
+    return {_module_name(p, root): p for p in sorted(root.rglob("*.py"))}
 
 
 def _resolve(name: str, modules: dict[str, Path]) -> str | None:
@@ -153,10 +153,11 @@ def _all_imports(tree: ast.Module) -> list[ast.Import | ast.ImportFrom]:
             if isinstance(n, (ast.Import, ast.ImportFrom)) and id(n) not in hidden]
 
 
-def full_import_graph() -> dict[str, set[str]]:
+def full_import_graph(root: Path = ROOT) -> dict[str, set[str]]:
     """module -> the aotrt modules it imports at any time, and the packages above them that
-    the import runs (not its own packages: they are imported before it)."""
-    modules = _modules()
+    the import runs (not its own packages: they are imported before it); `root`: the aotrt
+    package directory to read (a test's copy)."""
+    modules = _modules(root)
     graph: dict[str, set[str]] = {m: set() for m in modules}
     for mod, path in modules.items():
         for node in _all_imports(ast.parse(path.read_text(), str(path))):

@@ -5,12 +5,21 @@
   the registry the backends fill, `ops.register`). A name in an error or log message is fine.
 - no unit of work is a function carrying attributes: `.native`, `.native_jobs` and `.keep`
   belong to a `aotrt.runtime.work.Work`, never set on a function nor found by getattr.
+- one package per backend (aotrt/runtime/backends/<name>/): a module outside a backend
+  imports it only through its entry point, `aotrt.runtime.backends.<name>.device` (the
+  module device.DEVICES names; get_device loads it), and a backend imports no other backend.
+  Imports inside functions count. A backend reaches generic code the other way: it
+  registers its op implementations with `ops.register` when its device module is imported.
+  The cycle rule (a cycle runs only inside one backend) is tests/test_imports.py's.
 """
 
 from __future__ import annotations
 
 import ast
+import shutil
 from pathlib import Path
+
+from tests.test_imports import _cross_backend, backend, cycles, full_import_graph
 
 ROOT = Path(__file__).resolve().parents[1] / "aotrt"
 WORK_ATTRS = ("native", "native_jobs", "keep")
@@ -145,3 +154,76 @@ def test_no_work_is_a_function_with_attributes() -> None:
     found = _scan(function_attribute_work)
     assert not found, "work attributes on functions (use aotrt.runtime.work.Work): " + \
         "; ".join(found)
+
+
+def entry_point(name: str) -> str:
+    """The one module of backend `name` that code outside it may import."""
+    return f"aotrt.runtime.backends.{name}.device"
+
+
+def boundary_crossings(graph: dict[str, set[str]]) -> list[str]:
+    """The imports of `graph` (module -> modules it imports) that enter a backend other than
+    through its entry point (or the packages above it), or that go from one backend to
+    another."""
+    found = []
+    for mod, deps in sorted(graph.items()):
+        own = backend(mod)
+        for dep in sorted(deps):
+            other = backend(dep)
+            if other is None or other == own:
+                continue
+            entry = entry_point(other)
+            through_entry = dep == entry or entry.startswith(dep + ".")
+            if own is not None or not through_entry:
+                found.append(f"{mod} imports {dep}")
+    return found
+
+
+def test_the_boundary_rule_on_a_synthetic_graph() -> None:
+    b = "aotrt.runtime.backends."
+    graph = {
+        "aotrt.runtime.device": set(),                            # entry by name: no edge
+        "aotrt.runtime.loaded": {b + "cpu.device", b + "cpu"},    # the entry point: fine
+        "aotrt.runtime.ops.conv": {b + "cpu.dnnl"},               # past the entry point
+        b + "cpu.device": {b + "cpu.ops.conv", "aotrt.runtime.ops._common"},
+        b + "cuda.device": {b + "cpu.device"},                    # one backend into another
+        b + "cuda.ops.gemm": {b + "cuda.device", b + "cuda.libraries"},
+    }
+    assert sorted(boundary_crossings(graph)) == sorted([
+        f"{b}cuda.device imports {b}cpu.device",
+        f"aotrt.runtime.ops.conv imports {b}cpu.dnnl"])
+
+
+def test_the_entry_points_are_the_registered_devices() -> None:
+    from aotrt.runtime.device import DEVICES
+
+    assert {name: spec.partition(":")[0] for name, spec in DEVICES.items()} == \
+        {name: entry_point(name) for name in DEVICES}
+    backends = {p.name for p in (ROOT / "runtime" / "backends").iterdir()
+                if (p / "__init__.py").exists()}
+    assert backends == set(DEVICES)
+
+
+def test_no_module_enters_a_backend_but_through_its_device() -> None:
+    found = boundary_crossings(full_import_graph())
+    assert not found, "imports into a backend other than its entry point " \
+        "(aotrt.runtime.backends.<name>.device), counting imports inside functions: " + \
+        "; ".join(found)
+
+
+def test_the_rules_fail_on_a_bad_import_in_a_copy(tmp_path: Path) -> None:
+    """A copy of aotrt/ with a generic op importing the cpu backend's oneDNN inside a
+    function, and the cpu backend importing that op back: both rules see it."""
+    root = tmp_path / "aotrt"
+    shutil.copytree(ROOT, root, ignore=shutil.ignore_patterns("__pycache__", "*.so"))
+    assert not boundary_crossings(full_import_graph(root))
+    op = root / "runtime" / "ops" / "conv.py"
+    op.write_text(op.read_text() + "\n\ndef _bad() -> None:\n"
+                  "    from aotrt.runtime.backends.cpu import dnnl  # noqa: F401\n")
+    dnnl = root / "runtime" / "backends" / "cpu" / "dnnl.py"
+    dnnl.write_text(dnnl.read_text() + "\n\nimport aotrt.runtime.ops.conv  # noqa: E402\n")
+    graph = full_import_graph(root)
+    assert boundary_crossings(graph) == [
+        "aotrt.runtime.ops.conv imports aotrt.runtime.backends.cpu.dnnl"]
+    assert any("aotrt.runtime.ops.conv" in comp and "aotrt.runtime.backends.cpu.dnnl" in comp
+               for comp in _cross_backend(cycles(graph)))

@@ -590,7 +590,7 @@ def _const_program(c: float, module: str = "Leak") -> Program:
 
 def _cache_mappings() -> int:
     """Lines of /proc/self/maps that map a file of the kernel cache."""
-    root = str(aotrt.runtime.backends.cpu.device.cache_dir())
+    root = str(aotrt.runtime.disk_cache.cache_dir())
     with open("/proc/self/maps") as f:
         return sum(1 for line in f if root in line)
 
@@ -610,7 +610,7 @@ def test_distinct_programs_load_and_close_leave_no_library_mapped() -> None:
     """300 load/close cycles of distinct programs: the cache's mappings and RSS stay flat."""
     from concurrent.futures import ThreadPoolExecutor
 
-    import aotrt.runtime.backends.cpu.device  # noqa: F401 - cache_dir
+    import aotrt.runtime.disk_cache  # noqa: F401 - cache_dir
 
     dev = aotrt.runtime.device.get_device("cpu")
     x = rand([8], seed=70)

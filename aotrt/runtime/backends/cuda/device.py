@@ -39,7 +39,7 @@ from aotrt.runtime.device import (Block, Device, KernelFunction, KernelLibrary, 
                                   StreamOptions)
 from aotrt.runtime.backends.cuda import copies as cuda_copies
 from aotrt.runtime.backends.cuda.graphs import CaptureScratch, CudaGraph, is_chain, serialize_graph
-from aotrt.runtime.backends.cpu.device import KernelCache
+from aotrt.runtime.disk_cache import DiskCache
 from aotrt.runtime.tensor import Handle, same_dense_layout
 
 log = logging.getLogger(__name__)
@@ -398,7 +398,7 @@ class CudaDevice(Device):
         self._configs: dict[int, Any] = {}
         # Modules of fixed sources only (helpers, library ops): bounded, kept for the device.
         self._modules: dict[str, Any] = {}
-        self.cache = KernelCache()
+        self.cache = DiskCache()
         self._helpers: Any = None
         self._helper_lock = threading.Lock()
         self._libraries: Any = None

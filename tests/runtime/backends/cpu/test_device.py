@@ -14,7 +14,8 @@ from aotrt.errors import CompileError, InvalidArgument, OutOfMemory
 from aotrt.runtime import shims
 from aotrt.runtime.device import StreamOptions, get_device
 from aotrt.runtime.backends.cpu import device as cpu_mod
-from aotrt.runtime.backends.cpu.device import cache_dir, host_array
+from aotrt.runtime.backends.cpu.device import host_array
+from aotrt.runtime.disk_cache import cache_dir
 from aotrt.runtime.memory import Owner, owner_scope
 from tests.conftest import make_stream
 from tests.support import iota, iota_kernel, kernel_fn, upload
@@ -547,7 +548,7 @@ def test_unusable_default_cache_falls_back_with_a_warning(cpu, monkeypatch, tmp_
     monkeypatch.delenv("AOTRT_CACHE_DIR")
     monkeypatch.setenv("HOME", str(home))
     monkeypatch.setattr(cpu, "cache", cpu_mod.KernelCache())   # the fallback is per device
-    with caplog.at_level("WARNING", logger=cpu_mod.__name__):
+    with caplog.at_level("WARNING", logger="aotrt.runtime.disk_cache"):
         path = _run_iota(cpu, 34.5)
     assert str(home) not in str(path) and "unusable" in caplog.text
     assert _run_iota(cpu, 34.5) == path     # the fallback is a cache too
