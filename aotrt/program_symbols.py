@@ -176,8 +176,6 @@ def instantiate(m: Any, values: Mapping[str, int]) -> Any:
     """A static copy of (checked) method Program `m` with its symbols at `values`: its
     fields written for those sizes, its kernels rewritten where they depend on them, the
     arena kept (planned at the upper bound). Validate the result before running it."""
-    from aotrt.program import Program
-
     doc = method_doc(m, m.kernels)
     patched: dict[str, Any] = {}
     for entry in m.symbolic:
@@ -192,7 +190,7 @@ def instantiate(m: Any, values: Mapping[str, int]) -> Any:
         kernels = [ir.from_json(patched["kernels"][k.name]) if k.name in patched["kernels"]
                    and k.name in {e["at"][1] for e in m.symbolic if e["at"][0] == "kernels"}
                    else k for k in m.kernels]
-    out = Program(inputs=patched.get("inputs", m.inputs),
+    out = type(m)(inputs=patched.get("inputs", m.inputs),
                   outputs=patched.get("outputs", m.outputs),
                   arena_nbytes=m.arena_nbytes,
                   tensors=patched.get("tensors", m.tensors),
