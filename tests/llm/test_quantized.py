@@ -65,3 +65,45 @@ def test_quantized_embeddings_tokens_equal_and_a_tied_table_is_stored_once(
     stored = sum(a.nbytes for a in prog.constants.values())
     floats = sum(p.numel() * p.element_size() for p in model.parameters())
     assert stored < (0.25 if weights == "int4" else 0.4) * floats
+
+
+class _Logits(torch.nn.Module):
+    """A causal LM's logits for every position (no cache)."""
+
+    def __init__(self, model: torch.nn.Module) -> None:
+        super().__init__()
+        self.model = model
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        return self.model(input_ids=ids, use_cache=False).logits
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("weights", ["int4", "int8"])
+def test_bf16_logits_agree_with_the_dequantized_model_as_eager_bf16_does(weights: str,
+                                                                         device: str) -> None:
+    """Issue 38's accuracy bound, on a Llama shape with outlier channels (so that per-group
+    scales matter): aotrt's bfloat16 logits against the float32 dequantized model are as
+    close as torch's own bfloat16 run of the same quantized model."""
+    model = build("llama")
+    g = torch.Generator().manual_seed(0)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if p.dim() == 2 and "embed" not in name:
+                p[torch.randperm(p.shape[0], generator=g)[: p.shape[0] // 8]] *= 8.0
+                p[:, torch.randperm(p.shape[1], generator=g)[: p.shape[1] // 16]] *= 4.0
+    quantize_linears(model, weights, 32)
+    ids = torch.randint(3, VOCAB, (1, 16), generator=g)
+    bf16 = _Logits(copy.deepcopy(model).to(torch.bfloat16)).eval()
+    with torch.no_grad():
+        ref = _Logits(model)(ids)
+        eager = bf16(ids).float()
+        prog = aotrt.export(bf16, (ids,))
+    with aotrt.load(prog, device=device) as m:
+        got = torch.from_dlpack(m(ids.numpy())[0]).float().cpu()
+
+    def err(a: torch.Tensor) -> float:
+        return float((a - ref).abs().max() / ref.abs().max())
+
+    assert 0 < err(eager) < 0.1
+    assert err(got) <= 1.1 * err(eager)
