@@ -29,7 +29,9 @@ and the load average is recorded around each child (the machine may be shared).
 The `ort` runner exports two ONNX graphs with torch.onnx.export (dynamo): a prefill of the
 prompt, and a decode step whose past keys and values are inputs of dynamic length and whose
 presents (the past with the new token's entries concatenated, as Optimum's exports do) are
-outputs fed back; both end in the arg-max, as aotrt's methods do. ExecuTorch is not a
+outputs fed back; both end in the arg-max, as aotrt's methods do. The `torchao_int4` runner
+is hf_static after torchao's `quantize_(model, Int4WeightOnlyConfig(group_size=128))`
+(cuda; torchao from .whl on the GPU machine). ExecuTorch is not a
 runner: its package pins its own torch, which would replace the environment's.
 """
 
@@ -51,9 +53,11 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-RUNNERS = ("hf_eager", "hf_static", "ort", "aotrt", "aotrt_int8", "aotrt_int4")
+RUNNERS = ("hf_eager", "hf_static", "torchao_int4", "ort", "aotrt", "aotrt_int8",
+           "aotrt_int4")
 #: each device's default runners (hf_static is CUDA graphs; ort is timed on the CPU)
-DEVICE_RUNNERS = {"cuda": ("hf_eager", "hf_static", "aotrt", "aotrt_int8", "aotrt_int4"),
+DEVICE_RUNNERS = {"cuda": ("hf_eager", "hf_static", "torchao_int4", "aotrt", "aotrt_int8",
+                           "aotrt_int4"),
                   "cpu": ("hf_eager", "ort", "aotrt")}
 #: new tokens of row 0 each runner records, to compare across runners
 TOKENS = 16
@@ -116,8 +120,11 @@ def _per_token(gen: Callable[[int], Any], new: int, runs: int) -> dict[str, Any]
             "runs": runs}
 
 
-def run_hf(args: argparse.Namespace, batch: int, compiled: bool) -> dict[str, Any]:
-    """Hugging Face generate, eager (dynamic cache) or static cache compiled."""
+def run_hf(args: argparse.Namespace, batch: int, compiled: bool, torchao: str | None = None
+           ) -> dict[str, Any]:
+    """Hugging Face generate, eager (dynamic cache) or static cache compiled; `torchao`
+    "int4" quantizes the linear layers first with torchao's Int4WeightOnlyConfig (group 128;
+    its cuda int4 kernel, as torchao documents for decoding)."""
     import torch
     from transformers import AutoModelForCausalLM, CompileConfig
 
@@ -130,6 +137,10 @@ def run_hf(args: argparse.Namespace, batch: int, compiled: bool) -> dict[str, An
         model = AutoModelForCausalLM.from_pretrained(
             tmp, dtype=getattr(torch, args.dtype), attn_implementation="sdpa"
         ).to(args.device).eval()
+        if torchao:
+            from torchao.quantization import Int4WeightOnlyConfig, quantize_
+
+            quantize_(model, Int4WeightOnlyConfig(group_size=128))
         if args.device == "cuda":
             torch.cuda.synchronize()
         load_s = time.perf_counter() - t0
@@ -311,6 +322,8 @@ def run_one(args: argparse.Namespace) -> dict[str, Any]:
         return run_aotrt(args, args.batch[0], WEIGHTS.get(args.one))
     if args.one == "ort":
         return run_ort(args, args.batch[0])
+    if args.one == "torchao_int4":
+        return run_hf(args, args.batch[0], compiled=True, torchao="int4")
     return run_hf(args, args.batch[0], compiled=args.one == "hf_static")
 
 

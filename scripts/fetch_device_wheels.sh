@@ -23,6 +23,7 @@ wheels=(
     nvidia-cudnn-frontend==1.32.0
     ultralytics==8.4.190
     ultralytics-thop==2.2.3
+    torchao==0.17.0
 )
 
 mkdir -p .whl

@@ -3,15 +3,18 @@
 # profile of GPT-2 and bench/bench_llm.py on GPT-2 with every runner; logs under $1.
 #
 #   source scripts/device_env.sh || exit 1; bash scripts/llm_check.sh $OUT
-#   bash scripts/llm_check.sh $OUT llama-1b    # the benchmark only, on another model
+#   bash scripts/llm_check.sh $OUT llama-1b [RUNNERS...]   # the benchmark only, batch 1,
+#                                  # int8/int4 with their embeddings quantized too
 set -u
 out="${1:?usage: llm_check.sh OUTDIR [MODEL]}"
 model="${2:-}"
+shift 2 2>/dev/null || shift $#
+runners="${*:-aotrt aotrt_int4 aotrt_int8 torchao_int4 hf_static}"
 mkdir -p "$out"
 nvidia-smi --query-gpu=name,memory.total --format=csv,noheader > "$out/gpu.txt" 2>&1
 if [ -n "$model" ]; then
-    timeout 500 python3 bench/bench_llm.py --model "$model" --batch 1 8 --runs 3 \
-        --runners aotrt aotrt_int4 aotrt_int8 hf_static hf_eager \
+    timeout 540 python3 bench/bench_llm.py --model "$model" --batch 1 --runs 3 \
+        --runners $runners --embeddings \
         --out "$out/$model.json" > "$out/$model.txt" 2>&1
     tail -12 "$out/$model.txt"
     exit 0
@@ -19,7 +22,8 @@ fi
 timeout 170 python3 -m pytest -q -p no:cacheprovider --tb=short -k cuda \
     tests/llm tests/exporter/test_state.py tests/runtime/ops/test_linear_wq.py \
     tests/exporter/test_quantize.py tests/exporter/test_grouped_mm.py \
-    tests/exporter/test_dedup.py > "$out/llm_cuda_tests.txt" 2>&1
+    tests/exporter/test_dedup.py tests/exporter/test_dynamic.py \
+    > "$out/llm_cuda_tests.txt" 2>&1
 tail -3 "$out/llm_cuda_tests.txt"
 timeout 80 python3 scripts/llm_profile.py gpt2 > "$out/llm_profile.txt" 2>&1
 grep -m1 "host time" "$out/llm_profile.txt"; grep -A8 "== GPU" "$out/llm_profile.txt"
