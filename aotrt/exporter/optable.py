@@ -112,12 +112,16 @@ def mul(a: Expr, b: Expr) -> Expr:
     return op("mul", a, b)
 
 
-def wrap_index(i: Expr, size: int) -> Expr:
-    """An index read from data, wrapped like torch (negative counts from the end) and clamped
-    into [0, size) so that a bad index can never address memory outside the tensor."""
-    i = ir.cast(i, I64)
-    w = op("where", op("lt", i, ZERO, dtype=BOOL), op("add", i, Const(size, I64)), i)
-    return op("minimum", op("maximum", w, ZERO), Const(max(size - 1, 0), I64))
+def wrap_index(i: Expr, size: int, negative: bool = True) -> Expr:
+    """An index read from data, checked as torch checks it (outside [0, size), or with
+    `negative` [-size, size), it is the kernel's error "index out of range", which the run
+    raises), wrapped (with `negative`: counting from the end) and clamped into [0, size),
+    so that a bad index never addresses memory outside the tensor, whatever the check does."""
+    n = Const(size, I64)
+    i = op("index_check_neg" if negative else "index_check", ir.cast(i, I64), n)
+    if negative:
+        i = op("where", op("lt", i, ZERO, dtype=BOOL), op("add", i, n), i)
+    return op("minimum", op("maximum", i, ZERO), Const(max(size - 1, 0), I64))
 
 
 # ---------------------------------------------------------------------------------------------

@@ -361,7 +361,7 @@ def _embedding(b: Any, node: torch.fx.Node, coords: tuple[Expr, ...], out: int) 
     a = b.args(node)
     w, idx = a["weight"], a["indices"]
     rows = shape_of(w)[0]
-    i = wrap_index(b.value(idx, coords[:-1]), rows)
+    i = wrap_index(b.value(idx, coords[:-1]), rows, negative=False)   # torch: [0, rows)
     return b.value(w, (i, coords[-1]))
 
 
@@ -371,7 +371,7 @@ def _gather(b: Any, node: torch.fx.Node, coords: tuple[Expr, ...], out: int) -> 
     d = norm_dim(a["dim"], len(xs))
     xc = list(coords)
     if xs:
-        xc[d] = wrap_index(b.value(a["index"], coords), xs[d])
+        xc[d] = wrap_index(b.value(a["index"], coords), xs[d], negative=False)
     return b.value(a["self"], tuple(xc))
 
 
@@ -382,7 +382,7 @@ def _index_select(b: Any, node: torch.fx.Node, coords: tuple[Expr, ...], out: in
     xc = list(coords)
     if xs:
         ic = (coords[d],) if shape_of(a["index"]) else ()
-        xc[d] = wrap_index(b.value(a["index"], ic), xs[d])
+        xc[d] = wrap_index(b.value(a["index"], ic), xs[d], negative=False)
     return b.value(a["self"], tuple(xc))
 
 

@@ -335,6 +335,8 @@ class _Ranges:
             return _shr(x, y)
         if e.op == "pow":
             return _pow(x, y)
+        if e.op in ("index_check", "index_check_neg"):
+            return x        # i itself (it only reports an i outside [-n, n))
         return _FULL
 
     @staticmethod

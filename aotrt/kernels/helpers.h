@@ -37,3 +37,9 @@
   if (b < 0) return a == 1 ? 1 : a == -1 ? ((b & 1) ? -1 : 1) : 0;
   uint64_t r = 1, x = (uint64_t)a;
   while (b > 0) { if (b & 1) r *= x; x *= x; b >>= 1; } return (int64_t)r; }
+/* An index read from data against the size n of the dim it indexes, [0, n) (_neg: [-n, n)):
+   out of range, the kernel reports error 2; the caller clamps it all the same. */
+{q} int64_t aot_chkidx(int64_t i, int64_t n AOT_ERR_PARAM) {
+  if (i < 0 || i >= n) AOT_ERR(2); return i; }
+{q} int64_t aot_chkidx_neg(int64_t i, int64_t n AOT_ERR_PARAM) {
+  if (n <= 0 || i >= n || i < -n) AOT_ERR(2); return i; }

@@ -32,8 +32,12 @@ UNARY_OPS = frozenset({
 BINARY_OPS = frozenset({
     "add", "sub", "mul", "div", "floordiv", "truncdiv", "mod", "fmod", "pow", "maximum",
     "minimum", "lt", "le", "gt", "ge", "eq", "ne", "and", "or", "xor", "bitwise_and",
-    "bitwise_or", "bitwise_xor", "atan2", "shl", "shr",
+    "bitwise_or", "bitwise_xor", "atan2", "shl", "shr", "index_check", "index_check_neg",
 })
+#: `index_check(i, n)` is i itself; an i outside [0, n) (an index read from data, out of
+#: range for the size n of the dim it indexes) also sets the kernel's error 2.
+#: `index_check_neg` allows [-n, n) (indices that count from the end). The index is still
+#: clamped after either: the bounds proof never relies on the check.
 OTHER_OPS = frozenset({"where", "cast"})
 REDUCE_OPS = frozenset({"sum", "prod", "max", "min", "any", "all"})
 

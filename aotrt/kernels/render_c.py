@@ -15,7 +15,8 @@ from aotrt.kernels.math_c import MATH_C
 from aotrt.sources import source
 
 #: codes a cpu kernel stores in its library's `aotrt_error` flag (contract C2)
-KERNEL_ERRORS: dict[int, str] = {1: "integer division or modulo by zero"}
+KERNEL_ERRORS: dict[int, str] = {1: "integer division or modulo by zero",
+                                  2: "index out of range"}
 
 
 def symbol(index: int) -> str:
@@ -83,7 +84,8 @@ _BINARY_INT = {
     "maximum": "(({0}) > ({1}) ? ({0}) : ({1}))", "minimum": "(({0}) < ({1}) ? ({0}) : ({1}))",
     "bitwise_and": "(({0}) & ({1}))", "bitwise_or": "(({0}) | ({1}))",
     "bitwise_xor": "(({0}) ^ ({1}))", "shl": "aot_shl({0}, {1})", "shr": "aot_shr({0}, {1})",
-    "pow": "aot_ipow({0}, {1})",
+    "pow": "aot_ipow({0}, {1})", "index_check": "aot_chkidx({0}, {1} AOT_ERR_ARG)",
+    "index_check_neg": "aot_chkidx_neg({0}, {1} AOT_ERR_ARG)",
 }
 _NARROW_INT = {"int32": "int32_t", "int16": "int16_t", "int8": "int8_t", "uint8": "uint8_t"}
 _COMPARE = {"lt": "<", "le": "<=", "gt": ">", "ge": ">=", "eq": "==", "ne": "!="}

@@ -10,6 +10,9 @@ static inline uint16_t aot_f_to_bf16(float f) { uint32_t u; memcpy(&u, &f, 4);
   u += 0x7fffu + ((u >> 16) & 1u); return (uint16_t)(u >> 16); }
 int32_t aotrt_error = 0;
 #define AOT_DIV0() __atomic_store_n(&aotrt_error, 1, __ATOMIC_RELAXED)
+#define AOT_ERR(code) __atomic_store_n(&aotrt_error, (code), __ATOMIC_RELAXED)
+#define AOT_ERR_PARAM
+#define AOT_ERR_ARG
 /* Threads for n outer elements of `cost` work each: none below a grain of work per thread
    (starting threads would cost more than they save), never more than asked or than n. */
 static inline int64_t aot_nthreads(int64_t n, int64_t cost, int64_t threads) {

@@ -1,6 +1,7 @@
 """Render kernel IR as CUDA C for NVRTC, as small overrides of `CStyleRenderer`.
 
-Each kernel is `extern "C" __global__ void name(char* p0, ..., long long n)`. Pointwise
+Each kernel is `extern "C" __global__ void name(char* p0, ..., int64_t n, int* aot_err)`:
+`aot_err` is where it reports an error (an index out of range), its library's flag. Pointwise
 kernels run one thread per outer element over a grid-stride loop. Kernels that reduce over
 32 or more elements per outer element run one warp per outer element: the lanes split the
 reduce loop and combine with shuffles, so a row of a layer norm or softmax is read
@@ -143,7 +144,8 @@ class CudaRenderer(CStyleRenderer):
 
     def wrap_kernel(self, k: ir.Kernel, body: str) -> str:
         """A __global__ function over a grid-stride loop of outer elements (or of warps)."""
-        params = ", ".join([f"char* p{i}" for i in range(len(k.args))] + ["int64_t n"])
+        params = ", ".join([f"char* p{i}" for i in range(len(k.args))]
+                           + ["int64_t n", "int* aot_err"])
         inner = "\n".join("  " + line for line in body.splitlines())
         if self._lanes == BLOCK:
             head = ("  const int64_t lane = threadIdx.x;\n"

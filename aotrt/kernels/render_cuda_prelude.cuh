@@ -11,6 +11,11 @@ typedef unsigned char uint8_t;
 #define INT64_MIN (-9223372036854775807LL - 1LL)
 #define INT64_MAX 9223372036854775807LL
 #define AOT_DIV0() ((void)0)
+/* Every kernel takes the address of its library's error flag (page-locked host memory,
+   read at the stream's next wait) as its last parameter, `aot_err`. */
+#define AOT_ERR(code) (*(volatile int *)aot_err = (code))
+#define AOT_ERR_PARAM , int *aot_err
+#define AOT_ERR_ARG , aot_err
 static __device__ __forceinline__ float aot_h2f(uint16_t h) {
   float f; asm("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"(h)); return f; }
 static __device__ __forceinline__ uint16_t aot_f2h(float f) {

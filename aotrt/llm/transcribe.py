@@ -14,9 +14,11 @@ from typing import Any, Callable, Sequence
 
 import numpy as np
 
-from aotrt.errors import InvalidArgument
+from aotrt.errors import InvalidArgument, ProgramError
 
 _METHODS = ("encode", "prefill", "decode")
+#: the provenance entry of the decoder's vocabulary size (written by whisper.export_whisper)
+VOCAB_KEY = "whisper.vocab_size"
 
 
 def _state_len(module: Any) -> int:
@@ -26,6 +28,21 @@ def _state_len(module: Any) -> int:
             return int(s["shape"][2])
     raise InvalidArgument("module: no self-attention cache 'kv.k0' in its state (export it "
                           "with aotrt.llm.whisper.export_whisper)")
+
+
+def _vocab_size(module: Any) -> int | None:
+    """The decoder's vocabulary size from the file's provenance (None in a file exported
+    before it was recorded: the lookup's own check then reports a bad id at run time)."""
+    text = module.program.provenance.get(VOCAB_KEY)
+    if text is None:
+        return None
+    try:
+        vocab = int(text)
+    except (TypeError, ValueError):
+        vocab = 0
+    if vocab < 1:
+        raise ProgramError(f"provenance: {VOCAB_KEY}: expected a positive int, got {text!r}")
+    return vocab
 
 
 def transcribe(module: Any, features: Any, max_new_tokens: int,
@@ -55,6 +72,12 @@ def transcribe(module: Any, features: Any, max_new_tokens: int,
     if prompt.ndim != 2 or prompt.shape[0] != batch or not 1 <= prompt.shape[1] <= prompt_cap:
         raise InvalidArgument(f"decoder_prompt_ids: expected 1 to {prompt_cap} ids (or "
                               f"[batch, n] of them), got shape {list(prompt.shape)}")
+    vocab = _vocab_size(module)
+    if prompt.size and (prompt.min() < 0 or (vocab is not None and prompt.max() >= vocab)):
+        # An embedding lookup past the table is an error in torch; say so before running.
+        raise InvalidArgument(f"decoder_prompt_ids: token ids must lie in [0, "
+                              f"{vocab if vocab is not None else 'vocab'}), got "
+                              f"{int(prompt.min())}..{int(prompt.max())}")
     p = prompt.shape[1]
     cap = _state_len(module) - p
     if not isinstance(max_new_tokens, (int, np.integer)) or not 1 <= max_new_tokens <= cap:

@@ -22,6 +22,7 @@ from transformers.cache_utils import Cache, CacheLayerMixin, EncoderDecoderCache
 import aotrt
 from aotrt.errors import InvalidArgument
 from aotrt.llm.cache import SlotCache
+from aotrt.llm.transcribe import VOCAB_KEY
 
 #: The state buffers' names: the self-attention cache `kv.k<i>`/`kv.v<i>` (written by
 #: prefill and decode), the cross-attention keys and values `kv.ck<i>`/`kv.cv<i>` (by encode).
@@ -239,4 +240,6 @@ def export_whisper(hf_model: Any, max_batch: int = 1, max_new_tokens: int = 224,
                    (torch.zeros(max_batch, 1, dtype=torch.long), torch.tensor([prompt_len]))),
     }
     with torch.no_grad():
-        return aotrt.export(methods, share_state=True, name="whisper")
+        prog = aotrt.export(methods, share_state=True, name="whisper")
+    prog.provenance[VOCAB_KEY] = str(vocab)     # transcribe checks the prompt's ids with it
+    return prog

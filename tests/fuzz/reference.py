@@ -226,7 +226,12 @@ def _i_binary(op: str, a: np.ndarray, b: np.ndarray, err: list) -> np.ndarray | 
         return a >> np.where((b < 0) | (b >= 63), 63, b)
     if op == "pow":
         return _ipow(a, b)
-    return None
+    if op in ("index_check", "index_check_neg"):
+        lo = np.where(b > 0, 0 - b, 0) if op == "index_check_neg" else 0
+        bad = (a < lo) | (a >= b)
+        if bad.any():
+            err.append(bad)     # the kernel's error 2 ("index out of range"); i passes
+        return a
 
 
 def _ipow(a: np.ndarray, b: np.ndarray) -> np.ndarray:
@@ -697,7 +702,9 @@ class Reference:
             val = kern.eval(st.value, level)
             pending.append((st, level, idx, val))
         if kern.div0:
-            raise RefRefusal(f"kernel {k.name}: integer {kern.div0[0]} by zero")
+            what = ("an index out of range" if kern.div0[0].startswith("index_check")
+                    else f"integer {kern.div0[0]} by zero")
+            raise RefRefusal(f"kernel {k.name}: {what}")
         writes = []
         for st, level, idx, val in pending:
             t = views[st.arg]

@@ -246,3 +246,16 @@ def test_deep_and_shared_ir_is_linear() -> None:
     for _ in range(200):
         d = ir.Op("bitwise_and", (d, d), I64)
     assert rng_of(d) == (0, 7)
+
+
+def test_an_index_check_is_its_index_and_the_clamp_bounds_it() -> None:
+    """index_check/_neg pass i through (only reporting a bad one): the proof bounds a data
+    index by the clamp after the check, never by the check."""
+    i = ir.Load(0, ir.Idx(0), I64)
+    n = ir.Const(10, I64)
+    for op in ("index_check", "index_check_neg"):
+        chk = ir.Op(op, (i, n), I64)
+        assert rng_of(chk) == rng_of(i)
+        clamped = ir.Op("minimum", (ir.Op("maximum", (chk, ir.Const(0, I64)), I64),
+                                    ir.Const(9, I64)), I64)
+        assert rng_of(clamped) == (0, 9)

@@ -91,7 +91,7 @@ def test_signature_and_grid_stride_loop_of_a_pointwise_kernel() -> None:
     sig = re.findall(r'extern "C" __global__ void __launch_bounds__\((\d+)\) (aotrt_k\d+)'
                      r"\(([^)]*)\)", src)
     assert [(b, s) for b, s, _ in sig] == [(str(BLOCK), "aotrt_k0"), (str(BLOCK), "aotrt_k1")]
-    assert sig[0][2] == "char* p0, char* p1, int64_t n"
+    assert sig[0][2] == "char* p0, char* p1, int64_t n, int* aot_err"
     k0 = _kernel_text(src, 0)
     assert "it < n; it += step" in k0 and "blockIdx.x * blockDim.x + threadIdx.x" in k0
     assert "lane" not in k0                         # one thread per element
@@ -181,7 +181,34 @@ def test_block_reduction_kernels_compile() -> None:
 @needs_nvrtc
 def test_a_broken_rendering_fails_to_compile() -> None:
     """The compile check can fail: a renderer that emits an unknown type is caught."""
-    src = CudaRenderer().render([pointwise("float32")]).replace("int64_t n)", "no_type n)")
+    src = CudaRenderer().render([pointwise("float32")]).replace("int64_t n,", "no_type n,")
     with pytest.raises(CompileError) as info:
         CUDA.compile_source(src, "sm_90", "broken")
     assert "no_type" in info.value.log
+
+
+def gather_checked(op: str) -> ir.Kernel:
+    """out[r, c] = x[clamp(index_check(idx[r]))), c]: an embedding lookup's kernel."""
+    i64 = "int64"
+    chk = ir.Op(op, (ir.Load(1, ir.Idx(0), i64), ir.Const(10, i64)), i64)
+    row = ir.Op("minimum", (ir.Op("maximum", (chk, ir.Const(0, i64)), i64),
+                            ir.Const(9, i64)), i64)
+    at = ir.Op("add", (ir.Op("mul", (row, ir.Const(4, i64)), i64), ir.Idx(1)), i64)
+    return ir.Kernel(f"gather_{op}", (3, 4), (), (ir.Arg("float32", "r"), ir.Arg(i64, "r"),
+                                                  ir.Arg("float32", "w")),
+                     (ir.store(2, (4, 1), ir.Load(0, at, "float32")),))
+
+
+def test_an_index_check_reports_through_the_kernels_flag_parameter() -> None:
+    src = CudaRenderer().render([gather_checked("index_check"),
+                                 gather_checked("index_check_neg")])
+    assert "aot_chkidx(" in src and "aot_chkidx_neg(" in src and "AOT_ERR_ARG" in src
+    assert "#define AOT_ERR_ARG , aot_err" in src
+
+
+@needs_nvrtc
+def test_index_check_kernels_compile() -> None:
+    src = CudaRenderer().render([gather_checked("index_check"),
+                                 gather_checked("index_check_neg")])
+    code = CUDA.compile_source(src, "sm_90", "index checks")
+    assert b"aotrt_k0" in code and b"aotrt_k1" in code

@@ -159,6 +159,11 @@ def test_bad_arguments_are_refused() -> None:
             transcribe(m, x, NEW, prompt + [1], c["eos"])
         with pytest.raises(InvalidArgument, match="max_new_tokens"):
             transcribe(m, x, NEW + 3, prompt, c["eos"])
+        vocab = c["model"].config.vocab_size
+        assert m.program.provenance["whisper.vocab_size"] == str(vocab)
+        for bad in (vocab, -1):         # checked before anything runs, as generate does
+            with pytest.raises(InvalidArgument, match=r"token ids must lie in \[0, "):
+                transcribe(m, x, NEW, [SOT, LANG, bad, NO_TS], c["eos"])
     with pytest.raises(InvalidArgument, match="max_target_positions"):
         export_whisper(c["model"], max_new_tokens=61)
     with pytest.raises(InvalidArgument, match="WhisperForConditionalGeneration"):

@@ -17,6 +17,7 @@ import torch
 import torch.fx
 
 from aotrt.exporter.nodes import arg, describe, meta_val, tensor_meta, to_numpy, unsupported
+from aotrt.exporter.optable import wrap_index
 from aotrt.exporter.rules.cat_scatter import can_mutate, dest
 from aotrt.exporter.rules.fold import add_constant
 from aotrt.exporter.rules.registry import rule
@@ -73,7 +74,8 @@ def index_put_kernel(name: str, out: TView, idx: list[TView | None], vals: TView
                      ) -> tuple[ir.Kernel | None, list[TView]]:
     """A kernel writing `vals` into `out` at advanced indices (PyTorch semantics: broadcast
     index tensors; consecutive indexed dims keep their place, others move to the front).
-    Indices are wrapped (negative) and clamped, so no file can index out of bounds."""
+    Indices are checked (out of range: the run's error), wrapped (negative) and clamped, so
+    no file can index out of bounds."""
     nd = len(out.sizes)
     idx = idx + [None] * (nd - len(idx))
     if any(t is not None and t.dtype == "bool" for t in idx):
@@ -114,13 +116,7 @@ def index_put_kernel(name: str, out: TView, idx: list[TView | None], vals: TView
         i_arg = len(args)
         args.append(t)
         ir_args.append(ir.Arg(t.dtype, "r"))
-        raw = ir.cast(ir.load(i_arg, strides, t.dtype, dims), "int64")
-        n = ir.Const(out.sizes[d], "int64")
-        wrapped = ir.Op("where", (ir.Op("lt", (raw, ir.Const(0, "int64")), "bool"),
-                                  ir.Op("add", (raw, n), "int64"), raw), "int64")
-        clamped = ir.Op("minimum", (ir.Op("maximum", (wrapped, ir.Const(0, "int64")), "int64"),
-                                    ir.Const(out.sizes[d] - 1, "int64")), "int64")
-        coord[d] = clamped
+        coord[d] = wrap_index(ir.load(i_arg, strides, t.dtype, dims), out.sizes[d])
     for d in rest:
         coord[d] = ir.Idx(dim_of[d])
     # values broadcast to the region's shape

@@ -38,6 +38,7 @@ from aotrt.runtime import hazards
 from aotrt.runtime.device import (Block, Device, KernelFunction, KernelLibrary, Stream,
                                   StreamOptions)
 from aotrt.runtime.backends.cuda import copies as cuda_copies
+from aotrt.runtime.backends.cuda.flags import ErrorFlag, take_error
 from aotrt.runtime.backends.cuda.graphs import CaptureScratch, CudaGraph, is_chain, serialize_graph
 from aotrt.runtime.disk_cache import DiskCache
 from aotrt.runtime.tensor import Handle, same_dense_layout
@@ -141,6 +142,8 @@ class CudaStream(Stream):
         self.workspace: tuple[int, int, Any] | None = None
         self.workspace_baked = False
         self.retired: list[Any] = []
+        # Error flags of the libraries whose kernels ran here (graphs too): read at each wait
+        self.flags: set[ErrorFlag] = set()
 
     @property
     def capturing(self) -> bool:
@@ -193,10 +196,13 @@ class CudaStream(Stream):
             self.cs.sync()
         except Exception as e:  # noqa: BLE001 - an asynchronous fault of earlier work
             raise _wrap(e, f"stream {self.id}: queued work") from e
+        kernel_error = take_error(self.flags)      # host memory: no sync of its own
         if self._error is not None:
             err, self._error = self._error, None
             raise DeviceError(f"cuda stream {self.id}: queued work failed: "
                               f"{type(err).__name__}: {err}") from err
+        if kernel_error:
+            raise InvalidArgument(f"cuda stream {self.id}: {kernel_error}")
 
     def _close(self) -> None:
         try:
@@ -323,10 +329,12 @@ class CudaKernelFunction(KernelFunction):
         cfg = dev.launch_config(n * self._lanes)
         # Typed scalars: the kernel reads 8-byte pointers and an int64 count.
         args: list[Any] = [np.uint64(a) for a in addrs]
-        args.append(np.int64(n))
+        flag = self.library.flag
+        args.extend((np.int64(n), np.uint64(flag.device_ptr)))
         kern = self._kern
 
         def work(s: CudaStream) -> None:
+            s.flags.add(flag)       # read at the stream's waits (a graph's replays too)
             launch(s.cs, cfg, kern, *args)
         return work
 
@@ -341,6 +349,7 @@ class CudaKernelLibrary(KernelLibrary):
         self.module = dev.compile_cubin(self.source, f"{len(self.kernels)} kernel(s)",
                                         keep=False)
         self._cuda_kernels: dict[str, Any] = {}
+        self.flag = ErrorFlag()     # where the kernels report errors (an index out of range)
 
     def cuda_kernel(self, name: str) -> Any:
         """The loaded cuda.core Kernel of kernel `name` (looked up by its symbol)."""
@@ -357,9 +366,11 @@ class CudaKernelLibrary(KernelLibrary):
         return CudaKernelFunction(self, kernel)
 
     def _close(self) -> None:
-        # Work still queued holds its own Kernel (and so the module): nothing dangles.
+        # Work still queued holds its own Kernel (and so the module): nothing dangles. The
+        # flag stays with the streams that ran its kernels until their next wait.
         self._cuda_kernels = {}
         self.module = None
+        self.flag.retired = True
 
 
 # ---------------------------------------------------------------------------------------------

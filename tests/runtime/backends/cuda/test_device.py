@@ -138,7 +138,7 @@ def test_render_has_kernel_signatures() -> None:
     src = CudaRenderer().render(ALL_KERNELS)
     # Contract C1: kernel i is exported as aotrt_k{i}; its name is only a comment.
     assert 'extern "C" __global__ void __launch_bounds__(256) aotrt_k0(char* p0, char* p1, ' \
-           'char* p2, int64_t n)' in src
+           'char* p2, int64_t n, int* aot_err)' in src
     assert "/* kernel silu_bcast */" in src and "void __launch_bounds__(256) silu_bcast" not in src
     assert "aot_warp_sum" in src and "#include" not in src
 
