@@ -5,6 +5,7 @@
 #   source scripts/device_env.sh || exit 1; bash scripts/llm_check.sh $OUT
 #   bash scripts/llm_check.sh $OUT llama-1b [RUNNERS...]   # the benchmark only, batch 1,
 #                                  # int8/int4 with their embeddings quantized too
+#   bash scripts/llm_check.sh $OUT whisper     # bench/bench_whisper.py (Whisper-tiny, 30 s)
 set -u
 out="${1:?usage: llm_check.sh OUTDIR [MODEL]}"
 model="${2:-}"
@@ -12,6 +13,12 @@ shift 2 2>/dev/null || shift $#
 runners="${*:-aotrt aotrt_int4 aotrt_int8 torchao_int4 hf_static}"
 mkdir -p "$out"
 nvidia-smi --query-gpu=name,memory.total --format=csv,noheader > "$out/gpu.txt" 2>&1
+if [ "$model" = whisper ]; then
+    timeout 540 python3 bench/bench_whisper.py --runs 3 --out "$out/whisper.json" \
+        > "$out/whisper.txt" 2>&1
+    tail -6 "$out/whisper.txt"
+    exit 0
+fi
 if [ -n "$model" ]; then
     timeout 540 python3 bench/bench_llm.py --model "$model" --batch 1 --runs 3 \
         --runners $runners --embeddings \
