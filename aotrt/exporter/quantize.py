@@ -175,13 +175,14 @@ class QuantizedEmbedding(torch.nn.Module):
 
     def forward(self, ids: torch.Tensor) -> torch.Tensor:
         """The rows `ids` of the dequantized table: (q - zero) * scale in float32."""
-        rows = self.qweight[ids]
+        # F.embedding, not indexing: a negative id is refused as nn.Embedding refuses it
+        rows = F.embedding(ids, self.qweight)
         if self.bits == 8:
-            w = rows.float() * self.scales[ids].float().unsqueeze(-1)
-            return w.to(self.dtype)
+            scale = F.embedding(ids, self.scales.unsqueeze(-1)).float()
+            return (rows.float() * scale).to(self.dtype)
         q = torch.stack((rows & 0xF, rows >> 4), dim=-1).flatten(-2).float()
-        s = self.scales[ids].float().repeat_interleave(self.group_size, dim=-1)
-        z = self.zeros[ids].float().repeat_interleave(self.group_size, dim=-1)
+        s = F.embedding(ids, self.scales).float().repeat_interleave(self.group_size, dim=-1)
+        z = F.embedding(ids, self.zeros).float().repeat_interleave(self.group_size, dim=-1)
         return ((q - z) * s).to(self.dtype)
 
     def dequantized_weight(self) -> torch.Tensor:

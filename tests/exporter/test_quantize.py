@@ -199,3 +199,19 @@ def test_quantize_embeddings_refuses_what_it_cannot_pack() -> None:
                             "int8")
     with pytest.raises(InvalidArgument, match="weights: expected one of"):
         quantize_embeddings(torch.nn.Sequential(torch.nn.Embedding(10, 64)), "int2")
+
+
+def test_a_quantized_embedding_refuses_an_id_outside_the_table_as_nn_embedding_does() -> None:
+    model = torch.nn.Sequential(torch.nn.Embedding(50, 64)).eval()
+    quantize_embeddings(model, "int4", 32)
+    ids = torch.tensor([[1, 2, 3]])
+    prog = aotrt.export(model, (ids,))
+    for bad in (-1, 50):
+        with pytest.raises(IndexError):
+            model(torch.tensor([[1, bad]]))
+    with aotrt.load(prog, device="cpu") as m:
+        np.testing.assert_array_equal(np.asarray(m(ids.numpy())[0]), model(ids).numpy())
+        for bad in (-1, 50):
+            with pytest.raises(InvalidArgument, match="index out of range"):
+                np.asarray(m(np.array([[1, bad, 3]]))[0])
+        np.testing.assert_array_equal(np.asarray(m(ids.numpy())[0]), model(ids).numpy())
