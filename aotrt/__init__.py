@@ -23,6 +23,8 @@ from aotrt.program import Program
 from aotrt.runtime.delegate import Delegate
 from aotrt.runtime.module import Module, load
 from aotrt.runtime.options import Fp32Math
+# registers the library ops' signatures, which Program.validate checks (program/library.py)
+from aotrt.runtime import ops as _ops  # noqa: F401
 from aotrt.runtime.public import Tensor
 
 __version__ = "0.1.0"

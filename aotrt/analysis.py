@@ -5,13 +5,13 @@ IR-node costs that the load-time budget counts, and which instructions touch whi
 
 from __future__ import annotations
 
+import math
 from typing import Any, Iterator
 
 import numpy as np
 
 from aotrt.kernels import ir
 from aotrt.limits import Limits, within
-from aotrt.runtime.tensor import numel_of as numel
 
 
 class Write:
@@ -217,10 +217,10 @@ def kernel_cost(k: ir.Kernel, cap: int, memo: IRMemo | None = None) -> tuple[int
     for node in memo.walk(k.stores):
         nodes += 1
         reduces += isinstance(node, ir.Reduce)
-    rn = max(numel(k.rshape), 1)
+    rn = max(math.prod(k.rshape), 1)
     inner = any(uses_reduce_dim(st, len(k.shape), memo) for st in k.stores)
     loops = reduces + (1 if inner else 0)
-    total = numel(k.shape) * (1 + rn * loops)
+    total = math.prod(k.shape) * (1 + rn * loops)
     return nodes, min(total, cap + 1)
 
 

@@ -23,7 +23,7 @@ def test_public_names() -> None:
 def test_runtime_imports_leave_torch_out() -> None:
     code = (
         "import sys\n"
-        "import aotrt, aotrt.program, aotrt.program_check, aotrt.cli, aotrt.exporter.plan\n"
+        "import aotrt, aotrt.program, aotrt.program.validate, aotrt.cli, aotrt.exporter.plan\n"
         "import aotrt.exporter.builder\n"
         "import aotrt.demo, aotrt.models, aotrt.measure, aotrt.progress\n"
         "import aotrt.runtime.delegate, aotrt.runtime.public, aotrt.runtime.dlpack\n"

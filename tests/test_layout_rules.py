@@ -11,6 +11,10 @@
   Imports inside functions count. A backend reaches generic code the other way: it
   registers its op implementations with `ops.register` when its device module is imported.
   The cycle rule (a cycle runs only inside one backend) is tests/test_imports.py's.
+- the program model (aotrt/program/) is below the runtime and the exporter: nothing it
+  imports, directly or through the modules it imports (inside functions too), is in
+  aotrt.runtime or aotrt.exporter (issue 35 item 1). The runtime gives it the library ops'
+  signatures by registering them (aotrt/program/library.py).
 """
 
 from __future__ import annotations
@@ -227,3 +231,67 @@ def test_the_rules_fail_on_a_bad_import_in_a_copy(tmp_path: Path) -> None:
         "aotrt.runtime.ops.conv imports aotrt.runtime.backends.cpu.dnnl"]
     assert any("aotrt.runtime.ops.conv" in comp and "aotrt.runtime.backends.cpu.dnnl" in comp
                for comp in _cross_backend(cycles(graph)))
+
+
+PROGRAM = "aotrt.program"
+ABOVE_PROGRAM = ("aotrt.runtime", "aotrt.exporter")
+
+
+def _within(module: str, package: str) -> bool:
+    return module == package or module.startswith(package + ".")
+
+
+def program_reaches_up(graph: dict[str, set[str]]) -> list[str]:
+    """The import chains of `graph` from a module of the program package to one of the
+    runtime or the exporter (the shortest per program module)."""
+    found = []
+    for start in sorted(m for m in graph if _within(m, PROGRAM)):
+        seen, queue = {start: [start]}, [start]
+        while queue:
+            mod = queue.pop(0)
+            if any(_within(mod, up) for up in ABOVE_PROGRAM):
+                found.append(" imports ".join(seen[mod]))
+                break
+            for dep in sorted(graph.get(mod, ())):
+                if dep not in seen:
+                    seen[dep] = [*seen[mod], dep]
+                    queue.append(dep)
+    return found
+
+
+def test_the_program_rule_on_a_synthetic_graph() -> None:
+    graph = {
+        "aotrt.program": {"aotrt.program.format"},
+        "aotrt.program.format": {"aotrt.program.validate", "aotrt.analysis"},
+        "aotrt.program.validate": {"aotrt.kernels.ir"},
+        "aotrt.program.symbols": {"aotrt.exporter.dynamic"},           # up, directly
+        "aotrt.analysis": {"aotrt.runtime.tensor"},                      # up, through another
+        "aotrt.kernels.ir": set(),
+        "aotrt.runtime.tensor": {"aotrt.program.strides"},              # down: fine
+        "aotrt.program.strides": set(),
+        "aotrt.programs_elsewhere": {"aotrt.runtime.tensor"},            # not the package
+    }
+    assert program_reaches_up(graph) == [
+        "aotrt.program imports aotrt.program.format imports aotrt.analysis imports "
+        "aotrt.runtime.tensor",
+        "aotrt.program.format imports aotrt.analysis imports aotrt.runtime.tensor",
+        "aotrt.program.symbols imports aotrt.exporter.dynamic"]
+
+
+def test_the_program_model_imports_neither_the_runtime_nor_the_exporter() -> None:
+    found = program_reaches_up(full_import_graph())
+    assert not found, "the program model (aotrt/program/) reaches the runtime or the " \
+        "exporter, counting imports inside functions: " + "; ".join(found)
+
+
+def test_the_program_rule_fails_on_a_bad_import_in_a_copy(tmp_path: Path) -> None:
+    """A copy of aotrt/ whose validator imports the runtime's ops inside a function (as it
+    did before the signatures were registered): the rule names the chain."""
+    root = tmp_path / "aotrt"
+    shutil.copytree(ROOT, root, ignore=shutil.ignore_patterns("__pycache__", "*.so"))
+    assert not program_reaches_up(full_import_graph(root))
+    validate = root / "program" / "validate.py"
+    validate.write_text(validate.read_text() + "\n\ndef _bad() -> None:\n"
+                        "    from aotrt.runtime.ops import check  # noqa: F401\n")
+    found = program_reaches_up(full_import_graph(root))
+    assert "aotrt.program.validate imports aotrt.runtime" in found, found

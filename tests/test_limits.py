@@ -1,4 +1,4 @@
-"""aotrt/limits.py and the load-time budget of aotrt/program.py: tiny hostile files that ask
+"""aotrt/limits.py and the load-time budget of aotrt/program/: tiny hostile files that ask
 for huge work, scratch, memory or compile time are refused fast, before anything runs; real
 programs pass; a caller raises a limit explicitly."""
 

@@ -13,12 +13,11 @@ from typing import Any, Iterator
 import pytest
 import safetensors.numpy
 
-from aotrt import program_check
 from aotrt.kernels import ir
 from aotrt.kernels.render_c import CRenderer
 from aotrt.kernels.render_cuda import CudaRenderer
 from aotrt.limits import DEFAULT
-from aotrt.program import METADATA_KEY, Program
+from aotrt.program import METADATA_KEY, Program, validate
 
 
 def hostile_doc(loads: int, uses: int) -> dict[str, Any]:
@@ -63,15 +62,15 @@ class Counted:
             return real(e)
 
         monkeypatch.setattr(ir, "children", children)
-        init = program_check.Validator.run
+        init = validate.Validator.run
 
-        def run(v: program_check.Validator) -> None:
+        def run(v: validate.Validator) -> None:
             try:
                 init(v)
             finally:
                 self.checks += v.checks
 
-        monkeypatch.setattr(program_check.Validator, "run", run)
+        monkeypatch.setattr(validate.Validator, "run", run)
 
 
 @pytest.fixture
@@ -134,7 +133,7 @@ def test_validator_counts_each_instruction_check_once_per_argument() -> None:
     # A check of a kernel use costs its arguments, whatever the kernel's size.
     doc = hostile_doc(50, 7)
     p = Program.from_json(doc, {})
-    v = program_check.Validator(p, DEFAULT)
+    v = validate.Validator(p, DEFAULT)
     v.run()
     assert v.checks == 2 * 7
     assert v.memo.visits > 0

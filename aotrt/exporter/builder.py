@@ -14,8 +14,7 @@ from aotrt.errors import InvalidArgument
 from aotrt.exporter.plan import plan
 from aotrt.kernels import ir
 from aotrt.program import Program
-from aotrt.program_check import extent
-from aotrt.runtime.tensor import contiguous_strides
+from aotrt.program.strides import contiguous_strides, extent
 
 
 class ProgramBuilder:

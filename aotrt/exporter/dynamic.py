@@ -11,7 +11,7 @@
    over the symbols (terms 1, S, S*S, S*T), non-negative except for the constant term, and
    checked at one more size. Anything else (a float constant or a weight that depends on a
    size, a size like S // 2, a size that shrinks as S grows) is Unsupported, naming it.
-The runtime instantiates the method per size and validates it (aotrt/program_symbols.py).
+The runtime instantiates the method per size and validates it (aotrt/program/symbols.py).
 """
 
 from __future__ import annotations
@@ -31,7 +31,7 @@ from aotrt.errors import Unsupported
 from aotrt.exporter.builder import ProgramBuilder
 from aotrt.kernels import ir
 from aotrt.program import Program
-from aotrt.program_symbols import MAX_SYMBOLS
+from aotrt.program.symbols import MAX_SYMBOLS
 
 log = logging.getLogger(__name__)
 

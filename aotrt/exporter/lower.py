@@ -53,7 +53,7 @@ from aotrt.exporter.rules.stem import space_to_depth_stems
 from aotrt.exporter.tview import Buf, Instr, TView, is_injective
 from aotrt.kernels import ir
 from aotrt.program import Program
-from aotrt.runtime.tensor import contiguous_strides
+from aotrt.program.strides import contiguous_strides
 
 log = logging.getLogger(__name__)
 

@@ -16,7 +16,7 @@ from aotrt.exporter.builder import ProgramBuilder
 from aotrt.exporter.nodes import to_numpy
 from aotrt.exporter.tview import Buf, TView, is_row_major
 from aotrt.program import Program
-from aotrt.runtime.tensor import contiguous_strides
+from aotrt.program.strides import contiguous_strides
 
 if TYPE_CHECKING:  # the driver imports this module
     from aotrt.exporter.lower import Lowering

@@ -12,7 +12,7 @@ from typing import Any, Sequence
 from aotrt import dtypes
 from aotrt.errors import InvalidArgument
 from aotrt.kernels import ir
-from aotrt.runtime.tensor import contiguous_strides
+from aotrt.program.strides import contiguous_strides
 
 
 class Buf:

@@ -5,7 +5,7 @@ A Program is the JSON document of docs/PROGRAM.md plus the constants as numpy ar
 `Program.load` checks everything a corrupt or hostile file could get wrong (see
 `Program.validate`), so that no program can make the runtime touch memory outside the
 views it declares; the delegate trusts a validated Program. The checks live in
-aotrt/program_check.py; programs are made by aotrt.exporter.builder.ProgramBuilder.
+aotrt/program/validate.py; programs are made by aotrt.exporter.builder.ProgramBuilder.
 """
 
 from __future__ import annotations
@@ -24,9 +24,10 @@ from aotrt.analysis import tree_size
 from aotrt.errors import AotrtError, InvalidArgument, ProgramError
 from aotrt.kernels import ir
 from aotrt.limits import Limits, within
-from aotrt.program_check import (MAX_DIMS, SIZE_LIMIT, Validator, check_dict, check_dtype,
-                                 check_int, check_limits, check_list, check_str, extent, fail)
-from aotrt.runtime.tensor import numel_of as numel
+from aotrt.program.strides import contiguous_strides, extent
+from aotrt.program.strides import numel_of as numel
+from aotrt.program.validate import (MAX_DIMS, SIZE_LIMIT, Validator, check_dict, check_dtype,
+                                    check_int, check_limits, check_list, check_str, fail)
 
 log = logging.getLogger(__name__)
 
@@ -99,7 +100,7 @@ class Program:
         self.instructions = list(instructions)
         self.outputs_tensors = list(outputs_tensors)
         self.state = list(state)
-        #: bounded dynamic sizes (program_symbols.py): [{name, min, max}], and where the
+        #: bounded dynamic sizes (program/symbols.py): [{name, min, max}], and where the
         #: method's fields depend on them: [{at: path, expr: terms}]
         self.symbols = list(symbols)
         self.symbolic = list(symbolic)
@@ -381,7 +382,7 @@ class Program:
             "input": [_spec_nbytes(s) for s in self.inputs],
             "output": [_spec_nbytes(s) for s in self.outputs],
             "constant": [int(a.nbytes) for a in self.constants.values()],
-            "state": [_spec_nbytes({**s, "strides": contiguous(s["shape"])}) for s in self.state],
+            "state": [_spec_nbytes({**s, "strides": contiguous_strides(s["shape"])}) for s in self.state],
         }
 
     def summary(self) -> str:
@@ -461,15 +462,6 @@ def check_state(specs: Any, constants: Mapping[str, np.ndarray]) -> None:
                                     f"state {dt.name}{list(shape)}"[:300])
 
 
-def contiguous(shape: Sequence[int]) -> list[int]:
-    """Row-major strides (in elements) of `shape`."""
-    strides, n = [], 1
-    for size in reversed(list(shape)):
-        strides.append(n)
-        n *= max(int(size), 1)
-    return strides[::-1]
-
-
 def _method_fields(doc: dict, where: str) -> dict[str, Any]:
     """One method's fields of a document (a version-1 document's top level, or a version-2
     method), as Program keyword arguments; the validator checks what they hold."""
@@ -492,12 +484,12 @@ def check_method_name(name: Any, where: str) -> str:
 
 
 def _check_dynamic(m: Program, lim: Limits, where: str) -> None:
-    """A dynamic method's symbols and symbolic fields (program_symbols.py), and the method
+    """A dynamic method's symbols and symbolic fields (program/symbols.py), and the method
     at the lower bounds validated as a static one: the upper bounds are its stored fields,
     validated already, and every size grows with its symbols, so the two ends bound it."""
     if not m.symbols and not m.symbolic:
         return
-    from aotrt.program_symbols import check_symbolic, instantiate
+    from aotrt.program.symbols import check_symbolic, instantiate
 
     bounds = check_symbolic(m, where)
     low = instantiate(m, {s: lo for s, (lo, hi) in bounds.items()})

@@ -18,7 +18,7 @@ import copy
 from typing import Any, Mapping, Sequence
 
 from aotrt.kernels import ir
-from aotrt.program_check import SIZE_LIMIT, check_dict, check_int, check_list, fail
+from aotrt.program.validate import SIZE_LIMIT, check_dict, check_int, check_list, fail
 
 #: symbols in one method, terms in one expression, symbolic fields in one method
 MAX_SYMBOLS = 8

@@ -1,15 +1,15 @@
 """The program file's checks: field checkers that raise ProgramError naming the field, and
 the one-pass validator behind `Program.validate` (docs/PROGRAM.md, docs/limits.md).
 
-Kept apart from aotrt/program.py (the format: write and read) so each file has one job. No
-torch, and no import of the exporter.
+Kept apart from aotrt/program/format.py (write and read) so each file has one job. No torch,
+and no import of the runtime or the exporter (library ops: aotrt/program/library.py).
 """
 
 from __future__ import annotations
 
 import json
 import math
-from typing import TYPE_CHECKING, Any, Sequence
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -20,11 +20,12 @@ from aotrt.errors import InvalidArgument, ProgramError, Unsupported
 from aotrt.kernels import ir
 from aotrt.kernels.bounds import arg_ranges
 from aotrt.limits import DEFAULT as DEFAULT_LIMITS, Limits, within
-from aotrt.runtime.tensor import is_packed
-from aotrt.runtime.tensor import numel_of as numel
+from aotrt.program import library
+from aotrt.program.strides import extent, is_packed
+from aotrt.program.strides import numel_of as numel
 
 if TYPE_CHECKING:  # the Program's module imports this one
-    from aotrt.program import Program
+    from aotrt.program.format import Program
 
 ROOTS = ("arena", "input", "output", "constant", "state")
 OPCODES = ("kernel", "library", "copy")
@@ -124,14 +125,6 @@ def check_limits(limits: Any) -> Limits:
     if not isinstance(limits, Limits):
         raise InvalidArgument(f"limits: expected an aotrt.Limits, got {type(limits).__name__}")
     return limits
-
-
-def extent(sizes: Sequence[int], strides: Sequence[int], itemsize: int) -> tuple[int, int]:
-    """[lo, hi) bytes relative to element 0 that a view with non-negative strides touches."""
-    if numel(sizes) == 0:
-        return 0, 0
-    hi = sum((n - 1) * s for n, s in zip(sizes, strides) if n > 1)
-    return 0, (hi + 1) * itemsize
 
 
 # ---------------------------------------------------------------------------------------------
@@ -449,16 +442,16 @@ class Validator:
     def _library_check(self, fn: str, outs: list[int], ins: list[int | None], params: dict,
                        w: str) -> Any:
         """The library op's own metadata check (contract C3), as ProgramError at `w`."""
-        from aotrt.runtime.ops import TensorMeta, check
+        ops = library.signatures()
 
         def meta(tid: int | None) -> Any:
             if tid is None:
                 return None
             _, _, _, dt, sz, st = self.tensors[tid]
-            return TensorMeta(dt.name, sz, st)
+            return ops.meta(dt.name, sz, st)
 
         try:
-            return check(fn, [meta(t) for t in outs], [meta(t) for t in ins], params)
+            return ops.check(fn, [meta(t) for t in outs], [meta(t) for t in ins], params)
         except Unsupported as e:
             unknown = "is not in this runtime" in str(e)
             raise fail(f"{w}.fn" if unknown else _op_field(w, fn, str(e)), str(e)) from None
@@ -515,10 +508,8 @@ def _op_field(w: str, fn: str, msg: str) -> str:
     base = field.split("[", 1)[0]
     if base in ("outs", "ins", "params"):
         return f"{w}.{field}"
-    from aotrt.runtime.ops import PARAM_NAMES
-
     if base.isidentifier() and field.replace(base, "", 1).strip("[]0123456789") == "" and \
-            base in PARAM_NAMES:
+            base in library.signatures().param_names:
         return f"{w}.params.{field}"
     return w
 

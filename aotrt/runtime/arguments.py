@@ -13,7 +13,7 @@ import numpy as np
 from aotrt import dtypes
 from aotrt.dtypes import DType
 from aotrt.errors import InvalidArgument
-from aotrt.program import extent
+from aotrt.program.strides import extent
 from aotrt.runtime import dlpack
 from aotrt.runtime.device import Device, Stream
 from aotrt.runtime.public import Tensor

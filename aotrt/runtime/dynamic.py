@@ -6,7 +6,7 @@
 A run reads its inputs' sizes, checks each symbol against its bounds and against every
 other input dim that is the same symbol, and looks the sizes up in a bounded LRU cache of
 plans. A plan is a Delegate over the method instantiated at those sizes
-(aotrt/program_symbols.py): validated as a static method (its kernels' bounds included),
+(aotrt/program/symbols.py): validated as a static method (its kernels' bounds included),
 its kernels compiled for them, its library ops planned for them, and on cuda one graph
 captured for them. Every size shares the program's constants, state and stream, and the
 method's one arena, planned at the upper bound. So a run at a size seen before binds and
@@ -27,7 +27,7 @@ from aotrt import dtypes
 from aotrt.errors import InvalidArgument, Unsupported
 from aotrt.limits import Limits
 from aotrt.program import Program
-from aotrt.program_symbols import check_symbols, input_dims, instantiate
+from aotrt.program.symbols import check_symbols, input_dims, instantiate
 from aotrt.runtime import shims
 from aotrt.runtime.delegate import Delegate
 from aotrt.runtime.loaded import LoadedProgram, StateView

@@ -18,7 +18,8 @@ import numpy as np
 from aotrt import dtypes
 from aotrt.analysis import sole_read_constants
 from aotrt.errors import InvalidArgument
-from aotrt.program import Program, contiguous
+from aotrt.program import Program
+from aotrt.program.strides import contiguous_strides
 from aotrt.runtime import finalize, shims
 from aotrt.runtime.device import Device, KernelLibrary, Stream
 from aotrt.runtime.memory import PROCESS_OWNER, Owner, owner_scope
@@ -161,7 +162,7 @@ class LoadedProgram:
             spec = self.program.state[i]
             dt = dtypes.as_dtype(spec["dtype"])
             shape = [int(n) for n in spec["shape"]]
-            strides = contiguous(shape)
+            strides = contiguous_strides(shape)
             view = shims.reinterpret_tensor(self.state_bases[i], shape, strides, 0, dtype=dt)
             try:
                 with owner_scope(PROCESS_OWNER), self.device.stream_guard(self.stream):

@@ -12,11 +12,11 @@ import numpy as np
 
 from aotrt.dtypes import DType, as_dtype
 from aotrt.errors import InvalidArgument
+from aotrt.program.strides import contiguous_strides, is_packed, numel_of, span
 from aotrt.runtime.device import Device
 from aotrt.runtime.device import get_device as _get_device
 from aotrt.runtime.memory import current_owner
-from aotrt.runtime.tensor import (EXTENT_LIMIT, INT64_MAX, MAX_DIMS, Handle, check_live,
-                                  contiguous_strides, is_packed, numel_of, span)
+from aotrt.runtime.tensor import EXTENT_LIMIT, INT64_MAX, MAX_DIMS, Handle, check_live
 
 
 def _int(value: Any, name: str) -> int:

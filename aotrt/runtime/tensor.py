@@ -15,6 +15,7 @@ import numpy as np
 
 from aotrt.dtypes import DType
 from aotrt.errors import InvalidArgument, OutOfMemory
+from aotrt.program.strides import is_packed, is_row_major, numel_of, span
 from aotrt.runtime.hazards import Access
 
 if TYPE_CHECKING:
@@ -27,66 +28,6 @@ MAX_DIMS = 64
 # Views and blobs reach less than 2**62 bytes (as allocations do): offsets, extents and their
 # sums in kernels then never overflow int64.
 EXTENT_LIMIT = 1 << 62
-
-
-def span(sizes: tuple[int, ...], strides: tuple[int, ...]) -> tuple[int, int]:
-    """(lowest, highest) element offset a non-empty view reaches, relative to element 0."""
-    lo = hi = 0
-    for n, s in zip(sizes, strides):
-        if n > 1:
-            if s >= 0:
-                hi += (n - 1) * s
-            else:
-                lo += (n - 1) * s
-    return lo, hi
-
-
-def numel_of(sizes: tuple[int, ...]) -> int:
-    """Product of sizes."""
-    n = 1
-    for s in sizes:
-        n *= s
-    return n
-
-
-def contiguous_strides(sizes: Sequence[int]) -> tuple[int, ...]:
-    """Row-major strides for `sizes` (the one copy: the exporter uses it too)."""
-    out, acc = [], 1
-    for n in reversed(sizes):
-        out.append(acc)
-        acc *= max(int(n), 1)
-    return tuple(reversed(out))
-
-
-def is_packed(sizes: tuple[int, ...], strides: tuple[int, ...]) -> bool:
-    """True when the elements fill [element 0, extent) exactly: no holes, no overlap.
-
-    Extent = highest offset + 1 over dims of size > 1, which must equal the element count;
-    dims that overlap (equal or zero strides) make it larger or smaller, so they are
-    non-packed too.
-    """
-    n = numel_of(sizes)
-    if n == 0:
-        return True
-    if any(s < 0 for d, s in zip(sizes, strides) if d > 1):
-        return False
-    dims = sorted((s, d) for d, s in zip(sizes, strides) if d > 1)
-    expect = 1
-    for s, d in dims:
-        if s != expect:
-            return False
-        expect *= d
-    return expect == n
-
-
-def is_row_major(sizes: tuple[int, ...], strides: tuple[int, ...]) -> bool:
-    """True for C-contiguous views, ignoring the strides of size-1 dims."""
-    expect = 1
-    for n, s in zip(reversed(sizes), reversed(strides)):
-        if n != 1 and s != expect:
-            return False
-        expect *= n
-    return True
 
 
 class Handle:

@@ -14,7 +14,7 @@ import numpy as np
 import aotrt
 from aotrt.errors import AotrtError, ProgramError
 from aotrt.program import Program
-from tests.test_program_symbols import dynamic_program
+from tests.program.test_symbols import dynamic_program
 
 EDGES = [0, 1, -1, 2, 7, 8, 9, 2**31 - 1, 2**31, -(2**31), 2**62, 2**63, 1.5, None, "S", True]
 

@@ -1,4 +1,4 @@
-"""aotrt/program.py: the .aotp file round trip, the builder, and every refusal of a bad file."""
+"""aotrt/program/format.py: the .aotp file round trip, the builder, and every refusal of a bad file."""
 
 from __future__ import annotations
 
@@ -931,12 +931,12 @@ def test_a_malformed_node_in_a_hand_built_program_is_named() -> None:
 
 
 def test_an_exception_inside_the_validator_is_not_a_refusal(monkeypatch: Any) -> None:
-    from aotrt import program_check
+    from aotrt.program import validate
 
     def broken(self: Any) -> None:
         raise AttributeError("a bug of the validator")
 
-    monkeypatch.setattr(program_check.Validator, "_outputs_tensors", broken)
+    monkeypatch.setattr(validate.Validator, "_outputs_tensors", broken)
     with pytest.raises(AttributeError, match="a bug of the validator"):
         small_program().validate()
 

@@ -19,7 +19,7 @@ from aotrt.kernels import ir
 from aotrt.kernels.ir import Arg, Idx, Load, Op, Store
 from aotrt.limits import Limits
 from aotrt.program import Program
-from tests.test_program import doc_and_arrays, write_raw
+from tests.program.test_format import doc_and_arrays, write_raw
 
 F32 = "float32"
 
@@ -312,16 +312,16 @@ def test_store_footprints_of_all_methods_count_against_one_budget(tmp_path: Path
 
 def test_kernels_are_checked_once_however_many_methods_launch_them(
         monkeypatch: pytest.MonkeyPatch) -> None:
-    from aotrt import program_check
+    from aotrt.program import validate
 
     calls: list[str] = []
-    real = program_check.reduce_depth
+    real = validate.reduce_depth
 
     def counting(k: ir.Kernel, memo: Any) -> int:
         calls.append(k.name)
         return real(k, memo)
 
-    monkeypatch.setattr(program_check, "reduce_depth", counting)
+    monkeypatch.setattr(validate, "reduce_depth", counting)
     doc, arrays = v2_doc()
     _many_methods(64)(doc)
     calls.clear()

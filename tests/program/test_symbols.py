@@ -1,4 +1,4 @@
-"""Dynamic sizes in a program file (aotrt/program_symbols.py) from a hostile file: every
+"""Dynamic sizes in a program file (aotrt/program/symbols.py) from a hostile file: every
 malformed symbol, bound, path or expression is refused with a ProgramError naming it, and
 a table that would let a kernel reach outside its memory at some size in range is refused
 at load (the method is validated at both ends of its range)."""
@@ -18,7 +18,7 @@ from aotrt.exporter.builder import ProgramBuilder
 from aotrt.kernels import ir
 from aotrt.kernels.ir import Arg, Const, Idx, Load, Op, Store
 from aotrt.program import Program
-from aotrt.program_symbols import evaluate, instantiate
+from aotrt.program.symbols import evaluate, instantiate
 
 F32, HI = "float32", 8
 

@@ -22,7 +22,7 @@ from aotrt.exporter.nodes import dtype_name, is_random, to_numpy
 from aotrt.exporter.rules.registry import Rule, register, rule_of
 from aotrt.exporter.rules.views import multi_view, view_of
 from aotrt.exporter.tview import Buf, TView
-from aotrt.runtime.tensor import contiguous_strides, is_packed
+from aotrt.program.strides import contiguous_strides, is_packed
 
 if TYPE_CHECKING:  # the driver imports the rules
     from aotrt.exporter.lower import Lowering

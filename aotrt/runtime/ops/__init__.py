@@ -62,6 +62,7 @@ from dataclasses import dataclass
 from typing import Any, Callable, Mapping, Sequence
 
 from aotrt.errors import InvalidArgument, Unsupported
+from aotrt.program import library
 from aotrt.runtime.ops._common import OpCost, TensorMeta, register, view_of
 from aotrt.runtime.ops.conv import check_convolution, convolution
 from aotrt.runtime.ops.linear_wq import check_linear_wq, linear_wq
@@ -206,6 +207,9 @@ def check(fn: str, outs: Sequence[TensorMeta], ins: Sequence[TensorMeta | None],
     # numpy array headers and small index vectors of any call.
     return OpCost(cost.work, cost.scratch_bytes + SCRATCH_OVERHEAD)
 
+
+# The program's validator checks library instructions through these (aotrt/program/library.py).
+library.register(library.Signatures(check=check, meta=TensorMeta, param_names=PARAM_NAMES))
 
 __all__ = ["OPS", "OpCost", "PARAM_NAMES", "TensorMeta", "check", "mm", "bmm", "addmm", "linear",
            "convolution", "sdpa", "topk", "max_pool2d", "upsample_nearest2d", "linear_wq",

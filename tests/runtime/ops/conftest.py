@@ -25,10 +25,11 @@ import numpy as np
 import pytest
 
 from aotrt.dtypes import as_dtype
+from aotrt.program.strides import contiguous_strides, numel_of
 from aotrt.runtime import shims
 from aotrt.runtime.device import Stream
 from aotrt.runtime.memory import Owner
-from aotrt.runtime.tensor import Handle, contiguous_strides, numel_of
+from aotrt.runtime.tensor import Handle
 
 NP = {"float32": np.dtype(np.float32), "float16": np.dtype(np.float16),
       "bfloat16": np.dtype(ml_dtypes.bfloat16), "int64": np.dtype(np.int64),

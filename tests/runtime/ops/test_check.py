@@ -17,7 +17,7 @@ import pytest
 
 from aotrt.errors import AotrtError, InvalidArgument, Unsupported
 from aotrt.runtime.ops import OPS, OpCost, TensorMeta, check
-from aotrt.runtime.tensor import contiguous_strides
+from aotrt.program.strides import contiguous_strides
 
 F32, F16, I64 = "float32", "float16", "int64"
 

@@ -25,7 +25,7 @@ from hypothesis import strategies as st
 
 from aotrt.errors import AotrtError, InvalidArgument, Unsupported
 from aotrt.runtime.ops import OPS, TensorMeta, check
-from aotrt.runtime.tensor import contiguous_strides
+from aotrt.program.strides import contiguous_strides
 from tests.runtime.ops.conftest import NP, TOL
 
 FLOATS = ("float32", "float16", "bfloat16")

@@ -9,7 +9,8 @@ from typing import TYPE_CHECKING, Any, Callable, Sequence
 import numpy as np
 
 from aotrt.errors import DeviceError
-from aotrt.runtime.tensor import Handle, contiguous_strides
+from aotrt.program.strides import contiguous_strides
+from aotrt.runtime.tensor import Handle
 from aotrt.sources import source
 
 if TYPE_CHECKING:

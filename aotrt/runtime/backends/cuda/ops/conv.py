@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from aotrt.errors import Unsupported
+from aotrt.program.strides import contiguous_strides
 from aotrt.runtime.ops._common import overlaps
 from aotrt.runtime.backends.cuda.ops.common import (CUDA_TYPE, Scratch, Work, alignment,
                                                     copy_packed, copy_unpacked, i32, kernel,
@@ -17,7 +18,7 @@ from aotrt.runtime.backends.cuda.ops.common import (CUDA_TYPE, Scratch, Work, al
 from aotrt.runtime.backends.cuda.ops.gemm import operand, plain_plan
 from aotrt.runtime.backends.cuda.libraries import DNN_TYPES, Dnn
 from aotrt.runtime.backends.cuda.ops.tf32 import faster_of
-from aotrt.runtime.tensor import Handle, contiguous_strides
+from aotrt.runtime.tensor import Handle
 from aotrt.sources import source
 
 if TYPE_CHECKING:

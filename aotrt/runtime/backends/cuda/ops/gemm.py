@@ -11,10 +11,11 @@ from typing import TYPE_CHECKING, Any, Sequence
 import numpy as np
 
 from aotrt.errors import Unsupported
+from aotrt.program.strides import contiguous_strides
 from aotrt.runtime.backends.cuda.ops.common import (CUDA_TYPE, Scratch, Work, align,
                                                     broadcast_strides, copy_packed, copy_unpacked,
                                                     stream_workspace)
-from aotrt.runtime.tensor import Handle, contiguous_strides
+from aotrt.runtime.tensor import Handle
 
 if TYPE_CHECKING:
     from aotrt.runtime.backends.cuda.device import CudaDevice, CudaStream

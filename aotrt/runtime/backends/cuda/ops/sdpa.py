@@ -10,12 +10,13 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from aotrt.errors import Unsupported
+from aotrt.program.strides import contiguous_strides
 from aotrt.runtime.backends.cuda.ops.common import (CUDA_TYPE, Scratch, Work, alignment,
                                                     broadcast_strides, i32, kernel, replayed,
                                                     stream_workspace, typed)
 from aotrt.runtime.backends.cuda.ops.gemm import operand, plain_plan
 from aotrt.runtime.backends.cuda.libraries import DNN_TYPES, Dnn
-from aotrt.runtime.tensor import Handle, contiguous_strides
+from aotrt.runtime.tensor import Handle
 from aotrt.sources import source
 
 if TYPE_CHECKING:
