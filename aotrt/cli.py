@@ -39,14 +39,14 @@ LLM_DEMOS = ("gpt2", "gpt2-tiny", "llama-200m", "llama-1b")
 def _random_inputs(prog: Any, seed: int) -> list[np.ndarray]:
     rng = np.random.default_rng(seed)
     arrays = []
-    for s in prog.inputs:
-        dt = dtypes.as_dtype(s["dtype"])
+    for s in prog.record.inputs:
+        dt = s.dtype
         if dt.is_float:
-            a = rng.standard_normal(s["shape"]).astype(dt.np)
+            a = rng.standard_normal(s.shape).astype(dt.np)
         elif dt.name == "bool":
-            a = rng.random(s["shape"]) < 0.5
+            a = rng.random(s.shape) < 0.5
         else:
-            a = rng.integers(0, 10, size=s["shape"]).astype(dt.np)
+            a = rng.integers(0, 10, size=s.shape).astype(dt.np)
         arrays.append(a)
     return arrays
 
@@ -94,12 +94,12 @@ def cmd_run(args: argparse.Namespace) -> int:
     name, meth = _method(prog, args.method)
     if args.inputs:
         data = np.load(args.inputs, allow_pickle=False)
-        inputs = [data[s["name"]] for s in meth.inputs] if hasattr(data, "files") else [data]
+        inputs = [data[s.name] for s in meth.record.inputs] if hasattr(data, "files") else [data]
     else:
         inputs = _random_inputs(meth, args.seed)
     with aotrt.load(prog, device=args.device) as m:
         outs = m.method(name).run(*inputs)
-        arrays = {s["name"]: o.numpy() for s, o in zip(meth.outputs, outs)}
+        arrays = {s.name: o.numpy() for s, o in zip(meth.record.outputs, outs)}
     for name, a in arrays.items():
         stats = "" if a.size == 0 else (f" min {a.min().astype(np.float64):.4g} max "
                                         f"{a.max().astype(np.float64):.4g} mean "

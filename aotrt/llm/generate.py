@@ -42,8 +42,8 @@ def _check_method(module: Any, name: str, n: int, spec: LlmSpec) -> Any:
     if name == "sample":
         want_in += [("float32", [spec.max_batch]), ("float32", []), ("int64", []),
                     ("float32", [])]
-    got_in = [(s["dtype"], list(s["shape"])) for s in prog.inputs]
-    got_out = [(s["dtype"], list(s["shape"])) for s in prog.outputs]
+    got_in = [(s.dtype.name, list(s.shape)) for s in prog.record.inputs]
+    got_out = [(s.dtype.name, list(s.shape)) for s in prog.record.outputs]
     if got_in != want_in or got_out != [("int64", [spec.max_batch])]:
         raise ProgramError(f"methods[{name!r}]: expected inputs {want_in} and outputs "
                            f"{[('int64', [spec.max_batch])]} for the recorded llm sizes, got "

@@ -56,8 +56,8 @@ def transcribe(module: Any, features: Any, max_new_tokens: int,
     if missing:
         raise InvalidArgument(f"module: expected methods {_METHODS}, missing {missing}")
     feats = np.asarray(features, dtype=np.float32)
-    enc_spec = module.program.methods["encode"].inputs[0]["shape"]
-    pre_spec = module.program.methods["prefill"].inputs[0]["shape"]
+    enc_spec = module.program.methods["encode"].record.inputs[0].shape
+    pre_spec = module.program.methods["prefill"].record.inputs[0].shape
     max_batch, prompt_cap = int(pre_spec[0]), int(pre_spec[1])
     if feats.ndim != 3 or list(feats.shape[1:]) != list(enc_spec[1:]):
         raise InvalidArgument(f"features: expected [batch, {enc_spec[1]}, {enc_spec[2]}], "

@@ -24,6 +24,7 @@ from aotrt.analysis import tree_size
 from aotrt.errors import AotrtError, InvalidArgument, ProgramError
 from aotrt.kernels import ir
 from aotrt.limits import Limits, within
+from aotrt.program.records import MethodRecord
 from aotrt.program.strides import contiguous_strides, extent
 from aotrt.program.strides import numel_of as numel
 from aotrt.program.validate import (MAX_DIMS, SIZE_LIMIT, Validator, check_dict, check_dtype,
@@ -106,6 +107,8 @@ class Program:
         self.symbolic = list(symbolic)
         # name -> method Program, for a program of several methods (with_methods)
         self._methods: dict[str, Program] | None = None
+        # the method's typed fields, made by the validator (program/records.py)
+        self._record: MethodRecord | None = None
         self.version = version if version is not None else (
             2 if self.state or self.symbols else 1)
 
@@ -139,6 +142,15 @@ class Program:
         if self._methods is None:
             return {DEFAULT_METHOD: self}
         return dict(self._methods)
+
+    @property
+    def record(self) -> MethodRecord:
+        """The method's typed fields (inputs and outputs), made when it was validated; a
+        ProgramError before that, and for a program of several methods (see `methods`)."""
+        if self._record is None:
+            raise ProgramError("the program has no records: Program.validate() makes them, "
+                               "per method")
+        return self._record
 
     @property
     def has_methods(self) -> bool:
@@ -414,10 +426,10 @@ class Program:
 
     def _method_summary(self) -> list[str]:
         lines = []
-        for kind, specs in (("input", self.inputs), ("output", self.outputs)):
+        for kind, specs in (("input", self.record.inputs), ("output", self.record.outputs)):
             for i, s in enumerate(specs):
-                lines.append(f"{kind} {i} {s['name']}: {s['dtype']}{list(s['shape'])} "
-                             f"strides {list(s['strides'])}")
+                lines.append(f"{kind} {i} {s.name}: {s.dtype.name}{list(s.shape)} "
+                             f"strides {list(s.strides)}")
         lines.append(f"arena: {_human(self.arena_nbytes)}")
         lines.append(f"tensors: {len(self.tensors)}")
         counts: dict[str, int] = {}

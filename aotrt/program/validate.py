@@ -21,6 +21,7 @@ from aotrt.kernels import ir
 from aotrt.kernels.bounds import arg_ranges
 from aotrt.limits import DEFAULT as DEFAULT_LIMITS, Limits, within
 from aotrt.program import library
+from aotrt.program.records import MethodRecord, SpecRecord
 from aotrt.program.strides import extent, is_packed
 from aotrt.program.strides import numel_of as numel
 
@@ -196,8 +197,9 @@ class Validator:
             json.dumps(p._doc_without_kernels(), allow_nan=False)
         except (TypeError, ValueError) as e:
             raise fail("document", f"not serializable as JSON: {e}") from None
+        p._record = MethodRecord(tuple(self.inputs), tuple(self.outputs))
 
-    def _specs(self, specs: Any, where: str) -> list[tuple[str, dtypes.DType, tuple, tuple]]:
+    def _specs(self, specs: Any, where: str) -> list[SpecRecord]:
         out, names = [], set()
         for i, s in enumerate(check_list(specs, where)):
             w = f"{where}[{i}]"
@@ -213,7 +215,7 @@ class Validator:
                                            f"overlap")
             if numel(sz) * dt.itemsize >= BYTES_LIMIT:
                 raise fail(w, f"{dt.name}{list(sz)} overflows 2**62 bytes")
-            out.append((name, dt, sz, st))
+            out.append(SpecRecord(name, dt, sz, st, extent(sz, st, dt.itemsize)[1]))
         return out
 
     def _constants(self) -> None:
@@ -477,7 +479,7 @@ class Validator:
         for k, nbytes in enumerate(self.roots["output"]):
             if nbytes == 0:
                 continue
-            where = f"outputs[{k}] {self.outputs[k][0]!r}"
+            where = f"outputs[{k}] {self.outputs[k].name!r}"
             first = first_unwritten(self.writes.get(k, []), nbytes, self.lim, where)
             if first is not None:
                 raise fail(where, f"byte {first} of its {nbytes} is never written by any "
@@ -493,7 +495,8 @@ class Validator:
             w = f"outputs_tensors[{k}]"
             tid = self._tid(v, w)
             root, index, off, dt, sz, st = self.tensors[tid]
-            name, odt, osz, ost = self.outputs[k]
+            spec = self.outputs[k]
+            odt, osz, ost = spec.dtype, spec.shape, spec.strides
             if (root, index, off) != ("output", k, 0) or dt is not odt or sz != osz or \
                     any(a != b for n, a, b in zip(sz, st, ost) if n > 1):
                 raise fail(w, f"tensor {tid} must be the whole of output {k} ({odt.name}"

@@ -6,13 +6,14 @@ copy ("stage"), or nothing to bind ("empty"). A Delegate holds one Arguments.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Mapping, Sequence
+from typing import Any, Sequence
 
 import numpy as np
 
 from aotrt import dtypes
 from aotrt.dtypes import DType
 from aotrt.errors import InvalidArgument
+from aotrt.program.records import SpecRecord
 from aotrt.program.strides import extent
 from aotrt.runtime import dlpack
 from aotrt.runtime.device import Device, Stream
@@ -20,27 +21,12 @@ from aotrt.runtime.public import Tensor
 from aotrt.runtime.tensor import Handle
 
 
-@dataclass(frozen=True)
-class Spec:
-    """One input or output of a program: name, dtype, shape, strides and byte size."""
-
-    name: str
-    dtype: DType
-    shape: tuple[int, ...]
-    strides: tuple[int, ...]
-    nbytes: int
-
-    def layout_matches(self, strides: Sequence[int]) -> bool:
-        """True when `strides` (elements) address the elements exactly as the spec does."""
-        return all(a == b for n, a, b in zip(self.shape, strides, self.strides) if n > 1)
-
-
 @dataclass
 class Arg:
     """One caller tensor, classified: how its memory becomes a root of the program."""
 
     what: str
-    spec: Spec
+    spec: SpecRecord
     kind: str                      # "handle" | "blob" | "stage" | "empty"
     handle: Handle | None = None   # an aotrt.Tensor's view (kind handle, or stage source)
     ptr: int = 0                   # element 0 on the delegate's device (kind blob)
@@ -53,8 +39,8 @@ class Arg:
 class Arguments:
     """Checks and classifies one delegate's caller tensors against its input/output specs."""
 
-    def __init__(self, device: Device, stream: Stream, inputs: list[Spec],
-                 outputs: list[Spec], name: str) -> None:
+    def __init__(self, device: Device, stream: Stream, inputs: list[SpecRecord],
+                 outputs: list[SpecRecord], name: str) -> None:
         self.device = device
         self._stream = stream
         self.inputs = inputs
@@ -111,7 +97,7 @@ class Arguments:
                 o.kind = "stage"
         return outs
 
-    def classify(self, x: Any, spec: Spec, what: str, writes: bool) -> Arg:
+    def classify(self, x: Any, spec: SpecRecord, what: str, writes: bool) -> Arg:
         """Check one caller tensor against its spec and decide how to bind it."""
         dev = self.device
         if isinstance(x, Tensor):
@@ -155,7 +141,7 @@ class Arguments:
         raise InvalidArgument(f"{what}: expected a numpy array, an aotrt.Tensor or a "
                               f"__dlpack__ tensor, got {type(x).__name__}")
 
-    def _host(self, arr: np.ndarray, spec: Spec, what: str, writes: bool,
+    def _host(self, arr: np.ndarray, spec: SpecRecord, what: str, writes: bool,
                        keep: list) -> Arg:
         try:
             dt = dtypes.as_dtype(arr.dtype)
@@ -179,7 +165,7 @@ class Arguments:
             return Arg(what, spec, "blob", ptr=ptr, array=arr, keep=keep, span=(lo, hi))
         return Arg(what, spec, "stage", array=arr, keep=keep, span=(lo, hi))
 
-    def _device(self, imp: dlpack.Imported, x: Any, spec: Spec, what: str) -> Arg:
+    def _device(self, imp: dlpack.Imported, x: Any, spec: SpecRecord, what: str) -> Arg:
         check_meta(what, spec, imp.dtype, imp.shape)
         if dlpack.DEVICE_TYPES.get(imp.device) != self.device.dlpack_type or imp.device_id != 0:
             raise InvalidArgument(f"{what}: tensor is on {imp.device}:{imp.device_id}, the "
@@ -199,19 +185,12 @@ def overlap(a: tuple[int, int], b: tuple[int, int]) -> bool:
     return a[0] < b[1] and b[0] < a[1]
 
 
-def check_meta(what: str, spec: Spec, dt: DType, shape: Sequence[int]) -> None:
+def check_meta(what: str, spec: SpecRecord, dt: DType, shape: Sequence[int]) -> None:
     """Refuse a caller tensor whose dtype or shape is not the spec's."""
     if dt is not spec.dtype:
         raise InvalidArgument(f"{what}: expected dtype {spec.dtype.name}, got {dt.name}")
     if tuple(shape) != spec.shape:
         raise InvalidArgument(f"{what}: expected shape {list(spec.shape)}, got {list(shape)}")
-
-
-def spec_of(s: Mapping[str, Any]) -> Spec:
-    """The Spec of a program file's input or output entry."""
-    dt = dtypes.as_dtype(s["dtype"])
-    shape, strides = tuple(s["shape"]), tuple(s["strides"])
-    return Spec(s["name"], dt, shape, strides, extent(shape, strides, dt.itemsize)[1])
 
 
 def host_view(imp: dlpack.Imported) -> np.ndarray:
@@ -228,4 +207,4 @@ def host_view(imp: dlpack.Imported) -> np.ndarray:
                       strides=[s * isz for s in imp.strides])
 
 
-__all__ = ["Arg", "Arguments", "Spec", "check_meta", "host_view", "overlap", "spec_of"]
+__all__ = ["Arg", "Arguments", "check_meta", "host_view", "overlap"]

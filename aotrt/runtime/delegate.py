@@ -27,7 +27,7 @@ from aotrt.errors import AotrtError, InvalidArgument, Unsupported
 from aotrt.limits import Limits
 from aotrt.program import Program
 from aotrt.runtime import finalize, shims
-from aotrt.runtime.arguments import Arg, Arguments, spec_of
+from aotrt.runtime.arguments import Arg, Arguments
 from aotrt.runtime.device import Command, Device, Stream
 from aotrt.runtime import binding
 from aotrt.runtime.binding import Binding
@@ -153,8 +153,8 @@ class Delegate:
 
     def _init(self, options: StreamOptions) -> None:
         prog, dev = self.program, self.device
-        self.inputs = [spec_of(s) for s in prog.inputs]
-        self.outputs = [spec_of(s) for s in prog.outputs]
+        self.inputs = list(prog.record.inputs)
+        self.outputs = list(prog.record.outputs)
         if self._loaded is None:
             # The thread count and the float32 math belong to this delegate's own stream:
             # other delegates and streams keep theirs.

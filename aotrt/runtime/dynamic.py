@@ -74,28 +74,28 @@ class DynamicMethod:
             self._arena = shims.empty_strided([max(int(program.arena_nbytes), 1)], [1],
                                               dtypes.uint8, self.device)
             loaded.stream.fill(self._arena, 0)
-        self.inputs = program.inputs
-        self.outputs = program.outputs
+        self.inputs = list(program.record.inputs)
+        self.outputs = list(program.record.outputs)
 
     # -- sizes --------------------------------------------------------------------------------
 
     def sizes_of(self, inputs: tuple[Any, ...]) -> dict[str, int]:
         """The symbols' values in `inputs`; InvalidArgument naming the input, the dim and the
         bound for a size out of range, or two inputs that disagree on one symbol."""
-        specs = self.program.inputs
+        specs = self.program.record.inputs
         if len(inputs) != len(specs):
             raise InvalidArgument(f"{self.name}: expected {len(specs)} inputs "
-                                  f"({[s['name'] for s in specs]}), got {len(inputs)}")
+                                  f"({[s.name for s in specs]}), got {len(inputs)}")
         values: dict[str, int] = {}
         where: dict[str, str] = {}
         for sym, dims in self._dims.items():
             lo, hi = self.bounds[sym]
             for k, d in dims:
                 shape = _shape(inputs[k])
-                what = f"input {specs[k]['name']!r} dim {d}"
-                if shape is None or len(shape) != len(specs[k]["shape"]):
+                what = f"input {specs[k].name!r} dim {d}"
+                if shape is None or len(shape) != len(specs[k].shape):
                     raise InvalidArgument(f"{self.name}: {what}: expected a "
-                                          f"{len(specs[k]['shape'])}-d input, got "
+                                          f"{len(specs[k].shape)}-d input, got "
                                           f"{'no shape' if shape is None else list(shape)}")
                 v = int(shape[d])
                 if not lo <= v <= hi:
@@ -112,12 +112,12 @@ class DynamicMethod:
             shape = _shape(inputs[k])
             if shape is None:
                 continue            # the plan's Delegate says what it expected
-            if len(shape) != len(spec["shape"]):
-                raise InvalidArgument(f"{self.name}: input {spec['name']!r}: expected "
-                                      f"{len(spec['shape'])} dims, got shape {list(shape)}")
-            for d, n in enumerate(spec["shape"]):
+            if len(shape) != len(spec.shape):
+                raise InvalidArgument(f"{self.name}: input {spec.name!r}: expected "
+                                      f"{len(spec.shape)} dims, got shape {list(shape)}")
+            for d, n in enumerate(spec.shape):
                 if (k, d) not in dynamic and shape[d] != n:
-                    raise InvalidArgument(f"{self.name}: input {spec['name']!r} dim {d}: "
+                    raise InvalidArgument(f"{self.name}: input {spec.name!r} dim {d}: "
                                           f"expected {n}, got {shape[d]}")
         return values
 

@@ -6,16 +6,18 @@ import numpy as np
 import pytest
 
 from aotrt.errors import InvalidArgument
-from aotrt.runtime.arguments import Arguments, overlap, spec_of
+from aotrt.dtypes import float32
+from aotrt.program.records import SpecRecord
+from aotrt.runtime.arguments import Arguments, overlap
 from aotrt.runtime.device import get_device
 
-SPEC = {"name": "x", "dtype": "float32", "shape": [3, 4], "strides": [4, 1]}
+SPEC = SpecRecord("x", float32, (3, 4), (4, 1), 48)
 
 
 def _args() -> Arguments:
     dev = get_device("cpu")
-    spec = spec_of(SPEC)
-    return Arguments(dev, dev.default_stream(), [spec], [spec_of({**SPEC, "name": "y"})], "T")
+    y = SpecRecord("y", SPEC.dtype, SPEC.shape, SPEC.strides, SPEC.nbytes)
+    return Arguments(dev, dev.default_stream(), [SPEC], [y], "T")
 
 
 def test_a_dense_aligned_host_array_is_bound_in_place() -> None:
