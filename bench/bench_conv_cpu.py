@@ -85,7 +85,7 @@ def run_aotrt(out_dir: str, name: str, layout: str, iters: int) -> dict:
 
     med, lo = _time(once, iters)
     err = float(np.abs(got["y"] - ref).max() / np.abs(ref).max())
-    dnnl = get_device("cpu").dnnl
+    dnnl = get_device("cpu").libraries.dnnl
     m.close()
     return {"runner": "aotrt", "model": name, "layout": layout, "median_ms": med, "min_ms": lo,
             "load_s": load_s, "rel_err": err, "loadavg": [la0, os.getloadavg()[0]],

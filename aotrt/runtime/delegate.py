@@ -611,8 +611,11 @@ class Delegate:
         if step.kind == _KERNEL:
             step.target.launch(stream, [h[t] for t in step.a])
         elif step.kind == _LIBRARY:
-            step.target(stream, [h[t] for t in step.a],
-                        [None if t is None else h[t] for t in step.b], **step.params)
+            # The op is prepared for this program: it may re-lay the constants that its
+            # instruction alone reads (runtime/constants.py).
+            with self._loaded.constants.preparing():
+                step.target(stream, [h[t] for t in step.a],
+                            [None if t is None else h[t] for t in step.b], **step.params)
         else:  # _COPY
             stream.copy(h[step.a], h[step.b])
 

@@ -21,6 +21,7 @@ from aotrt.errors import InvalidArgument
 from aotrt.program import Program
 from aotrt.program.strides import contiguous_strides
 from aotrt.runtime import finalize, shims
+from aotrt.runtime.constants import Constants
 from aotrt.runtime.device import Device, KernelLibrary, Stream
 from aotrt.runtime.memory import PROCESS_OWNER, Owner, owner_scope
 from aotrt.runtime.options import StreamOptions
@@ -78,8 +79,9 @@ class LoadedProgram:
         sole = {c for i, m in enumerate(methods)
                 for c in sole_read_constants(m.tensors, m.instructions)
                 if c not in inits and not any(c in u for j, u in enumerate(used) if j != i)}
-        calloc.sole_read = frozenset((offsets[c], offsets[c] + int(arrays[c].nbytes))
-                                     for c in sole)
+        #: the constants' allocation and the right to re-lay them (runtime/constants.py)
+        self.constants = Constants(calloc, frozenset(
+            (offsets[c], offsets[c] + int(arrays[c].nbytes)) for c in sole))
         for arr, off in zip(arrays, offsets):
             n = int(arr.nbytes)
             ptr = calloc.ptr + off if n else 0

@@ -152,7 +152,7 @@ class Allocation:
     """
 
     __slots__ = ("memory", "block", "ptr", "nbytes", "kind", "owner", "users", "freed",
-                 "keepalive", "uses", "segments", "sole_read", "stream", "__weakref__")
+                 "keepalive", "uses", "segments", "stream", "__weakref__")
 
     def __init__(self, memory: "Memory", block: Block | None, ptr: int, nbytes: int, kind: str,
                  owner: Owner, stream: "Stream | None", keepalive: Any = None) -> None:
@@ -169,9 +169,6 @@ class Allocation:
         self.uses: dict["Stream", tuple[int, int]] = {}
         # constants: sorted (start, end) byte ranges of each weight, for blob bounds
         self.segments: list[tuple[int, int]] | None = None
-        # constants: the (start, end) byte ranges of the weights that one program instruction
-        # alone reads (set by the delegate): that instruction's op may re-lay them in place
-        self.sole_read: frozenset[tuple[int, int]] = frozenset()
         self.stream = stream
 
     def __repr__(self) -> str:

@@ -87,7 +87,7 @@ def test_auto_follows_the_default_device(monkeypatch: pytest.MonkeyPatch) -> Non
     m = _model()
     cpu = get_device("cpu")
     for dtype in ("float32", "bfloat16"):                 # oneDNN's NHWC convolutions
-        assert cpu.prefers_channels_last(dtype) == (cpu.dnnl is not None)
+        assert cpu.prefers_channels_last(dtype) == (cpu.libraries.dnnl is not None)
     monkeypatch.setattr(layout, "auto_channels_last", lambda model: False)
     assert layout.for_layout(m, "auto") == (m, False)
     monkeypatch.setattr(layout, "auto_channels_last", lambda model: True)

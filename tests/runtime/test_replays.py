@@ -138,7 +138,7 @@ def test_a_lean_run_is_two_commands_and_an_mlp_plan_is_wholly_native(no_checker)
                               torch.nn.Linear(32, 8)).eval()
     prog = aotrt.export(mlp, (torch.randn(4, 16),))
     with aotrt.load(prog, device="cpu") as m:
-        if m.device.dnnl is None or not m.device.dnnl.gemm_pool:
+        if m.device.libraries.dnnl is None or not m.device.libraries.dnnl.gemm_pool:
             pytest.skip("no oneDNN matmul here: the GEMMs run in numpy")
         m.run(rand([4, 16], seed=40))
         m.stream.commit_and_wait()

@@ -303,10 +303,10 @@ def launch(op: str, stream: Stream, outs: Sequence[Handle | None],
 
 # -- cpu helpers (numpy) ------------------------------------------------------------------------
 
-def blas_scope(device: Any) -> Callable[[], Any]:
-    """What a cpu work wraps its numpy GEMMs in: the device's `Dnnl.numpy_blas` (one BLAS
-    thread where the GEMMs run on oneDNN's pool), else a no-op; decided at load."""
-    dnnl = getattr(device, "dnnl", None)
+def blas_scope(dnnl: Any) -> Callable[[], Any]:
+    """What a cpu work wraps its numpy GEMMs in, given the device's oneDNN state (None:
+    none): its `numpy_blas` (one BLAS thread where the GEMMs run on oneDNN's pool), else a
+    no-op; decided at load."""
     if dnnl is None or not dnnl.gemm_pool:
         return contextlib.nullcontext
     return dnnl.numpy_blas

@@ -199,6 +199,6 @@ def dnnl() -> Any:
 
     if cpu_dnnl.find_library() is None:
         pytest.skip(f"{cpu_dnnl.DIST} is not installed")
-    d = get_device("cpu").dnnl
+    d = get_device("cpu").libraries.dnnl
     assert d is not None, "onednn-cpu-gomp is installed but the device did not load it"
     return d

@@ -384,7 +384,7 @@ def _dnnl(kit):
         pytest.skip("oneDNN serves the cpu device")
     if cpu_dnnl.find_library() is None:
         pytest.skip(f"{cpu_dnnl.DIST} is not installed")
-    dnnl = kit.dev.dnnl
+    dnnl = kit.dev.libraries.dnnl
     assert dnnl is not None, "onednn-cpu-gomp is installed but the device did not load it"
     return dnnl
 
@@ -543,7 +543,7 @@ def test_conv_epilogue_without_residual(kit, stream, activation, layout):
     ref = _act(ref, activation)
     assert activation != "relu6" or float(ref.max()) == 6.0     # some values are clipped
     out = kit.out(tuple(ref.shape), "float32", layout)
-    dnnl = getattr(kit.dev, "dnnl", None) if kit.dev.name == "cpu" else None
+    dnnl = kit.dev.libraries.dnnl if kit.dev.name == "cpu" else None
     before = dict(dnnl.stats) if dnnl is not None else None
     convolution(stream, out, kit.tensor(x_np, layout), kit.tensor(w_np, layout),
                 kit.tensor(b_np), [1, 1], [1, 1], [1, 1], activation=activation)

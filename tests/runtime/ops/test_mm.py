@@ -201,8 +201,9 @@ def _dnnl(kit):
         pytest.skip("oneDNN serves the cpu device")
     if cpu_dnnl.find_library() is None:
         pytest.skip(f"{cpu_dnnl.DIST} is not installed")
-    assert kit.dev.dnnl is not None, "onednn-cpu-gomp is installed but the device did not load it"
-    return kit.dev.dnnl
+    assert kit.dev.libraries.dnnl is not None, \
+        "onednn-cpu-gomp is installed but the device did not load it"
+    return kit.dev.libraries.dnnl
 
 
 @pytest.mark.parametrize("x_layout", ["packed", "offset", "transposed"])

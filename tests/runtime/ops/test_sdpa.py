@@ -420,7 +420,7 @@ def test_cpu_sdpa_gemms_run_on_onednn_where_the_device_gemms_do(kit, stream, mon
     # brgemm matmul), masks and strided views included, and still match.
     from aotrt.runtime.backends.cpu import dnnl as cpu_dnnl
 
-    dnnl = getattr(kit.dev, "dnnl", None)
+    dnnl = kit.dev.libraries.dnnl
     if dnnl is None:
         pytest.skip("oneDNN is not installed")
     monkeypatch.setattr(cpu_dnnl, "FAST_MATMUL", ("",))

@@ -5,33 +5,30 @@ for library ops.
 
 from __future__ import annotations
 
-import contextlib
 import ctypes
 import hashlib
 import logging
-import os
 import re
 import shutil
 import subprocess
 import tempfile
-import threading
 from pathlib import Path
-from typing import Any, Callable, Iterator, Sequence
+from typing import Any, Callable, Sequence
 
 import numpy as np
 
 from aotrt import settings
 from aotrt import progress
-from aotrt.errors import AotrtError, CompileError, InvalidArgument, OutOfMemory
+from aotrt.errors import CompileError, InvalidArgument, OutOfMemory
 from aotrt.kernels import ir
 from aotrt.kernels.render_c import CRenderer
 from aotrt.runtime import finalize, hazards
 from aotrt.runtime.device import (Block, Device, KernelFunction, KernelLibrary, Stream,
                                   StreamOptions)
 from aotrt.runtime.backends.cpu import native as cpu_native
-from aotrt.runtime.backends.cpu import queue as cpu_queue
+from aotrt.runtime.backends.cpu.libraries import CpuLibraries, OpenMP
 from aotrt.runtime.backends.cpu.library import LoadedLibrary  # noqa: F401 - its home was here
-from aotrt.runtime.backends.cpu.stream import CpuStream
+from aotrt.runtime.backends.cpu.stream import CpuStream, Worker
 # host_array lives beside Handle; the ops import it from here, as they always have.
 from aotrt.runtime.disk_cache import DiskCache
 from aotrt.runtime.tensor import Handle, host_array, physical_memory  # noqa: F401
@@ -54,8 +51,6 @@ NATIVE_FLAGS = ("-march=native",)
 #: scalar, 300 us a pool where the 3x3 one (9 loads) vectorised. The checks only choose
 #: between two versions of the same loop, so the results are unchanged.
 GCC_FLAGS = ("--param=vect-max-version-for-alias-checks=64",)
-#: the OpenMP runtimes -fopenmp code may link (gcc's, llvm's), by soname
-OPENMP_RUNTIMES = ("libgomp.so.1", "libomp.so", "libomp.so.5", "libiomp5.so")
 #: OpenMP settings the device asks for unless the process set either: the runtime reads
 #: them once, when the first kernel library loads it. A pool thread spins briefly when a
 #: parallel region ends, then sleeps. Not for milliseconds (libgomp's default, 300,000
@@ -110,7 +105,7 @@ class CpuKernelLibrary(KernelLibrary):
                 self.loaded = LoadedLibrary(self.path)
             except OSError as e2:
                 raise CompileError(f"cannot load the kernel library {self.path}: {e2}") from None
-        self.device.pin_openmp()
+        self.device.openmp.pin()
         self._closer = finalize.finalizer(self, self.loaded.close)
         # At exit a daemon stream may still run a kernel: unmapping then buys nothing.
         self._closer.atexit = False
@@ -231,11 +226,14 @@ def _compiler_version(cc: str) -> str:
     return _versions[cc]
 
 
-_UNSET = object()   # CpuDevice._dnnl before its first use
-
-
 class CpuDevice(Device):
-    """Host memory and host execution behind the device protocol."""
+    """Host memory and host execution behind the device protocol.
+
+    It owns, each as one object: `libraries`, what the library ops keep between calls
+    (oneDNN, the ops' own compiled C, the native plans' C loop); `openmp`, the OpenMP
+    runtime they run on; `worker`, the calling thread's state as a stream's worker (its
+    kernel thread count, the library ops' scratch).
+    """
 
     name = "cpu"
     host_addressable = True
@@ -245,139 +243,23 @@ class CpuDevice(Device):
     def __init__(self) -> None:
         super().__init__()
         self.cache = KernelCache()
-        self._dnnl: Any = _UNSET
-        self._dnnl_lock = threading.Lock()
-        self._softmaxes: Any = None
-        self._state_lock = threading.Lock()
-        self._pools: Any = None
-        self._attention: Any = None
-        self._winograd: Any = None
-        self._activation: Any = None
-        self._linear_wq: Any = None
-        self._gemv: Any = None
-        self._native: Any = None
-        # Per thread: the kernel thread count of the stream whose worker it is (CpuStream).
-        self.worker = threading.local()
-        self._openmp: ctypes.CDLL | None = None
+        self.openmp = OpenMP()
+        self.libraries = CpuLibraries(self)
+        # Per thread: the thread count of the stream whose worker it is (CpuStream), scratch.
+        self.worker = Worker()
         settings.default_library_env(OPENMP_ENV)
-
-    def scratch(self, nbytes: int) -> np.ndarray:
-        """`nbytes` of 64-byte aligned scratch (uint8, contents undefined) for the command
-        running on the calling thread, kept per thread (a stream's worker) and grown as
-        needed, so that library ops do not fault in fresh pages on every run (a 27 MB score
-        block of Whisper's attention took 5 ms more in fresh memory). A command may hold
-        one scratch at a time; the next call on the same thread reuses its bytes."""
-        buf = getattr(self.worker, "scratch", None)
-        if buf is None or buf.nbytes < nbytes:
-            self.worker.scratch = None              # the old one goes before the new one
-            raw = np.empty(nbytes + 64, np.uint8)
-            start = -raw.ctypes.data % 64
-            buf = self.worker.scratch = raw[start:start + nbytes]
-        return buf[:nbytes]
 
     def prefers_channels_last(self, dtype: str) -> bool:
         """With oneDNN, in every dtype: its convolutions run NHWC on the views themselves,
         while NCHW goes through blocked copies of every activation (resnet18 86 against 139
         ms, mobilenet_v2 44 against 66: bench/results/cpu/cpu-speed-2026-12-02.md). numpy's path
         prefers NCHW."""
-        return self.dnnl is not None
-
-    @property
-    def dnnl(self) -> Any:
-        """The device's oneDNN state (engine, primitive cache), made on first use; None where
-        oneDNN is not installed (library ops then use numpy)."""
-        with self._dnnl_lock:
-            if self._dnnl is _UNSET:
-                from aotrt.runtime.backends.cpu import dnnl as cpu_dnnl
-
-                self._dnnl = cpu_dnnl.create(self)
-            return self._dnnl
-
-    def _once(self, attr: str, make: Callable[[], Any]) -> Any:
-        """The op state held in `attr`, made by `make` on first use (one lock for all)."""
-        with self._state_lock:
-            if getattr(self, attr) is None:
-                setattr(self, attr, make())
-            return getattr(self, attr)
-
-    @property
-    def softmaxes(self) -> Any:
-        """The device's compiled row softmaxes (backends/cpu/ops/softmax.py), made on first use."""
-        from aotrt.runtime.backends.cpu.ops.softmax import SoftmaxCache
-
-        return self._once("_softmaxes", lambda: SoftmaxCache(self))
-
-    @property
-    def pools(self) -> Any:
-        """The device's compiled max pools (backends/cpu/ops/pool.py), made on first use."""
-        from aotrt.runtime.backends.cpu.ops.pool import PoolKernels
-
-        return self._once("_pools", lambda: PoolKernels(self))
-
-    def c_library(self, source: str, symbols: Sequence[str]) -> LoadedLibrary:
-        """An op's own C source (backends/cpu/ops/attention.py), built once through the kernel cache
-        and loaded; `symbols` are its kernels, each called as generated kernels are."""
-        path = self.cache.build_so(source, [*symbols, "aotrt_error"], len(symbols))
-        loaded = LoadedLibrary(path)
-        self.pin_openmp()
-        return loaded
-
-    @property
-    def attention(self) -> Any:
-        """The device's compiled fused attention (ops/attention.py), made on first use."""
-        from aotrt.runtime.backends.cpu.ops.attention import FusedAttention
-
-        return self._once("_attention", lambda: FusedAttention(self))
-
-    @property
-    def winograd(self) -> Any:
-        """The device's compiled Winograd transforms (ops/winograd.py), made on first use."""
-        from aotrt.runtime.backends.cpu.ops.winograd import Winograd
-
-        return self._once("_winograd", lambda: Winograd(self))
-
-    @property
-    def activation(self) -> Any:
-        """The device's compiled in-place relu and relu6 (backends/cpu/ops/activation.py), made on
-        first use."""
-        from aotrt.runtime.backends.cpu.ops.activation import Activation
-
-        return self._once("_activation", lambda: Activation(self))
-
-    @property
-    def linear_wq(self) -> Any:
-        """The device's compiled weight-only quantized linear (ops/linear_wq.py), made on first
-        use."""
-        from aotrt.runtime.backends.cpu.ops.linear_wq import LinearWqKernel
-
-        return self._once("_linear_wq", lambda: LinearWqKernel(self))
-
-    @property
-    def gemv(self) -> Any:
-        """The device's compiled float32 GEMM of a few rows (ops/gemv.py), made on first use."""
-        from aotrt.runtime.backends.cpu.ops.gemv import GemvKernel
-
-        return self._once("_gemv", lambda: GemvKernel(self))
-
-    def native_runner(self) -> LoadedLibrary:
-        """The C loop of native plans and the streams' queues (cpu_native.py, cpu_queue.py),
-        built and loaded on first use."""
-        return self._once("_native", lambda: self.c_library(
-            cpu_native.SOURCE + cpu_queue.SOURCE, [cpu_native.SYMBOL, *cpu_queue.SYMBOLS]))
-
-    def native_queue(self) -> cpu_queue.NativeQueue | None:
-        """A new stream queue in C; None where the runner cannot be built (no compiler):
-        the stream then keeps a Python queue."""
-        try:
-            return cpu_queue.NativeQueue(self.native_runner())
-        except (AotrtError, OSError) as e:
-            log.debug("cpu stream: no native queue (%s); a Python one", e)
-            return None
+        return self.libraries.dnnl is not None
 
     def native_plan(self, works: Sequence[tuple[str, Callable[[], None]]]) -> Any:
         """A runner of a static plan's works (label, work) that calls the ones with a
         native form from one C loop (backends/cpu/native.py); None where none has one."""
-        runner = self.native_runner()
+        runner = self.libraries.native_runner()
         plan = cpu_native.NativePlan(runner, works,
                                      lambda: getattr(self.worker, "threads", 1))
         log.debug("native plan: %d steps in %d segments", plan.steps, plan.segments)
@@ -386,51 +268,6 @@ class CpuDevice(Device):
     def native_moves(self, slot: Any, moves: Sequence[tuple[int, int, int]]) -> Any:
         """The memmoves' native form: MOVE_AT steps of the C loop."""
         return cpu_native.moves_to(slot, moves)
-
-    def openmp_threads(self, n: int) -> None:
-        """Give the calling thread's OpenMP parallel regions (oneDNN's) `n` threads."""
-        lib = self._openmp_runtime()
-        if lib is not None:
-            lib.omp_set_num_threads(ctypes.c_int(max(int(n), 1)))
-
-    def openmp_max_threads(self) -> int:
-        """The calling thread's OpenMP thread count (0 where no runtime loads)."""
-        lib = self._openmp_runtime()
-        return int(lib.omp_get_max_threads()) if lib is not None else 0
-
-    @contextlib.contextmanager
-    def openmp_scope(self, n: int) -> Iterator[None]:
-        """The calling thread's OpenMP thread count set to `n` for the block (0: as it is)."""
-        before = self.openmp_max_threads() if n > 0 else 0
-        if before == 0:
-            yield
-            return
-        self.openmp_threads(n)
-        try:
-            yield
-        finally:
-            self.openmp_threads(before)
-
-    def _openmp_runtime(self, load: bool = True) -> ctypes.CDLL | None:
-        """The OpenMP runtime oneDNN and the kernels use, kept mapped for good; `load`
-        False: only one a library already loaded."""
-        if self._openmp is None:
-            mode = os.RTLD_NOW | os.RTLD_NODELETE | (0 if load else os.RTLD_NOLOAD)
-            for name in OPENMP_RUNTIMES:
-                try:
-                    self._openmp = ctypes.CDLL(name, mode=mode)
-                    break
-                except OSError:
-                    continue
-        return self._openmp
-
-    def pin_openmp(self) -> None:
-        """Keep the OpenMP runtime a kernel library pulled in mapped for good.
-
-        Its pool threads outlive every parallel region; if closing the last kernel library
-        unmapped the runtime, they would wake up in unmapped code (a crash).
-        """
-        self._openmp_runtime(load=False)
 
     def _create_stream(self, options: StreamOptions) -> Stream:
         return CpuStream(self, options)

@@ -3,7 +3,7 @@ forward convolution on the views' own memory, any strides (NCHW, NHWC, slices), 
 matmuls (linear, mm, addmm on views; attention's GEMMs on arrays).
 
 The primitives themselves, their keys and reorders are in backends/cpu/dnnl_primitives.py.
-The cpu device owns one `Dnnl` (its `dnnl` attribute, made on first use): the engine, a
+The cpu device owns one `Dnnl` (`device.libraries.dnnl`, made on first use): the engine, a
 dnnl stream per worker thread and the primitive cache. Primitives are made when an op's work
 is made (at load for a delegate's static steps) and cached by (shapes, strides, dtype,
 geometry). Scratchpads are user-managed, so every byte oneDNN uses is one we allocated and
@@ -183,7 +183,7 @@ class Dnnl:
         try:
             # oneDNN sizes a primitive's split when it makes it, from the calling thread's
             # OpenMP count: one made at load for a stream of one thread ran on every core
-            with self.device.openmp_scope(key.threads):
+            with self.device.openmp.scope(key.threads):
                 return cls(self, key, blocked)
         except DeviceError as e:
             log.debug("oneDNN refuses %s (blocked=%s): %s", key, blocked, e)
@@ -236,7 +236,7 @@ class Dnnl:
             return False
         # made on the stream's worker, whose OpenMP thread count is the stream's
         key = MatmulKey("float32", dims[0], dims[1], None, dims[2],
-                        self.device.openmp_max_threads())
+                        self.device.openmp.max_threads())
         runs = getattr(self._local, "gemm_runs", None)
         if runs is None:
             runs = self._local.gemm_runs = OrderedDict()
@@ -606,15 +606,6 @@ class FixedMatmul:
         """Its native plan step (the plan's segment waits for the stream after its steps)."""
         return (cpu_native.DNNL, cpu_native.address(self.dnnl.lib.dnnl_primitive_execute),
                 cpu_native.address(self.prim.prim), ctypes.addressof(self.args), 4, 0, 0, 0)
-
-
-def sole_read(w: Handle) -> bool:
-    """Whether `w` is the whole of a constant that one program instruction alone reads
-    (Allocation.sole_read, set by the delegate), dense, so that it may be re-laid in place."""
-    if w.alloc is None or w.alloc.kind != "constants" or not w.packed:
-        return False
-    lo, hi = w.byte_range()
-    return (lo, hi) in w.alloc.sole_read and hi - lo == w.numel * w.dtype.itemsize
 
 
 def _array_dims(a: np.ndarray) -> tuple[tuple[int, ...], tuple[int, ...]] | None:

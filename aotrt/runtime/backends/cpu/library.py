@@ -211,7 +211,7 @@ class Pin:
 
 
 class OpSource:
-    """An op's own C source (`CpuDevice.c_library`): built and loaded by its device on first
+    """An op's own C source (`CpuLibraries.c_library`): built and loaded by its device on first
     use, kept until `close` (one library: every shape is a kernel parameter)."""
 
     def __init__(self, device: Any, source: str, symbols: list[str]) -> None:
@@ -224,7 +224,7 @@ class OpSource:
         """The loaded library, built on first use (CompileError without a compiler)."""
         with self._lock:
             if self._loaded is None:
-                self._loaded = self.device.c_library(self._source, self._symbols)
+                self._loaded = self.device.libraries.c_library(self._source, self._symbols)
             return self._loaded
 
     def close(self) -> None:

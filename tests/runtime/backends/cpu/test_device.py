@@ -759,15 +759,15 @@ def test_scratch_is_aligned_kept_per_thread_and_grown(cpu):
     """Library ops' scratch: 64-byte aligned, the same bytes on the next call from the
     same thread (no fresh pages each run), grown when asked for more, and each thread's
     its own (two streams' workers never share one)."""
-    a = cpu.scratch(1000)
+    a = cpu.worker.scratch(1000)
     assert a.nbytes == 1000 and a.ctypes.data % 64 == 0
-    b = cpu.scratch(500)
+    b = cpu.worker.scratch(500)
     assert b.ctypes.data == a.ctypes.data
-    c = cpu.scratch(10 << 20)
+    c = cpu.worker.scratch(10 << 20)
     assert c.nbytes == 10 << 20 and c.ctypes.data % 64 == 0
-    assert cpu.scratch(100).ctypes.data == c.ctypes.data
+    assert cpu.worker.scratch(100).ctypes.data == c.ctypes.data
     seen = []
-    t = threading.Thread(target=lambda: seen.append(cpu.scratch(1000)))
+    t = threading.Thread(target=lambda: seen.append(cpu.worker.scratch(1000)))
     t.start()
     t.join()
     assert not np.shares_memory(seen[0], c)
@@ -798,10 +798,10 @@ def test_a_streams_openmp_regions_take_its_thread_count(threads: int) -> None:
 def test_openmp_scope_sets_the_count_for_the_block() -> None:
     """The calling thread's OpenMP count is `n` inside the block and as before after it."""
     dev = get_device("cpu")
-    before = dev.openmp_max_threads()
+    before = dev.openmp.max_threads()
     assert before >= 1
-    with dev.openmp_scope(1):
-        assert dev.openmp_max_threads() == 1
-    assert dev.openmp_max_threads() == before
-    with dev.openmp_scope(0):        # 0: unchanged
-        assert dev.openmp_max_threads() == before
+    with dev.openmp.scope(1):
+        assert dev.openmp.max_threads() == 1
+    assert dev.openmp.max_threads() == before
+    with dev.openmp.scope(0):        # 0: unchanged
+        assert dev.openmp.max_threads() == before

@@ -17,7 +17,7 @@ def dnnl(monkeypatch):
     if cpu_dnnl.find_library() is None:
         pytest.skip(f"{cpu_dnnl.DIST} is not installed")
     monkeypatch.setattr(cpu_dnnl, "FAST_MATMUL", ("",))
-    d = get_device("cpu").dnnl
+    d = get_device("cpu").libraries.dnnl
     assert d is not None, "onednn-cpu-gomp is installed but the device did not load it"
     return d
 

@@ -16,7 +16,7 @@ from tests.runtime.backends.cpu.test_native import FLAG_SOURCE
 
 @pytest.fixture
 def loaded():
-    lib = get_device("cpu").c_library(FLAG_SOURCE, ["k_flag"])
+    lib = get_device("cpu").libraries.c_library(FLAG_SOURCE, ["k_flag"])
     yield lib
     lib.close()
 

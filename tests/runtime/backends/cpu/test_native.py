@@ -25,7 +25,7 @@ def cpu():
 
 @pytest.fixture
 def runner(cpu):
-    return cpu.c_library(cpu_native.SOURCE, [cpu_native.SYMBOL])
+    return cpu.libraries.c_library(cpu_native.SOURCE, [cpu_native.SYMBOL])
 
 
 def _copy(dst: np.ndarray, src: np.ndarray) -> cpu_native.Native:
@@ -143,7 +143,7 @@ def test_native_and_python_works_run_in_order(runner) -> None:
 
 
 def test_a_kernel_error_names_its_instruction_and_the_flag_is_reset(cpu, runner) -> None:
-    loaded = cpu.c_library(FLAG_SOURCE, ["k_flag"])
+    loaded = cpu.libraries.c_library(FLAG_SOURCE, ["k_flag"])
     x = np.array([3, 0], np.int64)
     ptrs = (ctypes.c_void_p * 1)(x.ctypes.data)
     kernel = cpu_native.kernel(loaded, "k_flag", "k_flag", ptrs, 1, 1)
@@ -166,7 +166,7 @@ def test_an_unknown_step_fails_as_a_device_error(runner) -> None:
 
 
 def test_a_closed_kernel_library_refuses_the_plan(cpu, runner) -> None:
-    loaded = cpu.c_library(FLAG_SOURCE, ["k_flag"])
+    loaded = cpu.libraries.c_library(FLAG_SOURCE, ["k_flag"])
     x = np.zeros(2, np.int64)
     ptrs = (ctypes.c_void_p * 1)(x.ctypes.data)
     plan = _plan(runner, [cpu_native.kernel(loaded, "k_flag", "k_flag", ptrs, 1, 1)])
@@ -196,7 +196,7 @@ def test_a_convnet_runs_its_plan_natively_from_the_second_run(monkeypatch, queue
         return real_push(self, kind, ptrs, n, threads, wait)
     monkeypatch.setattr(cpu_queue.NativeQueue, "push", push)
     if queue == "python":
-        monkeypatch.setattr(get_device("cpu"), "native_queue", lambda: None)
+        monkeypatch.setattr(get_device("cpu").libraries, "native_queue", lambda: None)
     torch.manual_seed(0)
     m = torch.nn.Sequential(torch.nn.Conv2d(3, 8, 3, padding=1), torch.nn.SiLU(),
                             torch.nn.Upsample(scale_factor=2), torch.nn.Conv2d(8, 4, 1),
@@ -204,7 +204,7 @@ def test_a_convnet_runs_its_plan_natively_from_the_second_run(monkeypatch, queue
     x = torch.randn(1, 3, 8, 8)
     prog = aotrt.export(m, (x,), layout="channels_last")
     with aotrt.load(prog, device="cpu") as d:
-        dnnl = d.device.dnnl
+        dnnl = d.device.libraries.dnnl
         per_run = []
         for i in range(3):
             xi = torch.randn(1, 3, 8, 8)

@@ -16,7 +16,7 @@ from aotrt.runtime.work import Work
 
 @pytest.fixture
 def q():
-    queue = cpu_queue.NativeQueue(get_device("cpu").native_runner())
+    queue = cpu_queue.NativeQueue(get_device("cpu").libraries.native_runner())
     yield queue
     queue.free()
 
@@ -25,7 +25,8 @@ def _segment(dst: np.ndarray, src: np.ndarray) -> cpu_native.Segment:
     def work() -> None:
         raise AssertionError("ran from Python")
     work = Work(work, native=lambda: cpu_native.copies([(dst, src)]))
-    (seg,) = cpu_native.NativePlan(get_device("cpu").native_runner(), [("copy", work)]).jobs
+    runner = get_device("cpu").libraries.native_runner()
+    (seg,) = cpu_native.NativePlan(runner, [("copy", work)]).jobs
     return seg
 
 

@@ -25,7 +25,7 @@ from tests.support import FLAG_SOURCE
 def queue_kind(request, monkeypatch) -> str:
     """Each queue a cpu stream may have: the one in C, and the Python one it falls back to."""
     if request.param == "python":
-        monkeypatch.setattr(get_device("cpu"), "native_queue", lambda: None)
+        monkeypatch.setattr(get_device("cpu").libraries, "native_queue", lambda: None)
     return request.param
 
 
@@ -42,7 +42,7 @@ def _copy_plan(dst: np.ndarray, src: np.ndarray, label: str = "instruction #0"
     def work() -> None:
         raise AssertionError("a native work ran from Python")
     work = Work(work, native=lambda: cpu_native.copies([(dst, src)]))
-    return cpu_native.NativePlan(get_device("cpu").native_runner(), [(label, work)])
+    return cpu_native.NativePlan(get_device("cpu").libraries.native_runner(), [(label, work)])
 
 
 def _offering(plan: cpu_native.NativePlan):
@@ -128,14 +128,14 @@ def test_a_failed_native_step_names_its_instruction_and_skips_what_follows(queue
     the instruction's label; the Python work queued after it did not run; the next wait is
     clean."""
     dev = get_device("cpu")
-    lib = dev.c_library(FLAG_SOURCE, ["k_flag"])
+    lib = dev.libraries.c_library(FLAG_SOURCE, ["k_flag"])
     x = np.array([3, 0], np.int64)     # error code 3: an index out of bounds
     ptrs = (cpu_native.ctypes.c_void_p * 1)(x.ctypes.data)
 
     def work() -> None:
         raise AssertionError("a native work ran from Python")
     work = Work(work, native=lambda: cpu_native.kernel(lib, "k_flag", "k_flag", ptrs, 1, 1))
-    plan = cpu_native.NativePlan(dev.native_runner(), [("instruction #7 (flag)", work)])
+    plan = cpu_native.NativePlan(dev.libraries.native_runner(), [("instruction #7 (flag)", work)])
     s = _stream("deferred")
     log = []
     s.record([], _offering(plan))
@@ -214,14 +214,14 @@ def test_finished_native_jobs_are_let_go_without_a_wait():
 def test_a_segment_of_a_closed_library_is_refused_at_the_wait(queue_kind):
     """A queued plan whose kernel library was closed is not run: the wait reports it."""
     dev = get_device("cpu")
-    lib = dev.c_library(FLAG_SOURCE, ["k_flag"])
+    lib = dev.libraries.c_library(FLAG_SOURCE, ["k_flag"])
     x = np.array([0, 0], np.int64)
     ptrs = (cpu_native.ctypes.c_void_p * 1)(x.ctypes.data)
 
     def work() -> None:
         raise AssertionError("a native work ran from Python")
     work = Work(work, native=lambda: cpu_native.kernel(lib, "k_flag", "k_flag", ptrs, 1, 1))
-    plan = cpu_native.NativePlan(dev.native_runner(), [("instruction #2 (flag)", work)])
+    plan = cpu_native.NativePlan(dev.libraries.native_runner(), [("instruction #2 (flag)", work)])
     lib.close()
     s = _stream()
     s.record([], _offering(plan))

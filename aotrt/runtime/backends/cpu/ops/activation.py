@@ -95,7 +95,7 @@ class Activation(OpSource):
         n = int(np.prod(sizes, dtype=np.int64)) * chunks
         label = f"{activation} {list(out.sizes)}"
         worker = self.device.worker
-        stats = getattr(self.device.dnnl, "stats", None)
+        stats = getattr(self.device.libraries.dnnl, "stats", None)
 
         def pointers() -> Any:
             return (ctypes.c_void_p * 2)(out.address, params.ctypes.data)

@@ -137,7 +137,7 @@ class FusedAttention(OpSource):
 
         def run() -> None:
             threads = max(1, getattr(device.worker, "threads", 1))
-            scratch = device.scratch(per_thread * min(threads, items))
+            scratch = device.worker.scratch(per_thread * min(threads, items))
             loaded.call(SYMBOL, label, pointers(scratch.ctypes.data), items, threads)
 
         def native() -> cpu_native.Native:

@@ -110,7 +110,7 @@ def _dnnl_conv(out: Handle, x: Handle, w: Handle, bias: Handle | None, p: ConvPa
     `activation` or `residual` is given), or None (logged) where it cannot serve. Only
     a plain convolution left to numpy counts in `stats["numpy"]`: a refused epilogue
     still has the plain convolution to try."""
-    dnnl = getattr(out.device, "dnnl", None)
+    dnnl = out.device.libraries.dnnl
     if dnnl is None or p.transposed or w.ndim == 5:
         return None                     # transposed and 3-D: the numpy path
     from aotrt.runtime.backends.cpu import dnnl as cpu_dnnl
@@ -216,7 +216,7 @@ def make_conv(out: Handle, x: Handle, w: Handle, bias: Handle | None, p: ConvPar
 def _then_activation(work: Callable[[], None], out: Handle,
                      activation: str) -> Callable[[], None]:
     """`work`, then relu or relu6 over `out` in place: the compiled pass, or numpy's."""
-    compiled = out.device.activation.after(work, out, activation)
+    compiled = out.device.libraries.activation.after(work, out, activation)
     if compiled is not None:
         return compiled
 
@@ -237,7 +237,7 @@ def _winograd(out: Handle, x: Handle, w: Handle, bias: Handle | None, p: ConvPar
     if not tile:
         return None
     budget = conv_cost(out, x, w, bias, p).scratch_bytes
-    return out.device.winograd.work(out, x, w, bias, p, residual, tile,
+    return out.device.libraries.winograd.work(out, x, w, bias, p, residual, tile,
                                     stream_threads(out.device), budget)
 
 

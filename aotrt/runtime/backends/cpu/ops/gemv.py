@@ -81,7 +81,7 @@ def make_gemv(out: Handle, x: Handle, w: Handle, w_nk: tuple[int, int, int], bia
         return None
     device = out.device
     try:
-        loaded = device.gemv.library()
+        loaded = device.libraries.gemv.library()
     except CompileError as e:
         log.debug("no gemv kernel (%s); numpy runs it", e)
         return None

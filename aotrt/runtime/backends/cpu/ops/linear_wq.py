@@ -81,7 +81,7 @@ def _fused(out: Handle, x: Handle, qweight: Handle, scales: Handle, zeros: Handl
         return None
     device = out.device
     try:
-        loaded = device.linear_wq.library()
+        loaded = device.libraries.linear_wq.library()
     except CompileError as e:
         log.debug("no linear_wq kernel (%s); numpy runs it", e)
         return None
@@ -124,7 +124,7 @@ def _numpy(out: Handle, x: Handle, qweight: Handle, scales: Handle, zeros: Handl
     """Blocks of weight rows dequantized into float32, each multiplied through BLAS."""
     n, k = qweight.sizes[0], x.sizes[-1]
     block = c.rows_per_chunk(9 * k, n)
-    blas = c.blas_scope(out.device)
+    blas = c.blas_scope(out.device.libraries.dnnl)
 
     def work() -> None:
         xv = c.load_f32(host_array(x))

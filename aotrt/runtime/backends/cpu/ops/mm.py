@@ -9,6 +9,7 @@ from typing import Any, Callable
 import numpy as np
 
 from aotrt.errors import DeviceError
+from aotrt.runtime import constants
 from aotrt.runtime.ops import _common as c
 from aotrt.runtime.backends.cpu.ops import gemv as cpu_gemv
 from aotrt.runtime.ops.mm import check_addmm, check_linear, check_mm
@@ -37,7 +38,7 @@ def make_matmul(out: Handle, a: Handle, b: Handle, bias: Handle | None, beta: fl
         if dnnl_work is not None:
             return dnnl_work
 
-    blas = c.blas_scope(out.device)
+    blas = c.blas_scope(out.device.libraries.dnnl)
 
     def work() -> None:
         o = host_array(out)
@@ -56,7 +57,7 @@ def make_matmul(out: Handle, a: Handle, b: Handle, bias: Handle | None, beta: fl
 def _gemv_first(device: Any) -> bool:
     """Whether a GEMM of a few rows tries the compiled kernel (gemv.py) first: where
     oneDNN has no brgemm matmul for the CPU (then numpy's OpenBLAS ran it)."""
-    dnnl = getattr(device, "dnnl", None)
+    dnnl = device.libraries.dnnl
     return dnnl is None or not dnnl.gemm_pool
 
 
@@ -93,7 +94,7 @@ def _dnnl_gemm(out: Handle, x: Handle, w: Handle, w_kn: tuple[tuple[int, ...], t
                bias: Handle | None, budget: int) -> Callable[[], None] | None:
     """The oneDNN work of out = x @ w (+ bias), float32, `w` seen as [K, N] through `w_kn`;
     None (logged) where it cannot serve."""
-    dnnl = getattr(out.device, "dnnl", None)
+    dnnl = out.device.libraries.dnnl
     if dnnl is None or out.dtype.name != "float32":
         return None
     from aotrt.runtime.backends.cpu import dnnl as cpu_dnnl
@@ -103,8 +104,10 @@ def _dnnl_gemm(out: Handle, x: Handle, w: Handle, w_kn: tuple[tuple[int, ...], t
     if xr is None or outr is None or not ok:
         return None
     keep = w.alloc is not None and w.alloc.kind == "constants" and not c.overlaps(out, w)
-    # Weights only this instruction reads are re-laid into brgemm's blocked layout in place.
-    in_place = keep and cpu_dnnl.sole_read(w)
+    # Weights only this instruction reads (its program says, at load: runtime/constants.py)
+    # are re-laid into brgemm's blocked layout in place.
+    program = constants.current()
+    in_place = keep and program is not None and program.sole_read(w)
     key = cpu_dnnl.MatmulKey("float32", xr, w_kn, bias_stride, outr,
                              cpu_dnnl.stream_threads(out.device), packed=in_place)
     prim = dnnl.matmul(key)
@@ -150,7 +153,7 @@ def make_linear(out: Handle, x: Handle, w: Handle, bias: Handle | None,
     if dnnl_work is not None:
         return dnnl_work
 
-    blas = c.blas_scope(out.device)
+    blas = c.blas_scope(out.device.libraries.dnnl)
 
     def work() -> None:
         xv = c.load_f32(host_array(x))

@@ -122,7 +122,7 @@ def compiled_max_pool(out: Handle, x: Handle, p: "PoolParams") -> Callable[[], N
             or x.dtype.name not in ir.FLOAT_DTYPES or out.dtype != x.dtype):
         return None
     geometry = (_dims4(x), _dims4(out), x.dtype.name, p)
-    kernel = out.device.pools.kernel(geometry)
+    kernel = out.device.libraries.pools.kernel(geometry)
     # The code must stay inside the views it was given: the kernel's own index range, as
     # the prover sees it, against each view's.
     for h, rng in zip((x, out), arg_bounds(kernel)):
@@ -133,7 +133,7 @@ def compiled_max_pool(out: Handle, x: Handle, p: "PoolParams") -> Callable[[], N
         if h.byte_offset + rng[0] * isz < lo or h.byte_offset + (rng[1] + 1) * isz > hi:
             return None
     device = out.device
-    library = device.pools.library(geometry)
+    library = device.libraries.pools.library(geometry)
     symbol, label = library.symbol(kernel.name), f"max_pool2d {list(x.sizes)}"
     worker, n = device.worker, kernel.numel
 

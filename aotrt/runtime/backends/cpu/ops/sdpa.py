@@ -44,8 +44,8 @@ def make_sdpa(out: Handle, q: Handle, k: Handle, v: Handle, mask: Handle | None,
     # Float32 attention without a mask or with a bool one: one fused kernel, no score
     # matrix in memory. GPT-2's decode step (1 query over 256 cache slots, a bool mask) took
     # 0.4-0.6 ms a layer through the block loop below, Python and numpy passes.
-    fused = getattr(out.device, "attention", None)
-    if fused is not None and cpu_attention.takes(out, q, k, v, mask, groups):
+    fused = out.device.libraries.attention
+    if cpu_attention.takes(out, q, k, v, mask, groups):
         return fused.work(out, q, k, v, is_causal, scale, groups, mask)
     # The block loop, decided now (at load): the innermost batch dim is the group of query
     # heads sharing a key head, else the heads (as work() sees them, after its leading unit
@@ -59,9 +59,9 @@ def make_sdpa(out: Handle, q: Handle, k: Handle, v: Handle, mask: Handle | None,
     # are -inf there, whose exp is 0. Other causal blocks use numpy's passes.
     softmax = None
     if s > 0 and out.numel > 0 and (not is_causal or lq >= s):
-        softmax = out.device.softmaxes.get(hstep * lstep, s)
-    blas = c.blas_scope(out.device)
-    dnnl = getattr(out.device, "dnnl", None)
+        softmax = out.device.libraries.softmaxes.get(hstep * lstep, s)
+    dnnl = out.device.libraries.dnnl
+    blas = c.blas_scope(dnnl)
     # The block GEMMs on oneDNN's pool where the device's GEMMs are (numpy's BLAS on one
     # thread: 248 of Whisper-tiny's 333 ms went to its 4 attentions, 150 through oneDNN).
     gemm = dnnl.gemm_arrays if dnnl is not None and dnnl.gemm_pool else None
@@ -92,7 +92,7 @@ def make_sdpa(out: Handle, q: Handle, k: Handle, v: Handle, mask: Handle | None,
         # pages on every call cost Whisper-tiny's attention 5 ms a block, and GPT-2's
         # (12, 128, 64) result and packed copies 0.7-1.7 ms a layer (AVX-512, 2 cores).
         e, ev = qa.shape[-1], va.shape[-1]
-        room = _Room(out.device.scratch(_Room.bytes_for(
+        room = _Room(out.device.worker.scratch(_Room.bytes_for(
             [(hstep, lstep, e), (hstep, s, e), (hstep, s, ev), (hstep, lstep, s),
              (hstep, lstep, ev)])))
         for idx in np.ndindex(batch[:-1]):

@@ -150,7 +150,7 @@ class Winograd(OpSource):
         Geometry, buffers and the GEMM are fixed now; the weights are transformed on the
         first run, from the constant's bytes as they are then. `threads`: the stream's, which
         the GEMM is made for; the transforms take the running worker's."""
-        dnnl = self.device.dnnl
+        dnnl = self.device.libraries.dnnl
         if dnnl is None:
             return None
         n, cin, h, wd = x.sizes

@@ -83,7 +83,7 @@ def test_the_pass_is_torch_bit_for_bit(kit, stream, activation, layout, threads)
     else:
         h = kit.tensor(a, "packed" if layout == "nchw" else "channels_last")
     ran: list[int] = []
-    work = kit.dev.activation.after(lambda: ran.append(1), h, activation)
+    work = kit.dev.libraries.activation.after(lambda: ran.append(1), h, activation)
     assert work is not None
     kit.dev.worker.threads = threads
     try:
@@ -102,9 +102,9 @@ def test_views_it_does_not_take_get_none(kit) -> None:
     if kit.dev.name != "cpu":
         pytest.skip("a cpu kernel")
     h = kit.tensor(np.ones((2, 3), np.float32))
-    assert kit.dev.activation.after(lambda: None, h, "silu") is None
+    assert kit.dev.libraries.activation.after(lambda: None, h, "silu") is None
     half = kit.tensor(np.ones((2, 3), np.float16))
-    assert kit.dev.activation.after(lambda: None, half, "relu") is None
+    assert kit.dev.libraries.activation.after(lambda: None, half, "relu") is None
 
 
 class _ConvAct(torch.nn.Module):
@@ -152,7 +152,7 @@ def test_a_program_keeps_the_nans_torch_gives(dnnl, activation, residual) -> Non
 def test_without_a_compiler_numpy_applies_it(dnnl, monkeypatch) -> None:
     def no_compiler() -> None:
         raise CompileError("cc: not found")
-    monkeypatch.setattr(get_device("cpu").activation, "library", no_compiler)
+    monkeypatch.setattr(get_device("cpu").libraries.activation, "library", no_compiler)
     monkeypatch.setattr(cpu_winograd, "MIN_TILES", {4: 10 ** 9, 2: 10 ** 9})
     m = _ConvAct("relu", False).eval()
     x = torch.randn(1, 16, 14, 14)

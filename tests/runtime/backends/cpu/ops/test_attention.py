@@ -21,7 +21,7 @@ def calls(kit, monkeypatch):
     if kit.dev.name != "cpu":
         pytest.skip("the cpu device's fused attention")
     made = []
-    fused = type(kit.dev.attention)
+    fused = type(kit.dev.libraries.attention)
     inner = fused.work
 
     def work(self, *args, **kw):

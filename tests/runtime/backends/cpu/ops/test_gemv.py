@@ -104,7 +104,7 @@ def test_output_over_its_input_reads_old_values(kit, stream, taken):
 
 @pytest.mark.parametrize("m,n,k", [(1, 2304, 768), (3, 1000, 131), (8, 77, 3072)])
 def test_any_thread_count_gives_the_same_bits(m, n, k):
-    lib = get_device("cpu").gemv.library()
+    lib = get_device("cpu").libraries.gemv.library()
     rng = np.random.default_rng(0)
     x = rng.standard_normal((m, k), dtype=np.float32)
     w = rng.standard_normal((n, k), dtype=np.float32)

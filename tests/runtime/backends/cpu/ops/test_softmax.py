@@ -30,14 +30,14 @@ def test_matches_float64(cpu, rows, cols):
     x = (np.random.default_rng(rows * cols).standard_normal((rows, cols)) * 6).astype(
         np.float32)
     out = np.empty_like(x)
-    cpu.softmaxes.get(rows, cols)(x, out)
+    cpu.libraries.softmaxes.get(rows, cols)(x, out)
     err = np.abs(out - _ref(x)).max() / np.abs(_ref(x)).max()
     assert err < 1e-5, err
     assert np.allclose(out.sum(axis=-1), 1.0, atol=1e-5)
 
 
 def test_fewer_rows_than_compiled_and_special_rows(cpu):
-    sm = cpu.softmaxes.get(8, 5)
+    sm = cpu.libraries.softmaxes.get(8, 5)
     x = np.random.default_rng(1).standard_normal((3, 5)).astype(np.float32)
     x[1] = -np.inf                       # fully masked: zeros, as torch's safe softmax
     x[2, 3] = np.nan                     # NaN spreads over its row
@@ -53,7 +53,7 @@ def test_in_place_and_refuses_partial_overlap(cpu):
     that overlaps src elsewhere is refused."""
     x = (np.random.default_rng(4).standard_normal((5, 40)) * 6).astype(np.float32)
     want = _ref(x)
-    sm = cpu.softmaxes.get(5, 40)
+    sm = cpu.libraries.softmaxes.get(5, 40)
     sm(x, x)
     np.testing.assert_allclose(x, want, rtol=1e-5, atol=1e-7)
     buf = np.zeros(5 * 40 + 40, np.float32)
@@ -73,13 +73,13 @@ def test_each_exp_is_taken_once(cpu):
 
 
 def test_is_cached_per_shape(cpu):
-    assert cpu.softmaxes.get(4, 9) is cpu.softmaxes.get(4, 9)
-    assert cpu.softmaxes.get(4, 9) is not cpu.softmaxes.get(4, 10)
+    assert cpu.libraries.softmaxes.get(4, 9) is cpu.libraries.softmaxes.get(4, 9)
+    assert cpu.libraries.softmaxes.get(4, 9) is not cpu.libraries.softmaxes.get(4, 10)
 
 
 @pytest.mark.parametrize("bad", ["dtype", "cols", "rows", "strided", "shape"])
 def test_refuses_what_it_was_not_compiled_for(cpu, bad):
-    sm = cpu.softmaxes.get(4, 6)
+    sm = cpu.libraries.softmaxes.get(4, 6)
     x = np.zeros((4, 6), np.float32)
     out = np.zeros((4, 6), np.float32)
     if bad == "dtype":
@@ -107,7 +107,7 @@ def test_sdpa_without_causal_mask_uses_it(kit, stream):
     out = kit.out(tuple(ref.shape), "float32")
     sdpa(stream, out, kit.tensor(q), kit.tensor(k), kit.tensor(v), kit.tensor(mask))
     kit.close(kit.read(out), ref, "float32")
-    assert any(cols == 37 for _, cols in kit.dev.softmaxes.shapes())
+    assert any(cols == 37 for _, cols in kit.dev.libraries.softmaxes.shapes())
 
 
 @pytest.mark.parametrize("lq,s", [(37, 37), (150, 150), (20, 37)])
@@ -120,7 +120,7 @@ def test_causal_sdpa_uses_it_where_a_block_sees_every_key(kit, stream, monkeypat
     # Unmasked float32 attention takes the fused kernel (backends/cpu/ops/attention.py); the block
     # loop, which this softmax serves, still takes masked and half-type attention.
     monkeypatch.setattr(cpu_attention, "takes", lambda *a: False)
-    cache = kit.dev.softmaxes
+    cache = kit.dev.libraries.softmaxes
     asked, calls = cache.get, []
 
     def get(rows: int, cols: int):

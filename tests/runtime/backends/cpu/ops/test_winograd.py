@@ -26,7 +26,7 @@ def dnnl(monkeypatch: pytest.MonkeyPatch) -> object:
     if cpu_dnnl.find_library() is None:
         pytest.skip(f"{cpu_dnnl.DIST} is not installed")
     monkeypatch.setattr(cpu_dnnl, "FAST_MATMUL", ("",))
-    d = get_device("cpu").dnnl
+    d = get_device("cpu").libraries.dnnl
     assert d is not None, "onednn-cpu-gomp is installed but the device did not load it"
     return d
 
@@ -246,7 +246,7 @@ def test_the_direct_convolution_runs_where_winograd_is_off(dnnl) -> None:
 def test_without_a_compiler_the_direct_convolution_runs(dnnl, monkeypatch) -> None:
     def no_compiler() -> None:
         raise CompileError("cc: not found")
-    monkeypatch.setattr(get_device("cpu").winograd, "library", no_compiler)
+    monkeypatch.setattr(get_device("cpu").libraries.winograd, "library", no_compiler)
     m = _Block(16, 16, 1, True, "relu").eval()
     x = torch.randn(1, 16, 28, 28)
     prog = aotrt.export(m, (x,), layout="channels_last")
