@@ -88,3 +88,24 @@ def test_a_delegate_prepares_its_library_ops_with_its_programs_constants(monkeyp
         assert by_op["mm"] == [False, True]                 # x is an input, w1 a constant
         assert by_op["addmm"] == [True, False, True]        # b2, the chunk of h, w2
     assert constants.current() is None
+
+
+def test_a_dynamic_methods_constants_are_never_re_laid() -> None:
+    """Each size of a dynamic method prepares its own GEMM over the same weight, each of
+    which could want its own layout: the program grants no re-lay right for them."""
+    torch = __import__("pytest").importorskip("torch")
+
+    class Lin(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.w = torch.nn.Linear(16, 8)
+
+        def forward(self, x: Any) -> Any:
+            return self.w(x)
+
+    s = torch.export.Dim("S", min=1, max=32)
+    dyn = aotrt.export(Lin().eval(), (torch.randn(4, 16),), dynamic_shapes=({0: s},))
+    static = aotrt.export(Lin().eval(), (torch.randn(4, 16),))
+    with aotrt.load(dyn, device="cpu") as m, aotrt.load(static, device="cpu") as d:
+        assert not m._loaded.constants._sole_read          # noqa: SLF001
+        assert d._loaded.constants._sole_read              # noqa: SLF001 - the static one may
