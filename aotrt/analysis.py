@@ -6,12 +6,15 @@ IR-node costs that the load-time budget counts, and which instructions touch whi
 from __future__ import annotations
 
 import math
-from typing import Any, Iterator
+from typing import TYPE_CHECKING, Any, Iterator, Sequence
 
 import numpy as np
 
 from aotrt.kernels import ir
 from aotrt.limits import Limits, within
+
+if TYPE_CHECKING:  # aotrt.program imports this module
+    from aotrt.program.records import InstructionRecord, TensorRecord
 
 
 class Write:
@@ -251,22 +254,19 @@ def tree_size(k: ir.Kernel, cap: int) -> int:
     return min(sum(size[id(s)] for s in k.stores), cap + 1)
 
 
-def referenced(ins: dict) -> list[int]:
+def referenced(ins: InstructionRecord) -> list[int]:
     """The tensor ids one program instruction reads or writes."""
-    if ins["op"] == "kernel":
-        return list(ins["args"])
-    if ins["op"] == "library":
-        return [t for t in (*ins["outs"], *ins["ins"]) if t is not None]
-    return [ins["dst"], ins["src"]]
+    return ins.referenced
 
 
-def sole_read_constants(tensors: list[dict], instructions: list[dict]) -> set[int]:
+def sole_read_constants(tensors: Sequence[TensorRecord],
+                        instructions: Sequence[InstructionRecord]) -> set[int]:
     """The indices of the constants that exactly one instruction touches (through any of
     their views): that instruction's op may re-lay such a constant's bytes in place."""
     readers: dict[int, set[int]] = {}
     for i, ins in enumerate(instructions):
-        for tid in referenced(ins):
+        for tid in ins.referenced:
             t = tensors[tid]
-            if t["root"] == "constant":
-                readers.setdefault(t["index"], set()).add(i)
+            if t.root == "constant":
+                readers.setdefault(t.index, set()).add(i)
     return {c for c, who in readers.items() if len(who) == 1}

@@ -21,7 +21,7 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from aotrt import dtypes, progress
+from aotrt import progress
 from aotrt.errors import (AotrtError, CompileError, InvalidArgument, ProgramError,
                           Unsupported)
 from aotrt.measure import ms, synced_run, time_calls
@@ -149,21 +149,22 @@ def quantized_layers(prog: Any) -> list[str]:
     from aotrt.runtime.ops.linear_wq import describe
 
     lines, packed, bf16 = [], 0, 0
-    names = list(prog.constants)
+    constants = prog.tables.constants
     for name, m in prog.methods.items():
-        for i, ins in enumerate(m.instructions):
-            if ins["op"] != "library" or ins["fn"] != "linear_wq":
+        rec = m.record
+        for i, ins in enumerate(rec.instructions):
+            if ins.op != "library" or ins.name != "linear_wq":
                 continue
-            params = ins.get("params", {})
-            views = [None if t is None else m.tensors[t] for t in ins["ins"]]
+            params = ins.params
+            views = [None if t is None else rec.tensors[t] for t in ins.ins]
             q = views[1]
-            n, k = q["sizes"][0], q["sizes"][1] * (2 if params.get("bits") == 4 else 1)
+            n, k = q.sizes[0], q.sizes[1] * (2 if params.get("bits") == 4 else 1)
             for v in views[1:4]:
                 if v is not None:
-                    packed += math.prod(v["sizes"]) * dtypes.as_dtype(v["dtype"]).itemsize
+                    packed += math.prod(v.sizes) * v.dtype.itemsize
             bf16 += 2 * n * k
             # the layer's name is its packed weight's (quantize.py's `<layer>.qweight`)
-            layer = names[q["index"]] if q["root"] == "constant" else "(computed weights)"
+            layer = constants[q.index].name if q.root == "constant" else "(computed weights)"
             lines.append(f"  {name} #{i} {layer}: linear_wq {describe(params)}, [{n}, {k}]")
     if lines:
         lines.insert(0, f"quantized layers: {len(lines)}")

@@ -23,9 +23,9 @@ VOCAB_KEY = "whisper.vocab_size"
 
 def _state_len(module: Any) -> int:
     """The self-attention cache's length (prompt + new tokens), from the state's specs."""
-    for s in module.program.state:
-        if s["name"] == "kv.k0":
-            return int(s["shape"][2])
+    s = module.program.tables.state_named("kv.k0")
+    if s is not None:
+        return s.shape[2]
     raise InvalidArgument("module: no self-attention cache 'kv.k0' in its state (export it "
                           "with aotrt.llm.whisper.export_whisper)")
 

@@ -24,7 +24,7 @@ from aotrt.analysis import tree_size
 from aotrt.errors import AotrtError, InvalidArgument, ProgramError
 from aotrt.kernels import ir
 from aotrt.limits import Limits, within
-from aotrt.program.records import MethodRecord
+from aotrt.program.records import ConstantRecord, MethodRecord, ProgramRecord, StateRecord
 from aotrt.program.strides import contiguous_strides, extent
 from aotrt.program.strides import numel_of as numel
 from aotrt.program.validate import (MAX_DIMS, SIZE_LIMIT, Validator, check_dict, check_dtype,
@@ -107,8 +107,10 @@ class Program:
         self.symbolic = list(symbolic)
         # name -> method Program, for a program of several methods (with_methods)
         self._methods: dict[str, Program] | None = None
-        # the method's typed fields, made by the validator (program/records.py)
+        # the method's typed fields and the program's tables, made by the validator
+        # (program/records.py)
         self._record: MethodRecord | None = None
+        self._tables: ProgramRecord | None = None
         self.version = version if version is not None else (
             2 if self.state or self.symbols else 1)
 
@@ -151,6 +153,14 @@ class Program:
             raise ProgramError("the program has no records: Program.validate() makes them, "
                                "per method")
         return self._record
+
+    @property
+    def tables(self) -> ProgramRecord:
+        """The program's typed constants and state (shared by its methods), made when it
+        was validated; a ProgramError before that."""
+        if self._tables is None:
+            raise ProgramError("the program has no records: Program.validate() makes them")
+        return self._tables
 
     @property
     def has_methods(self) -> bool:
@@ -345,9 +355,10 @@ class Program:
         if self.version == 1 and (self.symbols or self.symbolic):
             raise fail("version", "dynamic sizes (symbols) need format version 2")
         if self._methods is None:
-            check_state(self.state, self.constants)
+            state = check_state(self.state, self.constants)
             Validator(self, lim).run()
             _check_dynamic(self, lim, "")
+            self._tables = _tables(self, state, {DEFAULT_METHOD: self})
             return
         if self.inputs or self.outputs or self.tensors or self.instructions:
             raise fail("methods", "a program of several methods keeps inputs, outputs, "
@@ -355,7 +366,7 @@ class Program:
         if not self._methods or len(self._methods) > MAX_METHODS:
             raise fail("methods", f"expected 1 to {MAX_METHODS} methods, got "
                                   f"{len(self._methods)}")
-        check_state(self.state, self.constants)
+        state = check_state(self.state, self.constants)
         arenas = instructions = stores = 0
         first: Validator | None = None
         for name, m in self._methods.items():
@@ -386,6 +397,9 @@ class Program:
             sum(self.root_nbytes()["state"])
         within(arenas + shared, lim, "max_memory_bytes",
                "memory bytes (the methods' arenas + constants + state)")
+        self._tables = _tables(self, state, self._methods)
+        for m in self._methods.values():
+            m._tables = self._tables
 
     def root_nbytes(self) -> dict[str, list[int]]:
         """Byte size of each root: {'arena': [n], 'input': [...], 'output': [...], ...}."""
@@ -394,7 +408,8 @@ class Program:
             "input": [_spec_nbytes(s) for s in self.inputs],
             "output": [_spec_nbytes(s) for s in self.outputs],
             "constant": [int(a.nbytes) for a in self.constants.values()],
-            "state": [_spec_nbytes({**s, "strides": contiguous_strides(s["shape"])}) for s in self.state],
+            "state": [_spec_nbytes({**s, "strides": contiguous_strides(s["shape"])})
+                      for s in self.state],
         }
 
     def summary(self) -> str:
@@ -406,19 +421,16 @@ class Program:
         cbytes = sum(int(a.nbytes) for a in self.constants.values())
         lines.append(f"constants: {len(self.constants)} ({_human(cbytes)})")
         lines.append(f"kernels: {len(self.kernels)}")
-        users: dict[int, list[str]] = {}
-        for name, m in self.methods.items():
-            for i in sorted({t["index"] for t in m.tensors if t["root"] == "state"}):
-                users.setdefault(i, []).append(name)
-        if self.state:
-            lines.append(f"state: {len(self.state)} ({_human(sum(self.root_nbytes()['state']))})")
-        for i, st in enumerate(self.state):
-            who = users.get(i, [])
+        state = self.tables.state
+        if state:
+            lines.append(f"state: {len(state)} ({_human(sum(s.nbytes for s in state))})")
+        for st in state:
+            who = st.methods
             shared = f"shared by {', '.join(who)}" if len(who) > 1 else \
                 f"used by {who[0]}" if who else "used by no method"
-            init = f"initial value from constant {st['init']}" if st["init"] else "zeros"
-            lines.append(f"  state {i} {st['name']}: {st['dtype']}{list(st['shape'])}, {init}, "
-                         f"{shared}")
+            init = f"initial value from constant {st.init}" if st.init else "zeros"
+            lines.append(f"  state {st.index} {st.name}: {st.dtype.name}{list(st.shape)}, "
+                         f"{init}, {shared}")
         for name, m in self.methods.items():
             lines.append(f"method {name}:")
             lines.extend("  " + line for line in m._method_summary())
@@ -433,8 +445,8 @@ class Program:
         lines.append(f"arena: {_human(self.arena_nbytes)}")
         lines.append(f"tensors: {len(self.tensors)}")
         counts: dict[str, int] = {}
-        for ins in self.instructions:
-            key = ins["op"] if ins["op"] != "library" else f"library {ins['fn']}"
+        for ins in self.record.instructions:
+            key = ins.op if ins.op != "library" else f"library {ins.name}"
             counts[key] = counts.get(key, 0) + 1
         lines.append(f"instructions: {len(self.instructions)}")
         for key in sorted(counts):
@@ -442,10 +454,13 @@ class Program:
         return lines
 
 
-def check_state(specs: Any, constants: Mapping[str, np.ndarray]) -> None:
+def check_state(specs: Any, constants: Mapping[str, np.ndarray]
+                ) -> list[tuple[str, dtypes.DType, tuple[int, ...], str | None]]:
     """The state table: unique names, a dtype and a shape each (row-major, within the size
-    limits), and `init` null (zeros) or the name of a constant of that dtype and shape."""
+    limits), and `init` null (zeros) or the name of a constant of that dtype and shape;
+    returns (name, dtype, shape, init) of each."""
     names: set[str] = set()
+    out: list[tuple[str, dtypes.DType, tuple[int, ...], str | None]] = []
     for i, s in enumerate(check_list(specs, "state")):
         w = f"state[{i}]"
         s = check_dict(s, w, _STATE_KEYS)
@@ -459,9 +474,9 @@ def check_state(specs: Any, constants: Mapping[str, np.ndarray]) -> None:
         if numel(shape) * dt.itemsize >= 1 << 62:
             raise fail(f"{w}.shape", f"{dt.name}{list(shape)} overflows 2**62 bytes")
         init = s["init"]
+        out.append((name, dt, shape, None if init is None else check_str(init, f"{w}.init")))
         if init is None:
             continue
-        init = check_str(init, f"{w}.init")
         arr = constants.get(init)
         if arr is None:
             raise fail(f"{w}.init", f"no constant named {init!r}"[:200])
@@ -472,6 +487,27 @@ def check_state(specs: Any, constants: Mapping[str, np.ndarray]) -> None:
         if adt is not dt or tuple(arr.shape) != shape:
             raise fail(f"{w}.init", f"constant {init!r} is {arr.dtype}{list(arr.shape)}, the "
                                     f"state {dt.name}{list(shape)}"[:300])
+    return out
+
+
+def _tables(prog: Program, state: list[tuple[str, dtypes.DType, tuple[int, ...], str | None]],
+            methods: Mapping[str, Program]) -> ProgramRecord:
+    """The typed constants and state of a validated program (its methods validated)."""
+    constants = tuple(ConstantRecord(i, name, dtypes.as_dtype(a.dtype), tuple(a.shape),
+                                     int(a.nbytes))
+                      for i, (name, a) in enumerate(prog.constants.items()))
+    index = {c.name: c.index for c in constants}
+    users: dict[int, list[str]] = {}
+    for mname, m in methods.items():
+        for i in sorted({t.index for t in m.record.tensors if t.root == "state"}):
+            users.setdefault(i, []).append(mname)
+    records = []
+    for i, (name, dt, shape, init) in enumerate(state):
+        strides = tuple(contiguous_strides(shape))
+        records.append(StateRecord(i, name, dt, shape, strides, numel(shape) * dt.itemsize,
+                                   init, None if init is None else index[init],
+                                   tuple(users.get(i, ()))))
+    return ProgramRecord(constants, tuple(records))
 
 
 def _method_fields(doc: dict, where: str) -> dict[str, Any]:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import math
+from types import MappingProxyType
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -21,7 +22,8 @@ from aotrt.kernels import ir
 from aotrt.kernels.bounds import arg_ranges
 from aotrt.limits import DEFAULT as DEFAULT_LIMITS, Limits, within
 from aotrt.program import library
-from aotrt.program.records import MethodRecord, SpecRecord
+from aotrt.program.records import (NO_PARAMS, InstructionRecord, MethodRecord, SpecRecord,
+                                    TensorRecord)
 from aotrt.program.strides import extent, is_packed
 from aotrt.program.strides import numel_of as numel
 
@@ -197,7 +199,9 @@ class Validator:
             json.dumps(p._doc_without_kernels(), allow_nan=False)
         except (TypeError, ValueError) as e:
             raise fail("document", f"not serializable as JSON: {e}") from None
-        p._record = MethodRecord(tuple(self.inputs), tuple(self.outputs))
+        p._record = MethodRecord(tuple(self.inputs), tuple(self.outputs),
+                                 tuple(TensorRecord(*t) for t in self.tensors),
+                                 tuple(_instruction_record(ins) for ins in p.instructions))
 
     def _specs(self, specs: Any, where: str) -> list[SpecRecord]:
         out, names = [], set()
@@ -583,3 +587,16 @@ def _json_value(v: Any, where: str, depth: int = 0) -> None:
         return
     raise fail(where, f"{type(v).__name__} is not a JSON value")
 
+
+def _instruction_record(ins: dict) -> InstructionRecord:
+    """The typed record of a checked instruction dict."""
+    op = ins["op"]
+    if op == "kernel":
+        return InstructionRecord(op, ins["name"], tuple(ins["args"]), (), (), NO_PARAMS,
+                                 ins.get("src") or "")
+    if op == "library":
+        return InstructionRecord(op, ins["fn"], (), tuple(ins["outs"]), tuple(ins["ins"]),
+                                 MappingProxyType(dict(ins.get("params", {}))),
+                                 ins.get("src") or "")
+    return InstructionRecord(op, "", (), (ins["dst"],), (ins["src"],), NO_PARAMS,
+                             ins.get("src_line") or "")

@@ -182,54 +182,53 @@ class Delegate:
             stream.fill(arena, 0)
         loaded = self._loaded
         bases = {"constant": loaded.constant_bases, "state": loaded.state_bases}
-        self._static = [None] * len(prog.tensors)
+        tensors = prog.record.tensors
+        self._static = [None] * len(tensors)
         # Per-run roots: tensor ids and views rooted at each input / output.
         self._per_run: dict[tuple[str, int], list[tuple[int, tuple, tuple, int, DType]]] = {}
-        for tid, t in enumerate(prog.tensors):
-            dt = dtypes.as_dtype(t["dtype"])
-            view = (tuple(t["sizes"]), tuple(t["strides"]), t["byte_offset"] // dt.itemsize, dt)
-            if t["root"] == "arena":
+        for tid, t in enumerate(tensors):
+            dt = t.dtype
+            view = (t.sizes, t.strides, t.offset, dt)
+            if t.root == "arena":
                 self._static[tid] = shims.reinterpret_tensor(arena, *view[:3], dtype=dt)
-            elif t["root"] in bases:
+            elif t.root in bases:
                 # Constants and state live as long as the program: their views are static.
-                base = bases[t["root"]][t["index"]]
+                base = bases[t.root][t.index]
                 self._static[tid] = shims.reinterpret_tensor(base, *view[:3], dtype=dt)
             else:
-                self._per_run.setdefault((t["root"], t["index"]), []).append((tid, *view))
+                self._per_run.setdefault((t.root, t.index), []).append((tid, *view))
         # The arena's base is no longer needed: the views keep the memory alive.
         shims.delete_tensor_object(arena)
 
     def _make_steps(self) -> None:
         prog = self.program
+        instructions = prog.record.instructions
         lib = self._loaded.library      # the program's: compiled once for every method
         if self._own_kernels and prog.kernels:
-            used = {ins["name"] for ins in prog.instructions if ins["op"] == "kernel"}
+            used = {ins.name for ins in instructions if ins.op == "kernel"}
             lib = self.device.kernel_library([k for k in prog.kernels if k.name in used])
             self._res.library = lib
         ops = None
-        for i, ins in enumerate(prog.instructions):
-            op = ins["op"]
-            src = ins.get("src_line" if op == "copy" else "src") or ""
-            what = {"kernel": ins.get("name"), "library": ins.get("fn")}.get(op)
-            label = f"instruction #{i} {op}" + (f" {what}" if what else "") + \
+        for i, ins in enumerate(instructions):
+            op, src = ins.op, ins.source
+            label = f"instruction #{i} {op}" + (f" {ins.name}" if ins.name else "") + \
                 (f" [{src}]" if src else "")
             if op == "kernel":
                 # Resolved once: arena/constant views become pointers and access records now;
                 # each run patches in only the views rooted at its inputs and outputs.
-                args = tuple(ins["args"])
-                launch = lib.kernel(ins["name"]).prepare([self._static[t] for t in args])
+                args = ins.args
+                launch = lib.kernel(ins.name).prepare([self._static[t] for t in args])
                 step = _Step(_KERNEL, launch, tuple(args[i] for i in launch.per_run), None, {},
                              label)
             elif op == "library":
                 ops = ops if ops is not None else library_ops()
-                fn = ops.get(ins["fn"])
+                fn = ops.get(ins.name)
                 if fn is None:
-                    raise Unsupported(f"{label}: library op {ins['fn']!r} is not in this "
+                    raise Unsupported(f"{label}: library op {ins.name!r} is not in this "
                                       f"runtime (known: {sorted(ops)})")
-                step = _Step(_LIBRARY, fn, tuple(ins["outs"]), tuple(ins["ins"]),
-                             dict(ins.get("params", {})), label)
+                step = _Step(_LIBRARY, fn, ins.outs, ins.ins, dict(ins.params), label)
             else:  # copy
-                step = _Step(_COPY, None, ins["dst"], ins["src"], {}, label)
+                step = _Step(_COPY, None, ins.outs[0], ins.ins[0], {}, label)
             self._plan(step)
             self._steps.append(step)
 
@@ -462,7 +461,7 @@ class Delegate:
                 bound, temps = temps, []
                 self._cleanup(bound, False)
                 launch()
-                views: list[Handle | None] = [None] * len(prog.tensors)
+                views: list[Handle | None] = [None] * len(self._static)
                 for k, spec in enumerate(self.outputs):
                     o = outs[k] if outs is not None else None
                     if o is not None and o.kind in ("handle", "blob", "empty"):

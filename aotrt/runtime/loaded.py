@@ -19,7 +19,6 @@ from aotrt import dtypes
 from aotrt.analysis import sole_read_constants
 from aotrt.errors import InvalidArgument
 from aotrt.program import Program
-from aotrt.program.strides import contiguous_strides
 from aotrt.runtime import finalize, shims
 from aotrt.runtime.constants import Constants
 from aotrt.runtime.device import Device, KernelLibrary, Stream
@@ -49,7 +48,7 @@ class LoadedProgram:
         self._closer = finalize.finalizer(self, teardown, self._res)
         self.constant_bases: list[Handle] = []
         self.state_bases: list[Handle] = []
-        self._state_index = {s["name"]: i for i, s in enumerate(program.state)}
+        self._state_index = {s.name: s.index for s in program.tables.state}
         try:
             with owner_scope(self.owner):
                 self.stream: Stream = device.create_stream(options)
@@ -72,14 +71,13 @@ class LoadedProgram:
         # A constant that one instruction of one method alone reads may be re-laid in place
         # for that instruction (cpu oneDNN): a read from any other method forbids it.
         methods = list(prog.methods.values())
-        used = [{t["index"] for t in m.tensors if t["root"] == "constant"} for m in methods]
+        used = [{t.index for t in m.record.tensors if t.root == "constant"} for m in methods]
         # A state's initial value is read by reset() too: never re-laid.
-        names = list(prog.constants)
-        inits = {names.index(s["init"]) for s in prog.state if s["init"] is not None}
+        inits = {s.init_index for s in prog.tables.state if s.init_index is not None}
         # A dynamic method's sizes each prepare their own op over the same weight, each
         # wanting its own layout: none of its constants is re-laid.
         sole = {c for i, m in enumerate(methods) if not m.is_dynamic
-                for c in sole_read_constants(m.tensors, m.instructions)
+                for c in sole_read_constants(m.record.tensors, m.record.instructions)
                 if c not in inits and not any(c in u for j, u in enumerate(used) if j != i)}
         #: the constants' allocation and the right to re-lay them (runtime/constants.py)
         self.constants = Constants(calloc, frozenset(
@@ -93,23 +91,19 @@ class LoadedProgram:
                 dev.write(base, np.ascontiguousarray(arr).reshape(-1).view(np.uint8))
 
     def _state(self) -> None:
-        for spec in self.program.state:
-            dt = dtypes.as_dtype(spec["dtype"])
-            nbytes = int(np.prod(spec["shape"], dtype=np.int64)) * dt.itemsize
+        for spec in self.program.tables.state:
             # One allocation per buffer, so that a view of one can never reach another.
-            self.state_bases.append(shims.empty_strided([nbytes], [1], dtypes.uint8,
+            self.state_bases.append(shims.empty_strided([spec.nbytes], [1], dtypes.uint8,
                                                         self.device))
         self._reset()
 
     def _reset(self) -> None:
-        names = list(self.program.constants)
-        for i, spec in enumerate(self.program.state):
-            base = self.state_bases[i]
-            if spec["init"] is None:
+        for spec in self.program.tables.state:
+            base = self.state_bases[spec.index]
+            if spec.init_index is None:
                 self.stream.fill(base, 0)
             else:
-                src = self.constant_bases[names.index(spec["init"])]
-                self.stream.copy(base, src)
+                self.stream.copy(base, self.constant_bases[spec.init_index])
 
     def snapshot_state(self) -> list[Handle]:
         """Copies of every state buffer (queued on the stream), for `restore_state`: a CUDA
@@ -163,10 +157,8 @@ class LoadedProgram:
             if i is None:
                 raise InvalidArgument(f"state {name!r}: the program's state is "
                                       f"{sorted(self._state_index)}")
-            spec = self.program.state[i]
-            dt = dtypes.as_dtype(spec["dtype"])
-            shape = [int(n) for n in spec["shape"]]
-            strides = contiguous_strides(shape)
+            spec = self.program.tables.state[i]
+            dt, shape, strides = spec.dtype, list(spec.shape), list(spec.strides)
             view = shims.reinterpret_tensor(self.state_bases[i], shape, strides, 0, dtype=dt)
             try:
                 with owner_scope(PROCESS_OWNER), self.device.stream_guard(self.stream):

@@ -25,6 +25,7 @@ from aotrt.runtime.tensor import Handle
 from aotrt.runtime.work import Work
 
 if TYPE_CHECKING:   # the delegate imports this module
+    from aotrt.program.records import InstructionRecord, TensorRecord
     from aotrt.runtime.delegate import Delegate
 
 log = logging.getLogger(__name__)
@@ -295,17 +296,17 @@ def _python(works: Sequence[tuple[str, Callable[[], None]]]) -> Callable[[], Non
 HOME_ALIGN = 256
 
 
-def _extent(t: dict) -> tuple[int, int] | None:
+def _extent(t: TensorRecord) -> tuple[int, int] | None:
     """The bytes [lo, hi) of a program tensor's view within its root; None when empty."""
-    sizes, strides = t["sizes"], t["strides"]
+    sizes, strides = t.sizes, t.strides
     if any(n == 0 for n in sizes):
         return None
-    itemsize = as_dtype(t["dtype"]).itemsize
     span = sum((n - 1) * abs(st) for n, st in zip(sizes, strides)) + 1
-    return t["byte_offset"], t["byte_offset"] + span * itemsize
+    return t.byte_offset, t.byte_offset + span * t.dtype.itemsize
 
 
-def arena_homes(tensors: Sequence[dict], instructions: Sequence[dict], arena_nbytes: int,
+def arena_homes(tensors: Sequence[TensorRecord], instructions: Sequence[InstructionRecord],
+                arena_nbytes: int,
                 nbytes: Sequence[int]) -> list[int | None]:
     """A byte offset in the arena for each program input's static buffer (`nbytes[k]`
     bytes), or None where the arena has no room for it.
@@ -322,8 +323,8 @@ def arena_homes(tensors: Sequence[dict], instructions: Sequence[dict], arena_nby
     for i, ins in enumerate(instructions):
         for tid in referenced(ins):
             t = tensors[tid]
-            if t["root"] == "input":
-                readers[t["index"]] = i
+            if t.root == "input":
+                readers[t.index] = i
     taken: list[tuple[int, int]] = []
     homes: list[int | None] = []
     for k, size in enumerate(nbytes):
@@ -332,7 +333,7 @@ def arena_homes(tensors: Sequence[dict], instructions: Sequence[dict], arena_nby
         for ins in instructions[:last + 1]:
             for tid in referenced(ins):
                 t = tensors[tid]
-                ext = _extent(t) if t["root"] == "arena" else None
+                ext = _extent(t) if t.root == "arena" else None
                 if ext is not None:
                     busy.append(ext)
         home = _first_gap(sorted(busy), arena_nbytes, max(size, 1))
@@ -349,16 +350,17 @@ def static_inputs(program: Any, static: Sequence[Handle | None], nbytes: Sequenc
     `arena_homes` finds room, else memory of their own."""
     u8 = as_dtype("uint8")
     sizes = [max(n, 1) for n in nbytes]
-    anchor = next((h for h, t in zip(static, program.tensors)
-                   if h is not None and t["root"] == "arena"), None)
+    record = program.record
+    anchor = next((h for h, t in zip(static, record.tensors)
+                   if h is not None and t.root == "arena"), None)
     homes = [None] * len(sizes) if anchor is None else arena_homes(
-        program.tensors, program.instructions, program.arena_nbytes, sizes)
+        record.tensors, record.instructions, program.arena_nbytes, sizes)
     return [shims.empty_strided([n], [1], u8, device) if home is None else
             shims.reinterpret_tensor(anchor, [n], [1], home - anchor.byte_offset, dtype=u8)
             for n, home in zip(sizes, homes)]
 
 
-def _read_first(tensors: Sequence[dict], instructions: Sequence[dict],
+def _read_first(tensors: Sequence[TensorRecord], instructions: Sequence[InstructionRecord],
                 after: int) -> list[tuple[int, int]]:
     """Arena byte ranges that an instruction past index `after` may read before any
     instruction past it writes them. Only a library op's outputs (not also among its
@@ -367,32 +369,32 @@ def _read_first(tensors: Sequence[dict], instructions: Sequence[dict],
     written: list[tuple[int, int]] = []     # merged, sorted ranges written so far
     unsafe: list[tuple[int, int]] = []
     for ins in instructions[after + 1:]:
-        if ins["op"] == "library":
-            reads = [t for t in ins["ins"] if t is not None]
-            writes = [t for t in ins["outs"] if t is not None and t not in reads]
-        elif ins["op"] == "copy":
-            reads, writes = [ins["src"]], [ins["dst"]]
+        if ins.op == "library":
+            reads = [t for t in ins.ins if t is not None]
+            writes = [t for t in ins.outs if t is not None and t not in reads]
+        elif ins.op == "copy":
+            reads, writes = list(ins.ins), list(ins.outs)
         else:
-            reads, writes = list(ins["args"]), []
+            reads, writes = list(ins.args), []
         for tid in reads:
             t = tensors[tid]
-            ext = _extent(t) if t["root"] == "arena" else None
+            ext = _extent(t) if t.root == "arena" else None
             if ext is not None:
                 unsafe += _minus(ext, written)
         for tid in writes:
             t = tensors[tid]
-            ext = _extent(t) if t["root"] == "arena" else None
+            ext = _extent(t) if t.root == "arena" else None
             if ext is not None and _dense(t, ext):
                 written = _merged(written + [ext])
     return unsafe
 
 
-def _dense(t: dict, ext: tuple[int, int]) -> bool:
+def _dense(t: TensorRecord, ext: tuple[int, int]) -> bool:
     """Whether a view's elements fill its byte extent (it writes every byte of it)."""
     numel = 1
-    for n in t["sizes"]:
+    for n in t.sizes:
         numel *= n
-    return numel * as_dtype(t["dtype"]).itemsize == ext[1] - ext[0]
+    return numel * t.dtype.itemsize == ext[1] - ext[0]
 
 
 def _merged(ranges: list[tuple[int, int]]) -> list[tuple[int, int]]:

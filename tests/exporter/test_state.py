@@ -65,7 +65,7 @@ def _fresh_copy(m: torch.nn.Module) -> torch.nn.Module:
 def test_state_survives_runs_and_reset_restores_it() -> None:
     m = Counter().eval()
     prog = aotrt.export(m, (torch.zeros(4),))
-    assert [s["name"] for s in prog.state] == ["total", "steps"]
+    assert [s.name for s in prog.tables.state] == ["total", "steps"]
     assert prog.outputs[0]["shape"] == [4] and len(prog.outputs) == 1   # no state outputs
     ref = _fresh_copy(m)
     with aotrt.load(prog, device="cpu", check_hazards=True) as mod:
@@ -134,7 +134,7 @@ def _methods(share: bool | list[str]) -> aotrt.Program:
 
 def test_methods_own_their_state_unless_sharing_is_asked() -> None:
     prog = _methods(False)
-    assert sorted(s["name"] for s in prog.state) == ["a.steps", "a.total", "b.steps",
+    assert sorted(s.name for s in prog.tables.state) == ["a.steps", "a.total", "b.steps",
                                                      "b.total"]
     with aotrt.load(prog, device="cpu", check_hazards=True) as mod:
         assert mod.methods == ("a", "b")
@@ -150,7 +150,7 @@ def test_methods_own_their_state_unless_sharing_is_asked() -> None:
 @pytest.mark.parametrize("share", [True, ["total", "steps"]])
 def test_shared_state_is_one_buffer(share: bool | list[str]) -> None:
     prog = _methods(share)
-    assert sorted(s["name"] for s in prog.state) == ["steps", "total"]
+    assert sorted(s.name for s in prog.tables.state) == ["steps", "total"]
     with aotrt.load(prog, device="cpu", check_hazards=True) as mod:
         mod.method("a").run(np.ones(4, np.float32))
         got, = mod.method("b").run(np.ones(4, np.float32))
@@ -350,7 +350,7 @@ def test_a_shared_buffer_one_method_only_reads_is_state_there(device: str,
     x = torch.zeros(4)
     prog = aotrt.export({"remember": (_Method(mem, True), (x,)),
                          "recall": (_Method(mem, False), (x,))}, share_state=share)
-    assert [s["name"] for s in prog.state] == ["m.mem"]
+    assert [s.name for s in prog.tables.state] == ["m.mem"]
     with aotrt.load(prog, device=device, check_hazards=True) as m:
         m.method("remember").run(np.arange(4, dtype=np.float32))
         got, = m.method("recall").run(np.ones(4, np.float32))

@@ -112,7 +112,7 @@ def test_transcription_equals_hugging_face(device: str) -> None:
     c = _case()
     prog = c["prog"]
     assert sorted(prog.methods) == ["decode", "encode", "prefill"]
-    assert sorted(s["name"] for s in prog.state) == sorted(
+    assert sorted(s.name for s in prog.tables.state) == sorted(
         f"kv.{k}{i}" for k in ("k", "v", "ck", "cv") for i in range(2))
     ref1, ref2, eos = c["ref1"], c["ref2"], c["eos"]
     # The case is what it claims: suppression changed HF's tokens, eos ended row 0 early

@@ -4,12 +4,15 @@ tests/runtime/backends/cuda/test_device.py)."""
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 import pytest
 
 import aotrt
 from aotrt import dtypes
 from aotrt.errors import HazardError, InvalidArgument
+from aotrt.program.records import NO_PARAMS, InstructionRecord, TensorRecord
 from aotrt.runtime import shims
 from aotrt.runtime.device import StreamOptions, get_device
 from aotrt.runtime.replays import StaticIO, lean_ok
@@ -255,20 +258,19 @@ def test_a_plan_that_fails_to_build_leaves_nothing_and_the_next_run_builds_it(
             np.testing.assert_allclose(np.asarray(got), want, rtol=1e-5, atol=1e-5)
 
 
-def _t(root: str, offset: int, sizes: list[int], index: int = 0) -> dict:
+def _t(root: str, offset: int, sizes: list[int], index: int = 0) -> TensorRecord:
     strides = [1] * len(sizes)
     for d in range(len(sizes) - 2, -1, -1):
         strides[d] = strides[d + 1] * sizes[d + 1]
-    return {"root": root, "index": index, "byte_offset": offset, "sizes": sizes,
-            "strides": strides, "dtype": "float32"}
+    return TensorRecord(root, index, offset, dtypes.float32, tuple(sizes), tuple(strides))
 
 
-def _k(*args: int) -> dict:
-    return {"op": "kernel", "args": list(args)}
+def _k(*args: int) -> InstructionRecord:
+    return InstructionRecord("kernel", "k", args, (), (), NO_PARAMS, "")
 
 
-def _lib(outs: list[int], ins: list[int]) -> dict:
-    return {"op": "library", "outs": outs, "ins": ins}
+def _lib(outs: list[int], ins: list[int]) -> InstructionRecord:
+    return InstructionRecord("library", "op", (), tuple(outs), tuple(ins), NO_PARAMS, "")
 
 
 def test_an_input_takes_arena_bytes_untouched_until_its_last_reader() -> None:
@@ -292,7 +294,7 @@ def test_bytes_read_before_they_are_written_are_no_home() -> None:
     from aotrt.runtime.replays import arena_homes
 
     tensors = [_t("input", 0, [256]), _t("arena", 0, [256]), _t("arena", 1024, [256]),
-               {**_t("arena", 1024, [128]), "strides": [2]}]
+               dataclasses.replace(_t("arena", 1024, [128]), strides=(2,))]
     assert arena_homes(tensors, [_lib([1], [0]), _k(2)], 2048, [1024]) == [None]
     assert arena_homes(tensors, [_lib([1], [0]), _lib([3], [1]), _lib([1], [2])], 2048,
                        [1024]) == [None]
@@ -341,10 +343,11 @@ def test_a_replays_static_input_costs_no_memory_of_its_own() -> None:
     b.copy(u, t)
     b.copy(o, u)
     prog = b.build()
-    u_at = next(tt["byte_offset"] for tt in prog.tensors
-                if tt["root"] == "arena" and tt["byte_offset"] != prog.tensors[
-                    prog.instructions[0]["dst"]]["byte_offset"])
-    assert arena_homes(prog.tensors, prog.instructions, prog.arena_nbytes, [256]) == [u_at]
+    rec = prog.record
+    u_at = next(tt.byte_offset for tt in rec.tensors
+                if tt.root == "arena" and tt.byte_offset != rec.tensors[
+                    rec.instructions[0].outs[0]].byte_offset)
+    assert arena_homes(rec.tensors, rec.instructions, prog.arena_nbytes, [256]) == [u_at]
     dev = get_device("cpu")
     with aotrt.load(prog, device="cpu") as m:
         def mine() -> int:
