@@ -6,7 +6,8 @@ form: the exporter builds them and `Program.save` writes them. The runtime never
 them: it reads these records, frozen, which `Program.validate` makes again from the dicts
 each time it runs (every load validates), so a record never outlives an edit of a dict
 that was validated again. Typed: a method's inputs and outputs (`SpecRecord`), tensors
-(`TensorRecord`) and instructions (`InstructionRecord`), in `MethodRecord`
+(`TensorRecord`), instructions (`InstructionRecord`), arena size and output tensors, in
+`MethodRecord`
 (`Program.record`); the program's constants (`ConstantRecord`) and state (`StateRecord`),
 in `ProgramRecord` (`Program.tables`). Kernels are `aotrt.kernels.ir.Kernel` objects
 already; a method's symbols stay dicts (program/symbols.py reads them at load).
@@ -83,12 +84,15 @@ class InstructionRecord:
 
 @dataclass(frozen=True)
 class MethodRecord:
-    """A validated method's typed fields: inputs, outputs, tensors and instructions."""
+    """A validated method's typed fields: inputs, outputs, tensors, instructions, the
+    arena's byte size and the tensor holding each output."""
 
     inputs: tuple[SpecRecord, ...]
     outputs: tuple[SpecRecord, ...]
     tensors: tuple[TensorRecord, ...]
     instructions: tuple[InstructionRecord, ...]
+    arena_nbytes: int
+    outputs_tensors: tuple[int, ...]
 
 
 @dataclass(frozen=True)

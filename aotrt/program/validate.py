@@ -201,7 +201,8 @@ class Validator:
             raise fail("document", f"not serializable as JSON: {e}") from None
         p._record = MethodRecord(tuple(self.inputs), tuple(self.outputs),
                                  tuple(TensorRecord(*t) for t in self.tensors),
-                                 tuple(_instruction_record(ins) for ins in p.instructions))
+                                 tuple(_instruction_record(ins) for ins in p.instructions),
+                                 int(p.arena_nbytes), tuple(int(t) for t in p.outputs_tensors))
 
     def _specs(self, specs: Any, where: str) -> list[SpecRecord]:
         out, names = [], set()

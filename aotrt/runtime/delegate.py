@@ -155,6 +155,8 @@ class Delegate:
         prog, dev = self.program, self.device
         self.inputs = list(prog.record.inputs)
         self.outputs = list(prog.record.outputs)
+        #: the tensor id holding each output
+        self._out_tids = prog.record.outputs_tensors
         if self._loaded is None:
             # The thread count and the float32 math belong to this delegate's own stream:
             # other delegates and streams keep theirs.
@@ -171,12 +173,12 @@ class Delegate:
 
     def _make_roots(self) -> None:
         prog, dev, stream = self.program, self.device, self._stream
-        u8 = dtypes.uint8
+        u8, nbytes = dtypes.uint8, prog.record.arena_nbytes
         if self._arena_given is not None:
             # The dynamic method's: zeroed when it was made, and big enough (it checks).
-            arena = shims.reinterpret_tensor(self._arena_given, [prog.arena_nbytes], [1], 0)
+            arena = shims.reinterpret_tensor(self._arena_given, [nbytes], [1], 0)
         else:
-            arena = shims.empty_strided([prog.arena_nbytes], [1], u8, dev)
+            arena = shims.empty_strided([nbytes], [1], u8, dev)
             # Pooled memory may hold a previous owner's data: zeroed once here, so no
             # program can read another delegate's tensors from bytes it reads before writing.
             stream.fill(arena, 0)
@@ -299,7 +301,7 @@ class Delegate:
         return self._run(args, outs, out)
 
     def _run(self, args: list[Arg], outs: list[Arg] | None, out: Any) -> tuple[Any, ...]:
-        dev, stream, prog = self.device, self._stream, self.program
+        dev, stream = self.device, self._stream
         handles: list[Handle | None] = list(self._static)
         temps: list[Handle] = []
         copy_back: list[tuple[np.ndarray, Handle]] = []
@@ -324,10 +326,10 @@ class Delegate:
                 stream.label = ""
                 for k, o in enumerate(outs or ()):
                     if o.kind == "stage":
-                        self._unstage(o, handles[prog.outputs_tensors[k]], temps, copy_back)
+                        self._unstage(o, handles[self._out_tids[k]], temps, copy_back)
                 stream.commit()
                 if outs is None:
-                    results = tuple(Tensor._adopt(handles[t]) for t in prog.outputs_tensors)
+                    results = tuple(Tensor._adopt(handles[t]) for t in self._out_tids)
                 for arr, h in copy_back:
                     np.copyto(arr, h.numpy())
             failed = False
@@ -415,7 +417,7 @@ class Delegate:
         p = StaticIO(stream)
         try:
             p.ins, p.outs, handles = self._static_buffers(p.keep)
-            p.set_outputs(output_views(self._per_run, len(p.outs), self.program.outputs_tensors),
+            p.set_outputs(output_views(self._per_run, len(p.outs), self._out_tids),
                           [s.nbytes for s in self.outputs])
             for step in self._steps:
                 if step.planned is None:
@@ -438,7 +440,7 @@ class Delegate:
                     ) -> tuple[Any, ...]:
         """Copy the inputs into `ins`, `launch` the work over them, copy `outs_static` out
         into fresh outputs or the caller's `out` tensors."""
-        dev, stream, prog = self.device, self._stream, self.program
+        dev, stream = self.device, self._stream
         temps: list[Handle] = []
         failed = True
         results: tuple[Any, ...] = ()
@@ -483,7 +485,7 @@ class Delegate:
                     self._views(("output", k), base, views, temps)
                 stream.commit()
                 if outs is None:
-                    results = tuple(Tensor._adopt(views[t]) for t in prog.outputs_tensors)
+                    results = tuple(Tensor._adopt(views[t]) for t in self._out_tids)
             failed = False
         finally:
             self._cleanup(temps, failed)

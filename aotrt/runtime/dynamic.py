@@ -71,7 +71,7 @@ class DynamicMethod:
         self.plan_seconds = 0.0
         self._arena: Handle | None = None
         with owner_scope(self._owner), self.device.stream_guard(loaded.stream):
-            self._arena = shims.empty_strided([max(int(program.arena_nbytes), 1)], [1],
+            self._arena = shims.empty_strided([max(program.record.arena_nbytes, 1)], [1],
                                               dtypes.uint8, self.device)
             loaded.stream.fill(self._arena, 0)
         self.inputs = list(program.record.inputs)

@@ -82,7 +82,7 @@ def capture(d: Delegate) -> GraphReplay:
     allocs = {h.alloc for h in [*d._static, *ins, *outs]
               if h is not None and h.alloc is not None}
     accesses = [Access(a, 0, a.nbytes, True) for a in allocs]
-    out_views = output_views(d._per_run, len(outs), d.program.outputs_tensors)
+    out_views = output_views(d._per_run, len(outs), d.program.record.outputs_tensors)
     return GraphReplay(graph, ins, outs, keep, accesses, [h.address for h in ins], out_views)
 
 
@@ -354,7 +354,7 @@ def static_inputs(program: Any, static: Sequence[Handle | None], nbytes: Sequenc
     anchor = next((h for h, t in zip(static, record.tensors)
                    if h is not None and t.root == "arena"), None)
     homes = [None] * len(sizes) if anchor is None else arena_homes(
-        record.tensors, record.instructions, program.arena_nbytes, sizes)
+        record.tensors, record.instructions, record.arena_nbytes, sizes)
     return [shims.empty_strided([n], [1], u8, device) if home is None else
             shims.reinterpret_tensor(anchor, [n], [1], home - anchor.byte_offset, dtype=u8)
             for n, home in zip(sizes, homes)]

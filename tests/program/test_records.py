@@ -74,6 +74,8 @@ def test_tensors_and_instructions_are_typed() -> None:
     assert (cp.op, cp.outs, cp.ins) == ("copy", (prog.instructions[1]["dst"],),
                                         (prog.instructions[1]["src"],))
     assert cp.referenced == [*cp.outs, *cp.ins]
+    assert rec.arena_nbytes == prog.arena_nbytes
+    assert rec.outputs_tensors == tuple(prog.outputs_tensors)
 
 
 def test_records_are_frozen() -> None:
