@@ -14,13 +14,15 @@ is aotrt/llm/transcribe.py (numpy only).
 
 from __future__ import annotations
 
+import inspect
+
 from typing import Any, Sequence
 
 import torch
 from transformers.cache_utils import Cache, CacheLayerMixin, EncoderDecoderCache
 
 import aotrt
-from aotrt.errors import InvalidArgument
+from aotrt.errors import InvalidArgument, Unsupported
 from aotrt.llm.cache import SlotCache
 from aotrt.llm.transcribe import VOCAB_KEY
 
@@ -98,6 +100,17 @@ class WhisperState(torch.nn.Module):
         return getattr(self, f"{name}{i}")
 
 
+def _cache_arg(decoder: torch.nn.Module) -> str:
+    """The name the decoder's forward takes its cache by: `cache` since transformers 5.2x,
+    `past_key_values` before (5.17 ignored an unknown `cache=` and attended to no cache)."""
+    params = inspect.signature(decoder.forward).parameters
+    for name in ("cache", "past_key_values"):
+        if name in params:
+            return name
+    raise Unsupported(f"{type(decoder).__name__}.forward takes no cache argument this "
+                      f"export knows (cache, past_key_values): transformers changed it")
+
+
 class _Method(torch.nn.Module):
     """What the three methods share: the model and the state, under the same names in each
     method so that share_state pairs their buffers."""
@@ -155,7 +168,8 @@ class _Step(_Method):
         # marked updated, Whisper reads its keys and values from the cache instead.
         enc = torch.zeros(b, 1, inner.config.d_model, dtype=kv.buf("ck", 0).dtype)
         h = inner.decoder(input_ids=ids, attention_mask=mask, encoder_hidden_states=enc,
-                          cache=cache, position_ids=pos, use_cache=True).last_hidden_state
+                          position_ids=pos, use_cache=True,
+                          **{_cache_arg(inner.decoder): cache}).last_hidden_state
         if last is not None:
             h = h.index_select(1, last)
         logits = self.model.proj_out(h).float()

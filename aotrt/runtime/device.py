@@ -170,9 +170,13 @@ class Stream(ABC):
             self._submit_all()
             self.hazards.end_buffer()
             target = self.submitted_seq
-            self._wait()
-            self.completed_seq = target
-            self.completed_waits += 1
+            try:
+                self._wait()
+            finally:
+                # The work ran to its end even where the wait reports its error (a kernel's
+                # flag, a queued work's exception): what it touched is the host's again.
+                self.completed_seq = target
+                self.completed_waits += 1
 
     def synchronize(self, kind: SyncKind | str = SyncKind.COMMIT_AND_WAIT) -> None:
         """Apply a SyncKind (or its name)."""

@@ -11,10 +11,11 @@ import pytest
 
 from aotrt.errors import DeviceError, HazardError, InvalidArgument
 from aotrt import dtypes
+from aotrt.kernels import ir
 from aotrt.runtime import shims
 from aotrt.runtime.device import (Device, Stream, StreamOptions, SyncKind, cuda_available,
                                   default_device, get_device, parse_device)
-from tests.conftest import make_stream
+from tests.conftest import DEVICES, make_stream
 from tests.support import affine_kernel, copy_kernel, iota, iota_kernel, kernel_fn, rand, upload
 
 # -- registry ---------------------------------------------------------------------------------
@@ -759,3 +760,37 @@ def test_planning_keeps_commands_and_replay_queues_them() -> None:
         shims.delete_tensor_object(dst)
     finally:
         s.close()
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_a_kernels_error_is_raised_at_the_wait_and_the_stream_goes_on(device: str) -> None:
+    """The wait that reports a kernel's error (its library's flag) still completes: the
+    host may write the inputs again at once (no hazard), and the next run is clean."""
+    dev = get_device(device)
+    i64 = "int64"
+    chk = ir.Op("index_check", (ir.Load(0, ir.Idx(0), i64), ir.Const(4, i64)), i64)
+    clamp = ir.Op("minimum", (ir.Op("maximum", (chk, ir.Const(0, i64)), i64),
+                              ir.Const(3, i64)), i64)
+    k = ir.Kernel("checked", (3,), (), (ir.Arg(i64, "r"), ir.Arg(i64, "w")),
+                  (ir.Store(1, ir.Idx(0), clamp),))
+    lib = dev.kernel_library([k])
+    stream = dev.create_stream()
+    try:
+        from aotrt.runtime.memory import Owner, owner_scope
+        from aotrt.runtime import shims
+
+        with owner_scope(Owner("test")):
+            idx = shims.empty_strided((3,), (1,), "int64", dev)
+            out = shims.empty_strided((3,), (1,), "int64", dev)
+            for values, bad in (([0, 3, 9], True), ([0, 1, 2], False)):
+                dev.write(idx, np.array(values, np.int64))
+                lib.kernel("checked")(stream, idx, out)
+                if bad:
+                    with pytest.raises(InvalidArgument, match="index out of range"):
+                        stream.commit_and_wait()
+                else:
+                    stream.commit_and_wait()
+                    np.testing.assert_array_equal(dev.read(out), values)
+    finally:
+        stream.close()
+        lib.close()
