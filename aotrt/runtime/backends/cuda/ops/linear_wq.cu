@@ -5,53 +5,11 @@
 // T: x, out and bias's type; S: scales' and zeros' type.
 //
 // aot_wq_gemv: a few rows (decode). One warp per output column (grid-stride over columns);
-// its lanes take chunks of k-values in turn, so a warp reads its weight row once per tile
-// of 8 rows, and the tile's sums are reduced across the warp. Memory-bound: the weights'
-// bytes dominate. `vec` 2: 16-byte loads (16 int8 or 32 int4 values a lane: rows 16-byte
-// aligned, int8 K % 16 == 0, int4 groups of 32 or more, so a chunk is in one group);
-// measured on an H100 the 4-byte loads of `vec` 1 kept too few bytes in flight (Llama-1B's
-// int4 decode 1.4x slower than bf16). `vec` 1: 8-byte (int8) or 4-byte (int4) loads of
-// 8 values; 0: byte loads (rows not aligned).
+// its lanes take chunks of 8 k-values in turn, so a warp reads its weight row once per tile
+// of 8 rows, in 8-byte (int8) or 4-byte (int4) loads where the row is aligned (`vec`), and
+// the tile's sums are reduced across the warp. Memory-bound: the weights' bytes dominate.
 // aot_wq_dequant: many rows (prefill). The weights dequantized into a [N, K] T scratch,
 // which a cuBLASLt GEMM then reads.
-
-// One lane's share of a row in 16-byte chunks (vec 2): 16 int8 or 32 int4 values a chunk,
-// each multiplied into the tile's R rows of x; four chunks in flight a lane.
-template <typename T, typename S, int BITS>
-__device__ __forceinline__ void wide_chunks(const T* xr, const unsigned char* qn,
-    const S* scales, const S* zeros, float* acc, int R, int64_t n, int64_t K, int64_t G,
-    int64_t GS, int64_t xrs, float s8, int lane) {
-  constexpr int PER = BITS == 8 ? 16 : 32;        // values a 16-byte chunk holds
-  const int64_t chunks = K / PER;
-#pragma unroll 4
-  for (int64_t c = lane; c < chunks; c += 32) {
-    const int64_t k0 = c * PER;
-    const uint4 v = *(const uint4*)(qn + (BITS == 8 ? k0 : k0 >> 1));
-    const uint32_t word[4] = {v.x, v.y, v.z, v.w};
-    float w[PER];
-    if (BITS == 8) {
-#pragma unroll
-      for (int j = 0; j < 16; j++)
-        w[j] = (float)(signed char)((word[j >> 2] >> (8 * (j & 3))) & 0xffu) * s8;
-    } else {
-      const int64_t g = k0 / GS;
-      const float s = ld(scales + n * G + g), z = ld(zeros + n * G + g);
-#pragma unroll
-      for (int j = 0; j < 32; j++)
-        w[j] = ((float)((word[j >> 3] >> (4 * (j & 7))) & 15u) - z) * s;
-    }
-#pragma unroll
-    for (int r = 0; r < 8; r++) {
-      if (r < R) {
-        const T* xk = xr + r * xrs + k0;
-        float a = 0.0f;
-#pragma unroll
-        for (int j = 0; j < PER; j++) a += ld(xk + j) * w[j];
-        acc[r] += a;
-      }
-    }
-  }
-}
 
 template <typename T, typename S, int BITS>
 __device__ void wq_gemv(const T* x, const unsigned char* q, const S* scales, const S* zeros,
@@ -70,9 +28,6 @@ __device__ void wq_gemv(const T* x, const unsigned char* q, const S* scales, con
       float acc[8];
 #pragma unroll
       for (int r = 0; r < 8; r++) acc[r] = 0.0f;
-      if (vec == 2) {
-        wide_chunks<T, S, BITS>(xr, qn, scales, zeros, acc, R, n, K, G, GS, xrs, s8, lane);
-      } else
       for (int64_t c = lane; c < chunks; c += 32) {
         const int64_t k0 = c << 3;
         float w[8];
@@ -115,7 +70,7 @@ __device__ void wq_gemv(const T* x, const unsigned char* q, const S* scales, con
           }
         }
       }
-      if (BITS == 8 && vec != 2) {
+      if (BITS == 8) {
         // int8 rows of any K: the last K % 8 values one lane each
         for (int64_t k = (chunks << 3) + lane; k < K; k += 32) {
           const float wk = (float)(signed char)qn[k] * s8;

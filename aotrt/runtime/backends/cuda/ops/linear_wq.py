@@ -72,15 +72,11 @@ def make_linear_wq(out: Handle, x: Handle, qweight: Handle, scales: Handle,
     if gemv:
         kern = kernel(dev, KERNELS, f"aot_wq_gemv{suffix}")
         cfg = dev.launch_config(n * 32)
-        # 16-byte loads where rows stay 16-byte aligned and a chunk (16 int8, 32 int4 values)
-        # ends inside the row and its group; else 8-byte (int8) or 4-byte (int4) loads
+        # 8-byte (int8) or 4-byte (int4) loads of each row's chunks where rows stay aligned
+        unit = 8 if bits == 8 else 4
         row_bytes = k if bits == 8 else k // 2
         # a packed copy is scratch, 256-byte aligned
-        def aligned(unit: int) -> bool:
-            return row_bytes % unit == 0 and (id(qweight) in packs or
-                                              qweight.address % unit == 0)
-        wide = aligned(16) and (k % 16 == 0 if bits == 8 else group_size % 32 == 0)
-        vec = 2 if wide else 1 if aligned(8 if bits == 8 else 4) else 0
+        vec = row_bytes % unit == 0 and (id(qweight) in packs or qweight.address % unit == 0)
 
         def work(s: "CudaStream") -> None:
             from cuda.core import launch
@@ -90,7 +86,7 @@ def make_linear_wq(out: Handle, x: Handle, qweight: Handle, scales: Handle,
                 ptr = pointers(s, scratch)
                 args = typed([ptr["x"], ptr["q"], ptr["s"], ptr["z"], ptr["b"], ptr["out"], m, n,
                               k, groups, group_size, xrs, ors])
-                launch(s.cs, cfg, kern, *args, i32(vec))
+                launch(s.cs, cfg, kern, *args, i32(1 if vec else 0))
                 if not o_direct:
                     copy_unpacked(dev, s, out, ptr["out"])
             finally:
