@@ -15,7 +15,8 @@ of the group's matrix (a matrix-vector product per row), which matters in a long
 not in decode. The reduction runs along K, fast where K is the weight's contiguous dim
 (transformers' [experts, N, K] layout): an [experts, K, N] weight (`is_transposed` experts)
 is read across rows, 18x slower on cpu for 2 rows by a 1024 x 2048 expert. Rows past
-`offs[-1]` are zero (the fallback's value; torch leaves them undefined). Products accumulate in float32 and round once, as torch's grouped GEMM does.
+`offs[-1]` are zero (the fallback's value; torch leaves them undefined). Products accumulate
+in float32 and round once, as torch's grouped GEMM does.
 """
 
 from __future__ import annotations

@@ -1,4 +1,5 @@
-"""aotrt/program/format.py: the .aotp file round trip, the builder, and every refusal of a bad file."""
+"""aotrt/program/format.py: the .aotp file round trip, the builder, and every refusal of a
+bad file."""
 
 from __future__ import annotations
 
