@@ -14,7 +14,8 @@ from torch.export.graph_signature import OutputKind
 from aotrt.errors import Unsupported
 from aotrt.exporter.builder import ProgramBuilder
 from aotrt.exporter.nodes import to_numpy
-from aotrt.exporter.tview import Buf, TView, is_row_major
+from aotrt.exporter.tview import Buf, TView
+from aotrt.program.strides import is_row_major
 from aotrt.program import Program
 from aotrt.program.strides import contiguous_strides
 

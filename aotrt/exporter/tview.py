@@ -72,16 +72,6 @@ class TView:
                      tuple(int(s) for s in strides), self.dtype)
 
 
-def is_row_major(sizes: Sequence[int], strides: Sequence[int]) -> bool:
-    """C-contiguous, ignoring strides of size-1 dims."""
-    expect = 1
-    for n, s in zip(reversed(sizes), reversed(strides)):
-        if n != 1 and s != expect:
-            return False
-        expect *= n
-    return True
-
-
 def is_injective(sizes: Sequence[int], strides: Sequence[int]) -> bool:
     """True when no two indices of the layout reach the same element (gaps allowed)."""
     if math.prod(sizes) == 0:

@@ -18,6 +18,18 @@ from tests.llm.models import VOCAB, build
 NEW = 16
 
 
+def _assert_tokens_equal(prog: aotrt.Program, ref: torch.nn.Module, device: str,
+                         seed: int) -> None:
+    """aotrt's greedy tokens for a random prompt equal the torch model's own generate."""
+    ids = np.random.default_rng(seed).integers(3, VOCAB, (1, 9))
+    with aotrt.load(prog, device=device, check_hazards=True) as m:
+        got = llm.generate(m, ids, max_new_tokens=NEW, eos_token_id=[])
+    want = ref.generate(torch.tensor(ids), max_new_tokens=NEW, do_sample=False,
+                        cache_implementation="static", pad_token_id=0, eos_token_id=None)
+    assert len(np.unique(want[0, 9:].numpy())) > 4
+    np.testing.assert_array_equal(got, want.numpy())
+
+
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("family,weights", [("gpt2", "int8"), ("llama", "int4"),
                                             ("qwen3", "int8")])
@@ -30,13 +42,7 @@ def test_quantized_tokens_equal_the_quantized_torch_model(family: str, weights: 
     ref = copy.deepcopy(model)
     layers = quantize_linears(ref, weights, 32)
     assert len(layers) >= 9            # GPT-2's Conv1D layers and the head are included
-    ids = np.random.default_rng(1).integers(3, VOCAB, (1, 9))
-    with aotrt.load(prog, device=device, check_hazards=True) as m:
-        got = llm.generate(m, ids, max_new_tokens=NEW, eos_token_id=[])
-    want = ref.generate(torch.tensor(ids), max_new_tokens=NEW, do_sample=False,
-                        cache_implementation="static", pad_token_id=0, eos_token_id=None)
-    assert len(np.unique(want[0, 9:].numpy())) > 4
-    np.testing.assert_array_equal(got, want.numpy())
+    _assert_tokens_equal(prog, ref, device, seed=1)
     # The float weights' bytes, once each (the tied head shares the embedding's).
     params = {id(p): p.numel() * p.element_size() for p in model.parameters()}
     size = sum(a.nbytes for a in prog.constants.values())
@@ -54,13 +60,7 @@ def test_quantized_embeddings_tokens_equal_and_a_tied_table_is_stored_once(
     tables = quantize_embeddings(ref, weights, 32)
     quantize_linears(ref, weights, 32)
     assert len(tables) == (2 if family == "gpt2" else 1)   # GPT-2's positions too
-    ids = np.random.default_rng(2).integers(3, VOCAB, (1, 9))
-    with aotrt.load(prog, device=device, check_hazards=True) as m:
-        got = llm.generate(m, ids, max_new_tokens=NEW, eos_token_id=[])
-    want = ref.generate(torch.tensor(ids), max_new_tokens=NEW, do_sample=False,
-                        cache_implementation="static", pad_token_id=0, eos_token_id=None)
-    assert len(np.unique(want[0, 9:].numpy())) > 4
-    np.testing.assert_array_equal(got, want.numpy())
+    _assert_tokens_equal(prog, ref, device, seed=2)
     # (tests/exporter/test_quantize.py checks that a tied table is stored exactly once)
     stored = sum(a.nbytes for a in prog.constants.values())
     floats = sum(p.numel() * p.element_size() for p in model.parameters())
