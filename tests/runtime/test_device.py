@@ -13,6 +13,7 @@ from aotrt.errors import DeviceError, HazardError, InvalidArgument
 from aotrt import dtypes
 from aotrt.kernels import ir
 from aotrt.runtime import shims
+from aotrt.runtime.memory import Owner, owner_scope
 from aotrt.runtime.device import (Device, Stream, StreamOptions, SyncKind, cuda_available,
                                   default_device, get_device, parse_device)
 from tests.conftest import DEVICES, make_stream
@@ -775,13 +776,14 @@ def test_a_kernels_error_is_raised_at_the_wait_and_the_stream_goes_on(device: st
                   (ir.Store(1, ir.Idx(0), clamp),))
     lib = dev.kernel_library([k])
     stream = dev.create_stream()
+    handles = []
     try:
-        from aotrt.runtime.memory import Owner, owner_scope
-        from aotrt.runtime import shims
-
-        with owner_scope(Owner("test")):
+        # The stream current, so that what the test frees goes to its pool, purged at close.
+        with dev.stream_guard(stream), owner_scope(Owner("test")):
             idx = shims.empty_strided((3,), (1,), "int64", dev)
+            handles.append(idx)
             out = shims.empty_strided((3,), (1,), "int64", dev)
+            handles.append(out)
             for values, bad in (([0, 3, 9], True), ([0, 1, 2], False)):
                 dev.write(idx, np.array(values, np.int64))
                 lib.kernel("checked")(stream, idx, out)
@@ -792,5 +794,10 @@ def test_a_kernels_error_is_raised_at_the_wait_and_the_stream_goes_on(device: st
                     stream.commit_and_wait()
                     np.testing.assert_array_equal(dev.read(out), values)
     finally:
+        # Freed here, not by the collector: a later test binds a blob over most of the
+        # address space and must find no allocation of ours inside it.
+        with dev.stream_guard(stream):
+            for h in handles:
+                shims.delete_tensor_object(h)
         stream.close()
         lib.close()
