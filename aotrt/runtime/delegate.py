@@ -16,7 +16,6 @@ import ctypes
 import logging
 import threading
 import time
-from dataclasses import dataclass
 from typing import Any, Callable, Iterator, Mapping, Sequence
 
 import numpy as np
@@ -28,7 +27,7 @@ from aotrt.limits import Limits
 from aotrt.program import Program
 from aotrt.runtime import finalize, shims
 from aotrt.runtime.arguments import Arg, Arguments
-from aotrt.runtime.device import Command, Device, Stream
+from aotrt.runtime.device import Device, Stream
 from aotrt.runtime import binding
 from aotrt.runtime.binding import Binding
 from aotrt.runtime.load_options import resolve_options
@@ -38,42 +37,11 @@ from aotrt.runtime.options import Fp32Math, StreamOptions
 from aotrt.runtime.public import Tensor
 from aotrt.runtime.replays import (GraphReplay, StaticIO, capture, lean_ok, output_views,
                                    static_inputs)
+from aotrt.runtime.steps import COPY, KERNEL, LIBRARY, Step, library_ops
 from aotrt.runtime.teardown import Resources, teardown
 from aotrt.runtime.tensor import Handle
 
 log = logging.getLogger(__name__)
-
-_KERNEL, _LIBRARY, _COPY = range(3)
-
-
-def library_ops() -> Mapping[str, Callable[..., Any]]:
-    """The library ops registry (imported on first use); Unsupported if it cannot load."""
-    try:
-        from aotrt.runtime.ops import OPS
-    except ImportError as e:
-        raise Unsupported(f"library ops are not available: {e}") from e
-    return OPS
-
-
-@dataclass
-class _Step:
-    kind: int
-    target: Any
-    a: Any
-    b: Any
-    params: dict
-    label: str
-    # The step's commands, validated and built once at load, when it touches no per-run view.
-    planned: tuple[Command, ...] | None = None
-
-    def tensor_ids(self) -> list[int]:
-        """The program tensors the step reads or writes that a run may rebind."""
-        if self.kind == _KERNEL:
-            return list(self.a)         # only the per-run slots (the rest is resolved)
-        if self.kind == _LIBRARY:
-            return [t for t in (*self.a, *self.b) if t is not None]
-        return [self.a, self.b]     # _COPY
-
 
 class Delegate:
     """A program loaded on a device: `run` it as often as needed, then `close` it."""
@@ -127,7 +95,7 @@ class Delegate:
         self._closing = False
         self._runs = 0
         self._static: list[Handle | None] = []
-        self._steps: list[_Step] = []
+        self._steps: list[Step] = []
         # Graph replay: captured on the first run, over static buffers. Every program is
         # static today (fixed shapes), so a device with graphs replays one unless told not to.
         self._graph_mode = dev.supports_graphs if cuda_graph is None else cuda_graph
@@ -220,7 +188,7 @@ class Delegate:
                 # each run patches in only the views rooted at its inputs and outputs.
                 args = ins.args
                 launch = lib.kernel(ins.name).prepare([self._static[t] for t in args])
-                step = _Step(_KERNEL, launch, tuple(args[i] for i in launch.per_run), None, {},
+                step = Step(KERNEL, launch, tuple(args[i] for i in launch.per_run), None, {},
                              label)
             elif op == "library":
                 ops = ops if ops is not None else library_ops()
@@ -228,13 +196,13 @@ class Delegate:
                 if fn is None:
                     raise Unsupported(f"{label}: library op {ins.name!r} is not in this "
                                       f"runtime (known: {sorted(ops)})")
-                step = _Step(_LIBRARY, fn, ins.outs, ins.ins, dict(ins.params), label)
+                step = Step(LIBRARY, fn, ins.outs, ins.ins, dict(ins.params), label)
             else:  # copy
-                step = _Step(_COPY, None, ins.outs[0], ins.ins[0], {}, label)
+                step = Step(COPY, None, ins.outs[0], ins.ins[0], {}, label)
             self._plan(step)
             self._steps.append(step)
 
-    def _plan(self, step: _Step) -> None:
+    def _plan(self, step: Step) -> None:
         """Validate and build a step whose views are all static once, now (the run plan):
         each run then only queues its commands again."""
         if any(self._static[t] is None for t in step.tensor_ids()):
@@ -606,18 +574,18 @@ class Delegate:
             else:
                 self._run_step(step, h)
 
-    def _run_step(self, step: _Step, h: Sequence[Handle | None]) -> None:
+    def _run_step(self, step: Step, h: Sequence[Handle | None]) -> None:
         """Validate, build and queue one step over the views `h` (by tensor id)."""
         stream = self._stream
-        if step.kind == _KERNEL:
+        if step.kind == KERNEL:
             step.target.launch(stream, [h[t] for t in step.a])
-        elif step.kind == _LIBRARY:
+        elif step.kind == LIBRARY:
             # The op is prepared for this program: it may re-lay the constants that its
             # instruction alone reads (runtime/constants.py).
             with self._loaded.constants.preparing():
                 step.target(stream, [h[t] for t in step.a],
                             [None if t is None else h[t] for t in step.b], **step.params)
-        else:  # _COPY
+        else:  # COPY
             stream.copy(h[step.a], h[step.b])
 
     def _cleanup(self, temps: list[Handle], failed: bool) -> None:

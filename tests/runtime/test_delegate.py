@@ -22,7 +22,7 @@ from aotrt.errors import HazardError, InvalidArgument, ProgramError, Unsupported
 from aotrt.kernels import ir
 from aotrt.exporter.builder import ProgramBuilder
 from aotrt.program import Program
-from aotrt.runtime import delegate as delegate_mod
+from aotrt.runtime import delegate as delegate_mod, steps
 from aotrt.runtime import shims
 from aotrt.runtime.device import Device
 from aotrt.runtime.memory import PROCESS_OWNER
@@ -760,7 +760,7 @@ def test_static_steps_are_built_at_load_and_only_replayed(monkeypatch: pytest.Mo
     assert calls == {"mm": 1, "addmm": 1}
     # mm (reads x), addmm, copy to y, kernel into z, the two cat copies, copy to cat, nested
     assert [p for _, p in kinds] == [False, True, False, False, True, True, False, False]
-    assert kinds[1][0] == delegate_mod._LIBRARY and kinds[4][0] == delegate_mod._COPY
+    assert kinds[1][0] == steps.LIBRARY and kinds[4][0] == steps.COPY
 
 
 def test_cuda_graph_is_refused_on_a_device_without_graphs() -> None:
