@@ -23,6 +23,7 @@ import numpy as np
 
 from aotrt.errors import InvalidArgument, ProgramError
 from aotrt.llm.spec import LlmSpec
+from aotrt.runtime.loop import Loop
 
 I64 = np.int64
 F32 = np.float32
@@ -197,39 +198,58 @@ def generate(module: Any, input_ids: Any, *, attention_mask: Any = None,
     out = None
     for s in range(0, padded, c):
         out, = prefill.run(tokens[:, s:s + c], np.array(s, I64), start)
-    bound = step_method.bind()
     step_ids = np.zeros((rows, 1), I64)
     uniform = np.zeros(rows, F32)
-
-    def step(slot: int) -> np.ndarray:
-        if sampling is None:
-            out, = bound.run(step_ids, np.array(slot, I64), start)
-        else:
-            # Draws for the caller's rows only, so a seed's tokens don't depend on max_batch.
-            uniform[:batch] = sampling[3].random(batch, dtype=F32)
-            out, = bound.run(step_ids, np.array(slot, I64), start, uniform, *sampling[:3])
-        return np.asarray(out).astype(I64)
-
-    if sampling is None:
-        if out is None:     # _prompt refuses an empty prompt, so a chunk always ran
-            raise InvalidArgument("input_ids: no prompt token to prefill")
-        token = np.asarray(out).astype(I64)
-        slot = padded
-    else:
-        step_ids[:batch, 0] = ids[:, -1]
-        token = step(padded)
-        slot = padded + 1
     new = np.full((batch, max_new_tokens), pad, I64)
     done = np.zeros(batch, bool)
-    for i in range(max_new_tokens):
-        token[:batch][done] = pad
-        new[:, i] = token[:batch]
+
+    def take(i: int, token: np.ndarray) -> bool:
+        """Record new token `i` of every row; True once generation ends there."""
+        token = token[:batch].astype(I64)
+        token[done] = pad
+        new[:, i] = token
         if on_token is not None:
-            on_token(i, new[:, i].copy())
-        done |= np.isin(token[:batch], eos_arr)
-        if done.all() or i == max_new_tokens - 1:
-            new = new[:, :i + 1]
-            break
-        step_ids[:, 0] = token
-        token = step(slot + i)
+            on_token(i, token.copy())
+        done[:] |= np.isin(token, eos_arr)
+        return bool(done.all()) or i == max_new_tokens - 1
+
+    # Each step's token feeds the next on the device, and the host reads step i's tokens
+    # while step i+1 runs (runtime/loop.py): the device never waits for the host between
+    # tokens. A row that has ended keeps decoding its own tokens; they are not returned, and
+    # rows never attend to each other.
+    with Loop(step_method.bind(), feed={0: 0}) as loop:
+
+        def step(slot: int, first: np.ndarray | None) -> None:
+            """Queue the step that writes cache slot `slot` (its ids fed unless `first`)."""
+            if sampling is None:
+                loop.step(first, np.array(slot, I64), start)
+            else:
+                # Draws for the caller's rows only, so a seed's tokens don't depend on
+                # max_batch.
+                uniform[:batch] = sampling[3].random(batch, dtype=F32)
+                loop.step(first, np.array(slot, I64), start, uniform, *sampling[:3])
+
+        if sampling is None:
+            if out is None:     # _prompt refuses an empty prompt, so a chunk always ran
+                raise InvalidArgument("input_ids: no prompt token to prefill")
+            step_ids[:, 0] = np.asarray(out)
+            ended = take(0, step_ids[:, 0])
+            first, slot, i = step_ids, padded, 1
+            made = 1
+        else:
+            step_ids[:batch, 0] = ids[:, -1]
+            first, slot, i = step_ids, padded, 0
+            ended, made = False, 0
+        if not ended:
+            step(slot, first)
+            while True:
+                if i + 1 < max_new_tokens:
+                    step(slot + 1, None)        # the next token's step, queued before the read
+                token, = loop.result()
+                slot += 1
+                made = i + 1
+                if take(i, token):
+                    break
+                i += 1
+        new = new[:, :made]
     return np.concatenate([ids, new], axis=1)

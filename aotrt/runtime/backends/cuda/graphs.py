@@ -184,6 +184,11 @@ class CudaGraph:
         _ok(_drv.cuEventRecord(self._copied, h), "event record")
         _ok(_drv.cuGraphLaunch(self._exec, h), "graph launch")
 
+    def readback(self, nbytes: int, depth: int) -> "Readback":
+        """A ring of `depth` page-locked slots of `nbytes` each, in this graph's context, that
+        a loop of replays copies its outputs into (Loop in runtime/loop.py)."""
+        return Readback(nbytes, depth, self._ctx)
+
     def _free_pinned(self) -> None:
         if not self._pinned:
             return
@@ -224,4 +229,66 @@ class CudaGraph:
             pass
 
 
-__all__ = ["CaptureScratch", "CudaGraph", "is_chain", "serialize_graph"]
+class Readback:
+    """Page-locked host slots that replays' outputs are copied into in stream order, each with
+    an event, so the host reads one step's outputs while the next step runs (a pageable
+    download would synchronise the stream). Owned by one loop; `close` frees it."""
+
+    def __init__(self, nbytes: int, depth: int, ctx: Any) -> None:
+        self.nbytes = max(nbytes, 64)
+        self._ctx = ctx
+        self._events: list[Any] = []
+        self.base = int(_ok(_drv.cuMemAllocHost(self.nbytes * depth), "pinned readback")[0])
+        try:
+            flags = _drv.CUevent_flags.CU_EVENT_DISABLE_TIMING
+            for _ in range(depth):
+                self._events.append(_ok(_drv.cuEventCreate(flags), "event create")[0])
+        except BaseException:
+            self.close()
+            raise
+
+    def slot(self, k: int) -> int:
+        """The host address of slot `k`."""
+        return self.base + k * self.nbytes
+
+    def download(self, stream: Any, k: int, srcs: Sequence[tuple[int, int]]) -> None:
+        """Copy `srcs` ((device address, bytes), packed one after another) into slot `k` on
+        `stream`, then mark the slot's event."""
+        h, dst = stream.cs.handle, self.slot(k)
+        for src, n in srcs:
+            _ok(_drv.cuMemcpyDtoHAsync(dst, src, n, h), "read back a loop's outputs")
+            dst += n
+        _ok(_drv.cuEventRecord(self._events[k], h), "event record")
+
+    def wait(self, k: int) -> None:
+        """Block until slot `k`'s copies (and the work before them) are done; a fault of that
+        work is reported here."""
+        _ok(_drv.cuEventSynchronize(self._events[k]), "wait for a loop's outputs")
+
+    def close(self) -> None:
+        """Free the slots once no copy into them is pending; safe to call twice."""
+        if not self.base and not self._events:
+            return
+        pushed = self._ctx is not None and int(_drv.cuCtxPushCurrent(self._ctx)[0]) == 0
+        try:
+            for ev in self._events:
+                _drv.cuEventSynchronize(ev)
+                _drv.cuEventDestroy(ev)
+            self._events = []
+            if self.base:
+                err = _drv.cuMemFreeHost(self.base)[0]
+                if int(err) != 0:
+                    log.warning("cuda: freeing a loop's readback slots failed: %s", err)
+                self.base = 0
+        finally:
+            if pushed:
+                _drv.cuCtxPopCurrent()
+
+    def __del__(self) -> None:
+        try:
+            self.close()
+        except Exception:  # noqa: BLE001 - interpreter shutdown
+            pass
+
+
+__all__ = ["CaptureScratch", "CudaGraph", "Readback", "is_chain", "serialize_graph"]
