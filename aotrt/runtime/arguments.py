@@ -1,6 +1,7 @@
 """Caller tensors: how each input, or `out=` tensor, of a run is checked against its spec
 and becomes a root of the program: bound where it lies ("handle", "blob"), staged through a
-copy ("stage"), or nothing to bind ("empty"). A Delegate holds one Arguments.
+copy ("stage"), or nothing to bind ("empty"). A Delegate holds one Arguments; its outputs
+are bound through it by runtime/outputs.py.
 """
 
 from __future__ import annotations
@@ -15,10 +16,14 @@ from aotrt.dtypes import DType
 from aotrt.errors import InvalidArgument
 from aotrt.program.records import SpecRecord
 from aotrt.program.strides import extent
-from aotrt.runtime import dlpack
+from aotrt.runtime import dlpack, shims
 from aotrt.runtime.device import Device, Stream
+from aotrt.runtime.memory import Allocation
 from aotrt.runtime.public import Tensor
 from aotrt.runtime.tensor import Handle
+
+#: the kinds of caller tensor bound where they lie (no copy)
+BOUND = frozenset(("handle", "blob", "empty"))
 
 
 @dataclass
@@ -42,7 +47,7 @@ class Arguments:
     def __init__(self, device: Device, stream: Stream, inputs: list[SpecRecord],
                  outputs: list[SpecRecord], name: str) -> None:
         self.device = device
-        self._stream = stream
+        self.stream = stream
         self.inputs = inputs
         self.outputs = outputs
         self.name = name
@@ -134,7 +139,7 @@ class Arguments:
                 return self._host(arr, spec, what, writes, keep)
             # The producer orders its pending work before our stream (DLPack's stream rule;
             # 1 is CUDA's legacy default stream, which must not be passed as 0).
-            handle = getattr(self._stream, "handle", None)
+            handle = getattr(self.stream, "handle", None)
             stream_arg = None if handle is None else (int(handle) or 1)
             imp = dlpack.from_dlpack(x, stream=stream_arg)
             return self._device(imp, x, spec, what)
@@ -179,6 +184,75 @@ class Arguments:
             return Arg(what, spec, "blob", ptr=imp.ptr, keep=[x, imp], span=(lo, hi))
         return Arg(what, spec, "stage", foreign=imp, keep=[x, imp], span=(lo, hi))
 
+    # -- binding ------------------------------------------------------------------------------
+
+    def bind(self, a: Arg, temps: list[Handle], output: bool) -> Handle:
+        """The uint8 base handle of one caller tensor's root (bound, or staged); every handle
+        made goes to `temps`."""
+        dev, u8, spec = self.device, dtypes.uint8, a.spec
+        if a.kind == "empty":
+            base = shims.create_tensor_from_blob(0, [0], [1], 0, u8, dev)
+        elif a.kind == "handle":
+            base = shims.reinterpret_tensor(a.handle, [spec.nbytes], [1], 0, dtype=u8)
+        elif a.kind == "blob":
+            try:
+                base = shims.create_tensor_from_blob(a.ptr, [spec.nbytes], [1], 0, u8, dev)
+            except InvalidArgument:
+                if a.array is None or output:
+                    raise
+                # Partly overlapping memory the runtime already knows: read a copy instead.
+                a.kind = "stage"
+                return self.bind(a, temps, output)
+        else:
+            base = shims.empty_strided([spec.nbytes], [1], u8, dev)
+            temps.append(base)
+            if not output:
+                self._stage_in(a, base, temps)
+            return base
+        temps.append(base)
+        if base.alloc is not None:
+            settle_other_streams(base.alloc, self.stream, writes_only=not output)
+        return base
+
+    def _stage_in(self, a: Arg, base: Handle, temps: list[Handle]) -> None:
+        """Fill a staging root with an input's values, in the spec's layout."""
+        spec = a.spec
+        typed = shims.reinterpret_tensor(base, spec.shape, spec.strides, 0, dtype=spec.dtype)
+        temps.append(typed)
+        if a.array is not None:
+            base.alloc.settle()
+            self.device.write(typed, a.array)
+            return
+        self.stream.copy(typed, self._caller_handle(a, temps, writes_only=True))
+
+    def unstage(self, o: Arg, result: Handle, temps: list[Handle],
+                copy_back: list[tuple[np.ndarray, Handle]]) -> None:
+        """Copy a computed output into a caller's out tensor that could not be bound: queued
+        for a device tensor, left in `copy_back` for a host array (copied after the wait)."""
+        if o.array is not None:
+            copy_back.append((o.array, result))
+            return
+        self.stream.copy(self._caller_handle(o, temps, writes_only=False), result)
+
+    def _caller_handle(self, a: Arg, temps: list[Handle], writes_only: bool) -> Handle:
+        """A handle on a caller's device tensor, ordered after other streams' work on it."""
+        h = a.handle
+        if a.foreign is not None:
+            imp = a.foreign
+            h = shims.create_tensor_from_blob(imp.ptr, imp.shape, imp.strides, 0, imp.dtype,
+                                              self.device)
+            temps.append(h)
+        if h.alloc is not None:
+            settle_other_streams(h.alloc, self.stream, writes_only=writes_only)
+        return h
+
+
+def settle_other_streams(alloc: Allocation, stream: Stream, writes_only: bool) -> None:
+    """Wait for other streams' unfinished work on memory this stream is about to use."""
+    for other in list(alloc.uses):
+        if other is not stream and not other.closed:
+            other.wait_for(alloc, writes_only)
+
 
 def overlap(a: tuple[int, int], b: tuple[int, int]) -> bool:
     """True when two [start, end) byte spans intersect."""
@@ -207,4 +281,5 @@ def host_view(imp: dlpack.Imported) -> np.ndarray:
                       strides=[s * isz for s in imp.strides])
 
 
-__all__ = ["Arg", "Arguments", "check_meta", "host_view", "overlap"]
+__all__ = ["BOUND", "Arg", "Arguments", "check_meta", "host_view", "overlap",
+           "settle_other_streams"]

@@ -103,7 +103,7 @@ def bind(d: Delegate) -> Binding:
                 d._run_graph_capture()
             if d._graph_mode:
                 g = d._graph
-                ins, outs, views = g.ins, g.outs, g.out_views
+                ins, outs = g.ins, g.outs
                 graph, accesses = g.graph, g.accesses
 
                 def launch() -> None:
@@ -115,14 +115,14 @@ def bind(d: Delegate) -> Binding:
                 if d._static_io is None:
                     d._static_io = d._plan_static_io()
                 p = d._static_io
-                ins, outs, views, launch = p.ins, p.outs, p.out_views, p.queue
+                ins, outs, launch = p.ins, p.outs, p.queue
                 uploads = None
             in_tensors = tuple(
                 Tensor(shims.reinterpret_tensor(b, s.shape, s.strides, 0, dtype=s.dtype))
                 for b, s in zip(ins, d.inputs))
-            out_tensors = tuple(
-                Tensor(shims.reinterpret_tensor(outs[k], sizes, strides, off, dtype=dt))
-                for k, sizes, strides, off, dt in views)
+            # The outputs as every run path makes them, over the bound roots; owned by the
+            # delegate, as the roots are.
+            out_tensors = d._outputs.tensors(outs)
     return Binding(d, in_tensors, out_tensors, list(ins), launch, uploads)
 
 
@@ -173,7 +173,7 @@ def run_bound(d: Delegate, b: Binding, inputs: tuple[Any, ...]) -> tuple[Tensor,
                             typed.alloc.settle()
                             dev.write(typed, a.array)
                         else:
-                            stream.copy(b._ins[k], d._bind(a, temps, output=False))
+                            stream.copy(b._ins[k], d._args.bind(a, temps, output=False))
                 b._launch()
                 stream.commit()
             failed = False

@@ -6,7 +6,9 @@ their own (process-owned), so they outlive later runs and the delegate itself.
 
 The interpreter runs the program through the shims (reinterpret_tensor,
 create_tensor_from_blob, empty_strided, delete_tensor_object), the stream's copy/fill,
-compiled kernel functions and the library ops registry.
+compiled kernel functions and the library ops registry. Every run path binds the caller's
+tensors through Arguments (runtime/arguments.py) and its outputs through Outputs
+(runtime/outputs.py).
 """
 
 from __future__ import annotations
@@ -17,8 +19,6 @@ import logging
 import threading
 import time
 from typing import Any, Callable, Iterator, Mapping, Sequence
-
-import numpy as np
 
 from aotrt import dtypes
 from aotrt.dtypes import DType
@@ -32,11 +32,11 @@ from aotrt.runtime import binding
 from aotrt.runtime.binding import Binding
 from aotrt.runtime.load_options import resolve_options
 from aotrt.runtime.loaded import LoadedProgram, StateView
-from aotrt.runtime.memory import PROCESS_OWNER, Allocation, Owner, owner_scope
+from aotrt.runtime.memory import Owner, owner_scope
 from aotrt.runtime.options import Fp32Math, StreamOptions
+from aotrt.runtime.outputs import Outputs, release
 from aotrt.runtime.public import Tensor
-from aotrt.runtime.replays import (GraphReplay, StaticIO, capture, lean_ok, output_views,
-                                   static_inputs)
+from aotrt.runtime.replays import GraphReplay, StaticIO, capture, lean_ok, static_inputs
 from aotrt.runtime.steps import COPY, KERNEL, LIBRARY, Step, library_ops
 from aotrt.runtime.teardown import Resources, teardown
 from aotrt.runtime.tensor import Handle
@@ -138,6 +138,8 @@ class Delegate:
             with dev.stream_guard(self._stream):
                 self._make_roots()
                 self._make_steps()
+        # How every run path binds the outputs and hands back its results (outputs.py).
+        self._outputs = Outputs(self._args, self.outputs, self._per_run, self._out_tids)
 
     def _make_roots(self) -> None:
         prog, dev, stream = self.program, self.device, self._stream
@@ -269,43 +271,28 @@ class Delegate:
         return self._run(args, outs, out)
 
     def _run(self, args: list[Arg], outs: list[Arg] | None, out: Any) -> tuple[Any, ...]:
+        """Bind the inputs and outputs where they lie (or stage them), run every step over
+        them, and hand back the results."""
         dev, stream = self.device, self._stream
         handles: list[Handle | None] = list(self._static)
         temps: list[Handle] = []
-        copy_back: list[tuple[np.ndarray, Handle]] = []
         results: tuple[Any, ...] = ()
         failed = True
         try:
             with owner_scope(self._owner), dev.stream_guard(stream):
                 for k, a in enumerate(args):
-                    base = self._bind(a, temps, output=False)
+                    base = self._args.bind(a, temps, output=False)
                     self._views(("input", k), base, handles, temps)
-                for k, spec in enumerate(self.outputs):
-                    o = outs[k] if outs is not None else None
-                    if o is not None and o.kind in ("handle", "blob", "empty"):
-                        base = self._bind(o, temps, output=True)
-                    else:
-                        # Fresh memory that the caller's Tensor will own (not the delegate).
-                        with owner_scope(PROCESS_OWNER):
-                            base = shims.empty_strided([spec.nbytes], [1], dtypes.uint8, dev)
-                        temps.append(base)
+                bases = self._outputs.bases(outs, temps)
+                for k, base in enumerate(bases):
                     self._views(("output", k), base, handles, temps)
                 self._execute(handles)
                 stream.label = ""
-                for k, o in enumerate(outs or ()):
-                    if o.kind == "stage":
-                        self._unstage(o, handles[self._out_tids[k]], temps, copy_back)
-                stream.commit()
-                if outs is None:
-                    results = tuple(Tensor._adopt(handles[t]) for t in self._out_tids)
-                for arr, h in copy_back:
-                    np.copyto(arr, h.numpy())
+                results = self._outputs.finish(bases, outs, out, temps)
             failed = False
         finally:
             stream.label = ""
             self._cleanup(temps, failed)
-        if outs is not None:
-            return tuple(out) if isinstance(out, (tuple, list)) else (out,)
         return results
 
     # -- CUDA graphs --------------------------------------------------------------------------
@@ -382,11 +369,9 @@ class Delegate:
     def _plan_static_io(self) -> StaticIO:
         """Static input/output buffers and every step's commands, built over them once."""
         stream = self._stream
-        p = StaticIO(stream)
+        p = StaticIO(stream, self._outputs)
         try:
             p.ins, p.outs, handles = self._static_buffers(p.keep)
-            p.set_outputs(output_views(self._per_run, len(p.outs), self._out_tids),
-                          [s.nbytes for s in self.outputs])
             for step in self._steps:
                 if step.planned is None:
                     with stream.planning() as cmds:
@@ -423,7 +408,7 @@ class Delegate:
                     if a.spec.nbytes and direct:
                         ctypes.memmove(ins[k].address, a.ptr, a.spec.nbytes)
                     elif a.spec.nbytes:
-                        stream.copy(ins[k], self._bind(a, temps, output=False))
+                        stream.copy(ins[k], self._args.bind(a, temps, output=False))
                 # The caller's input memory is released (a borrowed region's release waits
                 # for the work queued on it) before the replay, so run() waits for these
                 # copies alone, not for the whole graph (0.5 of resnet50_b1's 0.7 ms, H200).
@@ -431,57 +416,25 @@ class Delegate:
                 bound, temps = temps, []
                 self._cleanup(bound, False)
                 launch()
-                views: list[Handle | None] = [None] * len(self._static)
-                for k, spec in enumerate(self.outputs):
-                    o = outs[k] if outs is not None else None
-                    if o is not None and o.kind in ("handle", "blob", "empty"):
-                        base = self._bind(o, temps, output=True)
-                    else:
-                        with owner_scope(PROCESS_OWNER):
-                            base = shims.empty_strided([spec.nbytes], [1], dtypes.uint8, dev)
-                        temps.append(base)
-                    if spec.nbytes:
-                        stream.copy(base, outs_static[k])
-                    if o is not None and o.kind == "stage":
-                        typed = shims.reinterpret_tensor(base, spec.shape, spec.strides, 0,
-                                                         dtype=spec.dtype)
-                        temps.append(typed)
-                        copy_back: list[tuple[np.ndarray, Handle]] = []
-                        self._unstage(o, typed, temps, copy_back)
-                        for arr, h in copy_back:
-                            np.copyto(arr, h.numpy())
-                    self._views(("output", k), base, views, temps)
-                stream.commit()
-                if outs is None:
-                    results = tuple(Tensor._adopt(views[t]) for t in self._out_tids)
+                results = self._outputs.copy_out(outs_static, outs, out, temps)
             failed = False
         finally:
             self._cleanup(temps, failed)
-        if outs is not None:
-            return tuple(out) if isinstance(out, (tuple, list)) else (out,)
         return results
 
     def _replay_direct(self, g: GraphReplay, args: list[Arg]) -> tuple[Any, ...]:
         """The lean replay (run() within a few tens of microseconds of host time): raw copies
         from the callers' device tensors into the static inputs, the graph, fresh outputs."""
-        dev, stream, u8 = self.device, self._stream, dtypes.uint8
+        stream = self._stream
         copies = [(g.in_ptrs[k], a.ptr, a.spec.nbytes)
                   for k, a in enumerate(args) if a.kind == "blob"]
         graph = g.graph
         temps: list[Handle] = []
-        results: list[Tensor] = []
+        results: tuple[Tensor, ...] = ()
         failed = True
         try:
             stream.record(g.accesses, lambda s: graph.launch(s, copies), "cuda graph replay")
-            with owner_scope(PROCESS_OWNER):
-                for k, spec in enumerate(self.outputs):
-                    base = shims.empty_strided([max(spec.nbytes, 1)], [1], u8, dev)
-                    temps.append(base)
-                    if spec.nbytes:
-                        stream.copy(base, g.outs[k])
-                for k, sizes, strides, off, dt in g.out_views:
-                    results.append(Tensor(shims.reinterpret_tensor(temps[k], sizes, strides,
-                                                                   off, dtype=dt)))
+            results = self._outputs.copied(g.outs, temps)
             stream.commit()
             failed = False
         finally:
@@ -494,68 +447,9 @@ class Delegate:
                 raise
             finally:
                 if failed:
-                    for t in results:
-                        t.release()
+                    release(results)
                 self._cleanup(temps, failed)
-        return tuple(results)
-
-    def _bind(self, a: Arg, temps: list[Handle], output: bool) -> Handle:
-        """The uint8 base handle of one caller tensor's root (bound, or staged)."""
-        dev, u8, spec = self.device, dtypes.uint8, a.spec
-        if a.kind == "empty":
-            base = shims.create_tensor_from_blob(0, [0], [1], 0, u8, dev)
-        elif a.kind == "handle":
-            base = shims.reinterpret_tensor(a.handle, [spec.nbytes], [1], 0, dtype=u8)
-        elif a.kind == "blob":
-            try:
-                base = shims.create_tensor_from_blob(a.ptr, [spec.nbytes], [1], 0, u8, dev)
-            except InvalidArgument:
-                if a.array is None or output:
-                    raise
-                # Partly overlapping memory the runtime already knows: read a copy instead.
-                a.kind = "stage"
-                return self._bind(a, temps, output)
-        else:
-            base = shims.empty_strided([spec.nbytes], [1], u8, dev)
-            temps.append(base)
-            if not output:
-                self._stage_in(a, base, temps)
-            return base
-        temps.append(base)
-        if base.alloc is not None:
-            _settle_other_streams(base.alloc, self._stream, writes_only=not output)
-        return base
-
-    def _stage_in(self, a: Arg, base: Handle, temps: list[Handle]) -> None:
-        """Fill a staging root with an input's values, in the spec's layout."""
-        spec = a.spec
-        typed = shims.reinterpret_tensor(base, spec.shape, spec.strides, 0, dtype=spec.dtype)
-        temps.append(typed)
-        if a.array is not None:
-            base.alloc.settle()
-            self.device.write(typed, a.array)
-            return
-        self._stream.copy(typed, self._caller_handle(a, temps, writes_only=True))
-
-    def _unstage(self, o: Arg, result: Handle, temps: list[Handle],
-                 copy_back: list[tuple[np.ndarray, Handle]]) -> None:
-        """Copy a computed output into a caller's out tensor that could not be bound."""
-        if o.array is not None:
-            copy_back.append((o.array, result))
-            return
-        self._stream.copy(self._caller_handle(o, temps, writes_only=False), result)
-
-    def _caller_handle(self, a: Arg, temps: list[Handle], writes_only: bool) -> Handle:
-        """A handle on a caller's device tensor, ordered after other streams' work on it."""
-        h = a.handle
-        if a.foreign is not None:
-            imp = a.foreign
-            h = shims.create_tensor_from_blob(imp.ptr, imp.shape, imp.strides, 0, imp.dtype,
-                                              self.device)
-            temps.append(h)
-        if h.alloc is not None:
-            _settle_other_streams(h.alloc, self._stream, writes_only=writes_only)
-        return h
+        return results
 
     def _views(self, root: tuple[str, int], base: Handle, handles: list[Handle | None],
                temps: list[Handle]) -> None:
@@ -673,13 +567,6 @@ class Delegate:
     def stream(self) -> Stream | None:
         """The delegate's own stream."""
         return self._stream
-
-
-def _settle_other_streams(alloc: Allocation, stream: Stream, writes_only: bool) -> None:
-    """Wait for other streams' unfinished work on memory this stream is about to use."""
-    for other in list(alloc.uses):
-        if other is not stream and not other.closed:
-            other.wait_for(alloc, writes_only)
 
 
 __all__ = ["Delegate", "library_ops"]

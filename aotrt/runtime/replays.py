@@ -8,12 +8,12 @@ from __future__ import annotations
 import ctypes
 import logging
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Callable, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Sequence
 
 import numpy as np
 
 from aotrt.analysis import referenced
-from aotrt.dtypes import DType, as_dtype
+from aotrt.dtypes import as_dtype
 from aotrt.errors import AotrtError
 from aotrt.runtime import shims
 from aotrt.runtime.arguments import Arg
@@ -27,6 +27,7 @@ from aotrt.runtime.work import Work
 if TYPE_CHECKING:   # the delegate imports this module
     from aotrt.program.records import InstructionRecord, TensorRecord
     from aotrt.runtime.delegate import Delegate
+    from aotrt.runtime.outputs import Outputs
 
 log = logging.getLogger(__name__)
 
@@ -34,7 +35,8 @@ log = logging.getLogger(__name__)
 @dataclass
 class GraphReplay:
     """A captured run: the graph, its static input/output buffers (uint8 bases), the views
-    the capture used, and the accesses a replay makes (every allocation it can touch)."""
+    the capture used, and the accesses a replay makes (every allocation it can touch); the
+    outputs' views over `outs` are the delegate's (runtime/outputs.py)."""
 
     graph: Any
     ins: list[Handle]
@@ -42,7 +44,6 @@ class GraphReplay:
     keep: list[Handle]
     accesses: list[Any]
     in_ptrs: list[int]
-    out_views: list[tuple[int, tuple, tuple, int, DType]]
 
 
 def capture(d: Delegate) -> GraphReplay:
@@ -82,8 +83,7 @@ def capture(d: Delegate) -> GraphReplay:
     allocs = {h.alloc for h in [*d._static, *ins, *outs]
               if h is not None and h.alloc is not None}
     accesses = [Access(a, 0, a.nbytes, True) for a in allocs]
-    out_views = output_views(d._per_run, len(outs), d.program.record.outputs_tensors)
-    return GraphReplay(graph, ins, outs, keep, accesses, [h.address for h in ins], out_views)
+    return GraphReplay(graph, ins, outs, keep, accesses, [h.address for h in ins])
 
 
 def lean_ok(stream: Stream, args: list[Arg], outs: list[Arg] | None) -> bool:
@@ -104,34 +104,18 @@ def lean_ok(stream: Stream, args: list[Arg], outs: list[Arg] | None) -> bool:
     return True
 
 
-#: One program output's view over its output root k: (k, sizes, strides, offset, dtype).
-OutView = tuple[int, tuple, tuple, int, DType]
-
-
-def output_views(per_run: Mapping[tuple[str, int], Sequence[tuple]], n_roots: int,
-                 outputs_tensors: Sequence[int]) -> list[OutView]:
-    """Each program output's view, as (output root, sizes, strides, offset, dtype): a lean
-    replay makes exactly these over fresh memory."""
-    where = {tid: (k, *view) for k in range(n_roots)
-             for tid, *view in per_run.get(("output", k), ())}
-    return [where[t] for t in outputs_tensors]
-
-
 class StaticIO:
-    """Every step's commands, planned over static input/output buffers (uint8 bases)."""
+    """Every step's commands, planned over static input/output buffers (uint8 bases); a lean
+    run binds its outputs through `outputs` (the delegate's, runtime/outputs.py)."""
 
-    def __init__(self, stream: Stream) -> None:
+    def __init__(self, stream: Stream, outputs: Outputs | None = None) -> None:
         self.stream = stream
+        self.outputs = outputs
         self.ins: list[Handle] = []
         self.outs: list[Handle] = []
         self.keep: list[Handle] = []        # every handle made for the plan, bases first
         self.steps: list[tuple[str, tuple[Command, ...]]] = []
         self._whole: Command | None = None
-        self.out_views: list[OutView] = []
-        # The output roots' byte offsets in one fresh allocation per lean run (64-aligned).
-        self._out_at: list[int] = []
-        self._out_nbytes: list[int] = []
-        self._out_bytes = 1
         # Where a lean run's outputs go, and the command copying them there, made once.
         self._out_slot = np.zeros(1, np.uint64)
         self._out_moves: Callable[[], None] | None = None
@@ -149,16 +133,6 @@ class StaticIO:
                 shims.delete_tensor_object(h)
         self.keep.clear()
 
-    def set_outputs(self, views: list[OutView], nbytes: Sequence[int]) -> None:
-        """The program outputs' views over the static output roots (of `nbytes` each)."""
-        self.out_views = views
-        self._out_nbytes = list(nbytes)
-        at = 0
-        for n in nbytes:
-            self._out_at.append(at)
-            at += -(-n // 64) * 64
-        self._out_bytes = max(at, 1)
-
     def run_lean(self, args: list[Arg]) -> tuple[Tensor, ...]:
         """One run with little Python: the inputs copied in once the last run is done with
         them, the plan queued and submitted, one command copying every output root into one
@@ -168,36 +142,29 @@ class StaticIO:
         calling thread, its oneDNN calls made a second OpenMP team, and with more pool
         threads than cores libgomp sleeps between parallel regions instead of spinning
         (MobileNet-v2 8.9 against 5.5 ms a run, 2 cores, 2026-12-04)."""
-        stream, dev = self.stream, self.stream.device
+        stream, dev, o = self.stream, self.stream.device, self.outputs
         stream.commit_and_wait()
         for dst, a in zip(self.ins, args):
             if a.spec.nbytes:
                 ctypes.memmove(dst.address, a.ptr, a.spec.nbytes)
         self.queue()
         stream.commit()         # the worker starts; a native plan needs no GIL meanwhile
-        results: list[Tensor] = []
         with owner_scope(PROCESS_OWNER):
-            base = shims.empty_strided([self._out_bytes], [1], as_dtype("uint8"), dev)
+            # Every output root at its offset in one allocation (Outputs' packed layout).
+            base = shims.empty_strided(o.packed_nbytes, [1], as_dtype("uint8"), dev)
             try:
                 if self._out_moves is None:
                     moves = [(at, src.address, n) for at, src, n
-                             in zip(self._out_at, self.outs, self._out_nbytes) if n]
+                             in zip(o.packed_at, self.outs, o.nbytes) if n]
                     self._out_moves = _moves_to(self._out_slot, moves, dev)
                 # The last run's outputs were copied out before its wait returned.
                 self._out_slot[0] = base.address
                 stream.record([*(h.access(write=False) for h in self.outs),
                                base.access(write=True)], self._out_moves, "outputs")
                 stream.commit()
-                for k, sizes, strides, off, dt in self.out_views:
-                    results.append(Tensor(shims.reinterpret_tensor(
-                        base, sizes, strides, self._out_at[k] // dt.itemsize + off, dtype=dt)))
-            except BaseException:
-                for t in results:
-                    t.release()
-                raise
+                return o.tensors((base,), o.packed_views)
             finally:
                 shims.delete_tensor_object(base)      # the results keep the memory alive
-        return tuple(results)
 
     def _made(self, plan: Any) -> None:
         self.native = plan
