@@ -15,6 +15,7 @@ from typing import Any, Callable, Sequence
 import numpy as np
 
 from aotrt.errors import InvalidArgument, ProgramError
+from aotrt.runtime.loop import Loop
 
 _METHODS = ("encode", "prefill", "decode")
 #: the provenance entry of the decoder's vocabulary size (written by whisper.export_whisper)
@@ -92,20 +93,25 @@ def transcribe(module: Any, features: Any, max_new_tokens: int,
     ids[:batch, :p] = prompt
     module.method("encode").run(x)
     out, = module.method("prefill").run(ids, np.array([p - 1], np.int64))
-    decode = module.method("decode")
     done = np.zeros(batch, bool)
     steps: list[np.ndarray] = []
     tok = np.asarray(out).reshape(max_batch, 1).astype(np.int64)
-    for t in range(max_new_tokens):
-        if t:
-            out, = decode.run(tok, np.array([p + t - 1], np.int64))
-            tok = np.asarray(out).reshape(max_batch, 1).astype(np.int64)
-        row = np.where(done, pad, tok[:batch, 0]) if pad is not None else tok[:batch, 0]
-        steps.append(row)
-        if on_token is not None:
-            on_token(row)
-        if eos_token_id is not None:
-            done |= row == eos_token_id
-            if done.all():
-                break
+    # Each step's token feeds the next on the device, queued before the host reads the last
+    # (runtime/loop.py), as llm.generate does.
+    with Loop(module.method("decode").bind(), feed={0: 0}) as loop:
+        if max_new_tokens > 1:
+            loop.step(tok, np.array([p], np.int64))
+        for t in range(max_new_tokens):
+            if t:
+                if t + 1 < max_new_tokens:
+                    loop.step(None, np.array([p + t], np.int64))
+                tok = loop.result()[0].reshape(max_batch, 1).astype(np.int64)
+            row = np.where(done, pad, tok[:batch, 0]) if pad is not None else tok[:batch, 0]
+            steps.append(row)
+            if on_token is not None:
+                on_token(row)
+            if eos_token_id is not None:
+                done |= row == eos_token_id
+                if done.all():
+                    break
     return np.stack(steps, 1).astype(np.int64)
