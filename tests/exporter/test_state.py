@@ -362,3 +362,47 @@ def test_a_shared_buffer_one_method_only_reads_is_state_there(device: str,
         m.method("remember").run(np.arange(4, dtype=np.float32))
         got, = m.method("recall").run(np.ones(4, np.float32))
         np.testing.assert_array_equal(np.asarray(got), np.ones(4))
+
+
+@pytest.fixture(scope="module")
+def dynamic_prefill_block() -> tuple[torch.nn.Module, aotrt.Program]:
+    """The decoder block with a prefill of 1 to 64 positions (a torch.export Dim) and a
+    decode of one, sharing the cache."""
+    from torch.export import Dim
+
+    torch.manual_seed(3)
+    blk = Block().eval()
+    n = Dim("n", min=1, max=64)
+    prog = aotrt.export({
+        "prefill": {"model": blk, "args": (torch.randn(1, 8, 32), torch.arange(8)),
+                    "dynamic_shapes": ({1: n}, {0: n})},
+        "decode": (blk, (torch.randn(1, 1, 32), torch.tensor([8]))),
+    }, share_state=True)
+    return blk, prog
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("length", [1, 23, 64])
+def test_decoder_block_dynamic_prefill_then_decode(dynamic_prefill_block, device: str,
+                                                   length: int) -> None:
+    """A prefill of `length` positions (each size at the bounds and one between), then
+    decode steps over the cache it wrote, each against eager (float32)."""
+    blk, prog = dynamic_prefill_block
+    ref = _fresh_copy(blk)
+    gen = torch.Generator().manual_seed(length)
+    with aotrt.load(prog, device=device, check_hazards=True) as mod:
+        assert mod.program.method("prefill").symbols
+        x = torch.randn(1, length, 32, generator=gen)
+        got, = mod.method("prefill").run(x.numpy(), np.arange(length))
+        with torch.no_grad():
+            want = ref(x, torch.arange(length)).numpy()
+        assert rel_err(np.asarray(got), want) < 1e-4
+        decode = mod.method("decode")
+        for step in range(length, min(length + 8, MAX_LEN)):
+            x = torch.randn(1, 1, 32, generator=gen)
+            got, = decode.run(x.numpy(), np.array([step]))
+            with torch.no_grad():
+                want = ref(x, torch.tensor([step])).numpy()
+            assert rel_err(np.asarray(got), want) < 1e-4, step
+        np.testing.assert_allclose(np.asarray(mod.state["cache_v"]),
+                                   ref.cache_v.numpy(), rtol=1e-4, atol=1e-5)
