@@ -20,14 +20,14 @@
 {q} int64_t aot_f2i(float x) { return x != x ? 0 : x >= 9223372036854775808.0f ? INT64_MAX
   : x < -9223372036854775808.0f ? INT64_MIN : aot_opaque((int64_t)x); }
 {q} int64_t aot_iabs(int64_t a) { return a < 0 ? (int64_t)(0ULL - (uint64_t)a) : a; }
-{q} int64_t aot_tdiv(int64_t a, int64_t b) { if (b == 0) { AOT_DIV0(); return 0; }
+{q} int64_t aot_tdiv(int64_t a, int64_t b AOT_ERR_PARAM) { if (b == 0) { AOT_ERR(1); return 0; }
   if (b == -1) return (int64_t)(0ULL - (uint64_t)a); return a / b; }
-{q} int64_t aot_floordiv(int64_t a, int64_t b) { if (b == 0) { AOT_DIV0(); return 0; }
+{q} int64_t aot_floordiv(int64_t a, int64_t b AOT_ERR_PARAM) { if (b == 0) { AOT_ERR(1); return 0; }
   if (b == -1) return (int64_t)(0ULL - (uint64_t)a); int64_t q = a / b;
   return (a % b != 0 && ((a < 0) != (b < 0))) ? q - 1 : q; }
-{q} int64_t aot_fmod(int64_t a, int64_t b) { if (b == 0) { AOT_DIV0(); return 0; }
+{q} int64_t aot_fmod(int64_t a, int64_t b AOT_ERR_PARAM) { if (b == 0) { AOT_ERR(1); return 0; }
   return b == -1 ? 0 : a % b; }
-{q} int64_t aot_mod_py(int64_t a, int64_t b) { if (b == 0) { AOT_DIV0(); return 0; }
+{q} int64_t aot_mod_py(int64_t a, int64_t b AOT_ERR_PARAM) { if (b == 0) { AOT_ERR(1); return 0; }
   if (b == -1) return 0; int64_t r = a % b;
   return (r != 0 && ((r < 0) != (b < 0))) ? r + b : r; }
 {q} int64_t aot_shl(int64_t a, int64_t b) {

@@ -16,7 +16,8 @@ from aotrt.sources import source
 
 #: codes a cpu kernel stores in its library's `aotrt_error` flag (contract C2)
 KERNEL_ERRORS: dict[int, str] = {1: "integer division or modulo by zero",
-                                  2: "index out of range"}
+                                  2: "index out of range",
+                                  3: "a library call failed"}
 
 
 def symbol(index: int) -> str:
@@ -79,8 +80,9 @@ _BINARY_INT = {
     "add": "((int64_t)((uint64_t)({0}) + (uint64_t)({1})))",
     "sub": "((int64_t)((uint64_t)({0}) - (uint64_t)({1})))",
     "mul": "((int64_t)((uint64_t)({0}) * (uint64_t)({1})))",
-    "truncdiv": "aot_tdiv({0}, {1})", "floordiv": "aot_floordiv({0}, {1})",
-    "mod": "aot_mod_py({0}, {1})", "fmod": "aot_fmod({0}, {1})",
+    "truncdiv": "aot_tdiv({0}, {1} AOT_ERR_ARG)",
+    "floordiv": "aot_floordiv({0}, {1} AOT_ERR_ARG)",
+    "mod": "aot_mod_py({0}, {1} AOT_ERR_ARG)", "fmod": "aot_fmod({0}, {1} AOT_ERR_ARG)",
     "maximum": "(({0}) > ({1}) ? ({0}) : ({1}))", "minimum": "(({0}) < ({1}) ? ({0}) : ({1}))",
     "bitwise_and": "(({0}) & ({1}))", "bitwise_or": "(({0}) | ({1}))",
     "bitwise_xor": "(({0}) ^ ({1}))", "shl": "aot_shl({0}, {1})", "shr": "aot_shr({0}, {1})",
@@ -95,9 +97,10 @@ _LOGICAL = {"and": "&&", "or": "||", "xor": "!="}
 class CStyleRenderer:
     """Shared C-like rendering; targets override the hooks at the bottom."""
 
-    #: helpers shared by every C-like target (helpers.h); `{q}` is the function qualifier. Integer
-    #: division never traps: a zero divisor gives 0 after AOT_DIV0() (the target's error
-    #: report), x / -1 is -x wrapping (INT64_MIN / -1 == INT64_MIN, as torch), x % -1 is 0.
+    #: helpers shared by every C-like target (helpers.h); `{q}` is the function qualifier.
+    #: Integer division never traps: a zero divisor gives 0 and reports error 1 (AOT_ERR: the
+    #: library's flag, on cpu and cuda), x / -1 is -x wrapping (INT64_MIN / -1 ==
+    #: INT64_MIN, as torch), x % -1 is 0.
     #: Shifts and powers follow torch (ATen's lshift/rshift/powi); floats become integers
     #: saturating, NaN giving 0.
     HELPERS = source(__package__, "helpers.h")

@@ -9,7 +9,6 @@ static inline uint16_t aot_f_to_bf16(float f) { uint32_t u; memcpy(&u, &f, 4);
   if ((u & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((u >> 16) | 0x40);
   u += 0x7fffu + ((u >> 16) & 1u); return (uint16_t)(u >> 16); }
 int32_t aotrt_error = 0;
-#define AOT_DIV0() __atomic_store_n(&aotrt_error, 1, __ATOMIC_RELAXED)
 #define AOT_ERR(code) __atomic_store_n(&aotrt_error, (code), __ATOMIC_RELAXED)
 #define AOT_ERR_PARAM
 #define AOT_ERR_ARG

@@ -10,7 +10,6 @@ typedef unsigned char uint8_t;
 #define NAN __int_as_float(0x7fffffff)
 #define INT64_MIN (-9223372036854775807LL - 1LL)
 #define INT64_MAX 9223372036854775807LL
-#define AOT_DIV0() ((void)0)
 /* Every kernel takes the address of its library's error flag (page-locked host memory,
    read at the stream's next wait) as its last parameter, `aot_err`. */
 #define AOT_ERR(code) (*(volatile int *)aot_err = (code))

@@ -27,14 +27,14 @@ NP = {"int64": np.int64, "int32": np.int32, "int16": np.int16, "int8": np.int8,
       "uint8": np.uint8, "bool": np.uint8, "float32": np.float32}
 
 
-@pytest.fixture
-def run(cpu):
-    """run(kernel, inputs, outputs): inputs are (array, dtype) uploaded byte for byte."""
-    s = make_stream(cpu, "async")
+def _runner(device):  # noqa: ANN001, ANN202 - a fixture body
+    """run(kernel, inputs, outputs) on `device`: inputs are (array, dtype) uploaded byte for
+    byte."""
+    s = make_stream(device, "async")
     o = Owner("hostile-kernels")
 
     def go(kernel: ir.Kernel, inputs: list, outputs: list[tuple]) -> list:
-        with cpu.stream_guard(s), owner_scope(o):
+        with device.stream_guard(s), owner_scope(o):
             handles = []
             try:
                 for arr, dt in inputs:
@@ -43,7 +43,7 @@ def run(cpu):
                     upload(h, arr.view(as_dtype(dt).np) if dt == "bool" else arr)
                 outs = [shims.empty_strided(list(shape), None, dt) for shape, dt in outputs]
                 handles += outs
-                kernel_fn(cpu, kernel)(s, *handles)
+                kernel_fn(device, kernel)(s, *handles)
                 return [h.numpy() for h in outs]
             finally:
                 try:
@@ -56,6 +56,18 @@ def run(cpu):
     yield go
     o.close()
     s.close()
+
+
+@pytest.fixture
+def run(cpu):
+    """The runner on the cpu device."""
+    yield from _runner(cpu)
+
+
+@pytest.fixture
+def run_dev(dev):
+    """The runner on each device (cuda where present)."""
+    yield from _runner(dev)
 
 
 # -- random integer IR: the C computes exactly what the model says, inside the proved range --
@@ -211,7 +223,8 @@ def test_int_min_by_minus_one_gives_torchs_answer(run, op, dtype) -> None:
 @pytest.mark.parametrize("dtype", m.INT_DTYPES)
 @pytest.mark.parametrize("op", m.DIVISIONS)
 @pytest.mark.parametrize("zero", ["input", "const"])
-def test_division_by_zero_raises_instead_of_trapping(run, op, dtype, zero) -> None:
+def test_division_by_zero_raises_instead_of_trapping(run_dev, op, dtype, zero) -> None:
+    run = run_dev
     x = ir.Load(0, ir.Idx(0), dtype)
     y = ir.Load(1, ir.Idx(0), dtype) if zero == "input" else ir.Const(0, dtype)
     k = ir.Kernel(f"div0_{op}_{dtype}_{zero}", (3,), (), (ir.Arg(dtype, "r"),) * 2

@@ -71,6 +71,17 @@ def inverse_trig() -> ir.Kernel:
                            for i, op in enumerate(("asin", "acos"))))
 
 
+def int_division() -> ir.Kernel:
+    """out = x // y, x % y and trunc(x / y) in int64: the helpers that report a zero
+    divisor through the library's flag."""
+    shape = (7,)
+    x, y = (ir.Load(i, flat(shape), "int64") for i in range(2))
+    return ir.Kernel("int_division", shape, (), (ir.Arg("int64", "r"),) * 2
+                     + (ir.Arg("int64", "w"),) * 3,
+                     tuple(ir.Store(2 + i, flat(shape), ir.Op(op, (x, y), "int64"))
+                           for i, op in enumerate(("floordiv", "mod", "truncdiv"))))
+
+
 def _kernel_text(src: str, index: int) -> str:
     """The text of kernel `index` of a rendered library (from its signature on)."""
     start = src.index(f"aotrt_k{index}(")
@@ -165,7 +176,8 @@ def test_a_cast_inside_a_kernel_rounds_through_the_storage_type() -> None:
 @pytest.mark.parametrize("arch", ["sm_90", "sm_80"])
 def test_rendered_kernels_compile(arch: str) -> None:
     kernels = [pointwise("float32"), pointwise("bfloat16", (1 << 16, 1 << 16)), mask_where(),
-               softmax_kernel(4, 64, "float16"), row_sum(8), row_sum(40), inverse_trig()]
+               softmax_kernel(4, 64, "float16"), row_sum(8), row_sum(40), inverse_trig(),
+               int_division()]
     code = CUDA.compile_source(CudaRenderer().render(kernels), arch, "render_cuda test")
     for i in range(len(kernels)):
         assert f"aotrt_k{i}".encode() in code
