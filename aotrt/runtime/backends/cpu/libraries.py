@@ -1,6 +1,6 @@
 """The cpu device's library state: `CpuDevice.libraries` holds what the library ops keep
 between calls (oneDNN's engine and primitive cache, the ops' own compiled C: softmaxes, max
-pools, fused attention, Winograd, activations, the quantized linear and GEMV, and the C loop
+pools, fused attention, Winograd, activations, the quantized linear, GEMV and GEMM, and the C loop
 of native plans and stream queues), and `CpuDevice.openmp` the OpenMP runtime they run on.
 
 Each part is made on first use and lives as long as the device: nothing is keyed by a
@@ -26,6 +26,7 @@ if TYPE_CHECKING:
     from aotrt.runtime.backends.cpu.dnnl import Dnnl
     from aotrt.runtime.backends.cpu.ops.activation import Activation
     from aotrt.runtime.backends.cpu.ops.attention import FusedAttention
+    from aotrt.runtime.backends.cpu.ops.gemm import GemmKernel
     from aotrt.runtime.backends.cpu.ops.gemv import GemvKernel
     from aotrt.runtime.backends.cpu.ops.linear_wq import LinearWqKernel
     from aotrt.runtime.backends.cpu.ops.pool import PoolKernels
@@ -108,6 +109,7 @@ class CpuLibraries:
         self._activation: Any = None
         self._linear_wq: Any = None
         self._gemv: Any = None
+        self._gemm: Any = None
         self._native: Any = None
 
     @property
@@ -176,6 +178,13 @@ class CpuLibraries:
         from aotrt.runtime.backends.cpu.ops.gemv import GemvKernel
 
         return self._once("_gemv", lambda: GemvKernel(self.device))
+
+    @property
+    def gemm(self) -> "GemmKernel":
+        """The compiled float32 GEMM of many rows on oneDNN's sgemm (ops/gemm.py)."""
+        from aotrt.runtime.backends.cpu.ops.gemm import GemmKernel
+
+        return self._once("_gemm", lambda: GemmKernel(self.device))
 
     def c_library(self, source: str, symbols: Sequence[str]) -> LoadedLibrary:
         """An op's own C source (ops/attention.py, ...), built once through the device's

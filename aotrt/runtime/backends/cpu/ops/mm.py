@@ -1,4 +1,6 @@
-"""The cpu work of the matrix products: oneDNN's GEMM where it serves, else numpy."""
+"""The cpu work of the matrix products: oneDNN's brgemm matmul where it serves, else the
+compiled few-row kernel (gemv.py) or oneDNN's sgemm split over the threads (gemm.py), else
+numpy."""
 
 from __future__ import annotations
 
@@ -11,6 +13,7 @@ import numpy as np
 from aotrt.errors import DeviceError
 from aotrt.runtime import constants
 from aotrt.runtime.ops import _common as c
+from aotrt.runtime.backends.cpu.ops import gemm as cpu_gemm
 from aotrt.runtime.backends.cpu.ops import gemv as cpu_gemv
 from aotrt.runtime.ops.mm import check_addmm, check_linear, check_mm
 from aotrt.runtime.tensor import Handle, host_array
@@ -26,11 +29,17 @@ def make_matmul(out: Handle, a: Handle, b: Handle, bias: Handle | None, beta: fl
     if a.ndim == 2 and b.ndim == 2 and alpha == 1.0 and beta in (0.0, 1.0):
         # mm and addmm (bmm stays on numpy); beta == 0 ignores the bias, as torch does.
         use = bias if beta == 1.0 else None
-        if _gemv_first(out.device) and (b.sizes[0] < 2 or b.strides[0] == 1):
-            # b [K, N] read as its transpose [N, K]: the exporter stores it column-major
-            gemv = cpu_gemv.make_gemv(out, a, b, (b.sizes[1], b.sizes[0], b.strides[1]), use)
-            if gemv is not None:
-                return gemv
+        if _gemv_first(out.device):
+            if b.sizes[0] < 2 or b.strides[0] == 1:
+                # b [K, N] read as its transpose [N, K]: the exporter stores it column-major
+                gemv = cpu_gemv.make_gemv(out, a, b, (b.sizes[1], b.sizes[0], b.strides[1]),
+                                          use)
+                if gemv is not None:
+                    return gemv
+            gemm = cpu_gemm.make_gemm(out, a, b, (b.sizes[1], b.sizes[0], b.strides[1],
+                                                  b.strides[0]), use)
+            if gemm is not None:
+                return gemm
         cost = (check_mm(out, a, b) if bias is None else
                 check_addmm(out, bias, a, b, beta, alpha))[1]
         dnnl_work = _dnnl_gemm(out, a, b, (tuple(b.sizes), tuple(b.strides)), use,
@@ -55,8 +64,9 @@ def make_matmul(out: Handle, a: Handle, b: Handle, bias: Handle | None, beta: fl
 
 
 def _gemv_first(device: Any) -> bool:
-    """Whether a GEMM of a few rows tries the compiled kernel (gemv.py) first: where
-    oneDNN has no brgemm matmul for the CPU (then numpy's OpenBLAS ran it)."""
+    """Whether a GEMM tries the compiled kernels first, gemv.py for a few rows and gemm.py
+    for more: where oneDNN has no brgemm matmul for the CPU (then numpy's OpenBLAS ran
+    it)."""
     dnnl = device.libraries.dnnl
     return dnnl is None or not dnnl.gemm_pool
 
@@ -143,10 +153,14 @@ def make_linear(out: Handle, x: Handle, w: Handle, bias: Handle | None,
     del tf32    # the cpu has no TF32: float32 stays float32
 
     n, k = w.sizes
-    if _gemv_first(out.device) and (k < 2 or w.strides[1] == 1):
-        gemv = cpu_gemv.make_gemv(out, x, w, (n, k, w.strides[0]), bias)
-        if gemv is not None:
-            return gemv
+    if _gemv_first(out.device):
+        if k < 2 or w.strides[1] == 1:
+            gemv = cpu_gemv.make_gemv(out, x, w, (n, k, w.strides[0]), bias)
+            if gemv is not None:
+                return gemv
+        gemm = cpu_gemm.make_gemm(out, x, w, (n, k, w.strides[0], w.strides[1]), bias)
+        if gemm is not None:
+            return gemm
     # w[N, K] read as its transpose [K, N]: the same bytes, the strides swapped.
     dnnl_work = _dnnl_gemm(out, x, w, ((k, n), (w.strides[1], w.strides[0])), bias,
                            check_linear(out, x, w, bias)[1].scratch_bytes)
