@@ -540,8 +540,8 @@ def _check_dynamic(m: Program, lim: Limits, where: str) -> None:
     from aotrt.program.symbols import check_symbolic, instantiate
 
     bounds = check_symbolic(m, where)
-    low = instantiate(m, {s: lo for s, (lo, hi) in bounds.items()})
     try:
+        low = instantiate(m, {s: lo for s, (lo, hi) in bounds.items()})
         Validator(low, lim).run()
     except ProgramError as e:
         raise ProgramError(f"at the lower bounds {dict((s, b[0]) for s, b in bounds.items())}: "

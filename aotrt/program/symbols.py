@@ -17,6 +17,7 @@ from __future__ import annotations
 import copy
 from typing import Any, Mapping, Sequence
 
+from aotrt.errors import ProgramError
 from aotrt.kernels import ir
 from aotrt.program.validate import SIZE_LIMIT, check_dict, check_int, check_list, fail
 
@@ -187,9 +188,10 @@ def instantiate(m: Any, values: Mapping[str, int]) -> Any:
         parent[key] = evaluate(entry["expr"], values)
     kernels = list(m.kernels)
     if "kernels" in patched:
-        kernels = [ir.from_json(patched["kernels"][k.name]) if k.name in patched["kernels"]
-                   and k.name in {e["at"][1] for e in m.symbolic if e["at"][0] == "kernels"}
-                   else k for k in m.kernels]
+        symbolic = {e["at"][1] for e in m.symbolic if e["at"][0] == "kernels"}
+        kernels = [_rebuilt(patched["kernels"][k.name], k.name)
+                   if k.name in patched["kernels"] and k.name in symbolic else k
+                   for k in m.kernels]
     out = type(m)(inputs=patched.get("inputs", m.inputs),
                   outputs=patched.get("outputs", m.outputs),
                   arena_nbytes=m.arena_nbytes,
@@ -199,6 +201,15 @@ def instantiate(m: Any, values: Mapping[str, int]) -> Any:
     out.constants, out.kernels, out.state = m.constants, kernels, m.state
     out.provenance = m.provenance
     return out
+
+
+def _rebuilt(kj: Any, name: str) -> ir.Kernel:
+    """Kernel `name` from its JSON with symbolic fields written: a field that the sizes make
+    invalid (a negative size, dim or argument) is refused naming the kernel."""
+    try:
+        return ir.from_json(kj)
+    except ProgramError as e:
+        raise fail(f"kernels[{name!r}]"[:120], str(e)) from None
 
 
 __all__ = ["MAX_SYMBOLS", "check_symbolic", "check_symbols", "evaluate", "input_dims",

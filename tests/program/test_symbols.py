@@ -121,6 +121,11 @@ BAD: list[tuple[str, Callable[[dict], Any], str]] = [
     # A negative size at the lower bound.
     ("a negative size at the min", lambda m: m["symbolic"][2].update(expr=[[1, "S"]]) or
      m["symbolic"][3].update(expr=[[2, "S"], [-8]]), r"at the lower bounds"),
+    # A kernel's iteration size negative at the lower bound: its IR cannot be rebuilt there
+    # (refused once without the sizes or the kernel's field; the fuzzer's exported seeds)
+    ("a kernel size negative at the min", lambda m: m["symbolic"][4].update(
+        expr=[[3, "S"], [-16]]), r"^method 'forward': at the lower bounds \{'S': 1\}: "
+     r"kernels\['affine'\]: bad IR node Kernel: kernel affine: bad iteration size -13"),
 ]
 
 
