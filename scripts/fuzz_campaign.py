@@ -100,7 +100,7 @@ def _write(out: Path, args: argparse.Namespace, state: dict) -> None:
     res = {"date": day, "mutants": sum(total.values()), "master": args.master,
            "sanitize": args.sanitize, "workers": args.workers, "timeout_s": args.timeout,
            "seconds": round(state["seconds"], 1), "counts": total, "bad": state["bad"][:200],
-           "seeds": sorted({**M.SEEDS, **M.SEEDS_V2, **M.SEEDS_LIB}), "kinds": list(M.KINDS)}
+           "seeds": sorted(M.ALL_SEEDS), "kinds": list(M.KINDS)}
     (out / f"fuzz-{day}{suffix}.json").write_text(json.dumps(res, indent=1))
     lines = [f"# Fuzz campaign {day}", "",
              f"{res['mutants']} mutants of {len(res['seeds'])} seed programs (master seed "

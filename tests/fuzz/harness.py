@@ -79,6 +79,21 @@ def make_inputs(prog: Any, seed: int) -> list[np.ndarray] | None:
     return out
 
 
+def size_points(m: Any) -> list[dict[str, int] | None]:
+    """The sizes a method runs at: None (as stored) for a static one; for a dynamic one its
+    upper bounds (as stored), its lower bounds and every symbol halfway between."""
+    if not m.symbols:
+        return [None]
+    lo = {s["name"]: s["min"] for s in m.symbols}
+    hi = {s["name"]: s["max"] for s in m.symbols}
+    mid = {n: (lo[n] + hi[n]) // 2 for n in lo}
+    points: list[dict[str, int] | None] = [None]
+    for p in (lo, mid):
+        if p != hi and p not in points:
+            points.append(p)
+    return points
+
+
 def wrapped(e: BaseException) -> str:
     """The name of a Python exception that a refusal's message carries ("" if none): an
     aotrt error wrapping, say, "AttributeError: 'Idx' object has no attribute 'mode'" hid a
@@ -102,6 +117,7 @@ def judge(data: bytes, seed: int) -> dict[str, Any]:
     """Load and run one mutant on cpu and compare it with the reference (in this process)."""
     import aotrt
     from aotrt.errors import AotrtError
+    from aotrt.program.symbols import instantiate
     from tests.fuzz import reference as R
 
     res: dict[str, Any] = {"outcome": "", "detail": ""}
@@ -119,16 +135,19 @@ def judge(data: bytes, seed: int) -> dict[str, Any]:
     stateful = bool(prog.state) or prog.has_methods
     plan = []
     for j, name in enumerate(names * (2 if stateful else 1)):
-        inputs = make_inputs(prog.method(name), seed + 7919 * j)
-        if inputs is None:
-            return {"outcome": "loaded_not_run", "detail": "inputs too big"}
-        plan.append((name, inputs))
+        # a dynamic method runs at its upper bounds, its lower bounds and a size between
+        for k, sizes in enumerate(size_points(prog.method(name))):
+            meth = prog.method(name) if sizes is None else instantiate(prog.method(name), sizes)
+            inputs = make_inputs(meth, seed + 7919 * j + 104729 * k)
+            if inputs is None:
+                return {"outcome": "loaded_not_run", "detail": "inputs too big"}
+            plan.append((name, sizes, inputs))
     stage = "load"
     runs = []
     try:
         with aotrt.load(prog, device="cpu") as m:
             stage = "run"
-            for name, inputs in plan:
+            for name, _, inputs in plan:
                 outs = (m.method(name) if prog.has_methods else m).run(*inputs)
                 runs.append([np.array(np.asarray(o)) for o in outs])
             states = [np.array(np.asarray(m.state[s["name"]])) for s in prog.state]
@@ -140,10 +159,11 @@ def judge(data: bytes, seed: int) -> dict[str, Any]:
     try:
         ref = R.Reference(prog)
         diffs = []
-        for j, ((name, inputs), got) in enumerate(zip(plan, runs)):
-            diff = R.compare(ref.run(inputs, name), got)
+        for j, ((name, sizes, inputs), got) in enumerate(zip(plan, runs)):
+            diff = R.compare(ref.run(inputs, name, sizes), got)
             if diff:
-                diffs.append(f"run {j} ({name}): {diff}" if stateful else diff)
+                at = "" if sizes is None else f" at {sizes}"
+                diffs.append(f"run {j} ({name}{at}): {diff}" if stateful or at else diff)
                 break
         if not diffs and states:
             diff = R.compare(ref.state_values(), states)

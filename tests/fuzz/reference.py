@@ -16,13 +16,14 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Any, Sequence
+from typing import Any, Mapping, Sequence
 
 import numpy as np
 
 from aotrt import dtypes
 from aotrt.kernels import ir
 from aotrt.kernels.render_c import SUM_BLOCK, SUM_LANES
+from aotrt.program.symbols import instantiate
 
 #: the largest iteration grid (outer x reduce elements) and memory the reference evaluates
 GRID_LIMIT = 1 << 22
@@ -519,9 +520,11 @@ class Reference:
                     np.uint8)
         self._begin(next(iter(methods)))
 
-    def _begin(self, method: str) -> None:
-        """Fresh per-run roots for a run of `method`."""
+    def _begin(self, method: str, sizes: Mapping[str, int] | None = None) -> None:
+        """Fresh per-run roots for a run of `method` (a dynamic one's at `sizes`)."""
         self.p = self.prog.methods[method]
+        if sizes is not None:
+            self.p = instantiate(self.p, sizes)
         for key in [k for k in self.mem if k[0] not in ("constant", "state")]:
             del self.mem[key]
         for root in ("arena", "input", "output"):
@@ -615,11 +618,12 @@ class Reference:
         raw = np.ascontiguousarray(arr).view(np.uint8).reshape(*arr.shape, dt.itemsize)
         self.mem[("input", i)]["b"][pos[..., None] + np.arange(dt.itemsize)] = raw
 
-    def run(self, inputs: Sequence[np.ndarray],
-            method: str | None = None) -> list[dict[str, np.ndarray]]:
-        """Execute the instructions of `method` (default: the first) from the state the
-        runs before left; the outputs as dicts of values and masks."""
-        self._begin(next(iter(self.prog.methods)) if method is None else method)
+    def run(self, inputs: Sequence[np.ndarray], method: str | None = None,
+            sizes: Mapping[str, int] | None = None) -> list[dict[str, np.ndarray]]:
+        """Execute the instructions of `method` (default: the first; a dynamic one's with its
+        symbols at `sizes`, else as stored) from the state the runs before left; the
+        outputs as dicts of values and masks."""
+        self._begin(next(iter(self.prog.methods)) if method is None else method, sizes)
         for i, x in enumerate(inputs):
             self.set_input(i, x)
         kernels = {k.name: k for k in self.p.kernels}
@@ -809,52 +813,9 @@ class Reference:
         self._write(dkey, dp, raw, (und, uni, apx), racy)
 
     def _library(self, ins: dict) -> None:
-        fn = ins["fn"]
-        if fn not in ("mm", "addmm"):
-            raise RefUnchecked(f"library op {fn}")
-        outs = [self.p.tensors[t] for t in ins["outs"]]
-        xs = [self.p.tensors[t] if t is not None else None for t in ins["ins"]]
-        want = 2 if fn == "mm" else 3
-        if len(outs) != 1 or len(xs) != want or any(x is None for x in xs):
-            raise RefRefusal(f"{fn}: bad argument counts")
-        o = outs[0]
-        if any(len(t["sizes"]) != 2 or t["dtype"] != o["dtype"] for t in (o, *xs)) or \
-                o["dtype"] not in ir.FLOAT_DTYPES:
-            raise RefRefusal(f"{fn}: bad ranks or dtypes")
-        a, b = xs[-2], xs[-1]
-        (m, kk), (k2, nn) = a["sizes"], b["sizes"]
-        if kk != k2 or o["sizes"] != [m, nn]:
-            raise RefRefusal(f"{fn}: bad shapes")
-        vals = []
-        masks = []
-        for t in xs:
-            key, _, _, dt, _, _ = self._view(t)
-            pos = self.positions(t)
-            v, u, n, ap = self._read(key, pos, dt) if pos.size else (
-                np.zeros(pos.shape), *(np.zeros(pos.shape, bool),) * 3)
-            if dt.name == "bfloat16":
-                v = bf16_to_f(v.view(np.uint16))
-            vals.append(v.astype(np.float64))
-            masks.append((u, n))
-        with np.errstate(all="ignore"):
-            r = vals[-2] @ vals[-1]
-            und = (masks[-2][0].astype(int) @ masks[-1][0].astype(int) + masks[-2][0].any(1)[
-                :, None] + masks[-1][0].any(0)[None, :]) > 0 if kk else np.zeros((m, nn), bool)
-            uni = (masks[-2][1].any(1)[:, None] | masks[-1][1].any(0)[None, :]) if kk else \
-                np.zeros((m, nn), bool)
-            if fn == "addmm":
-                params = ins.get("params", {})
-                beta, alpha = params.get("beta", 1), params.get("alpha", 1)
-                bias = np.broadcast_to(vals[0], (m, nn)) if vals[0].shape == (m, nn) else None
-                if bias is None:
-                    raise RefRefusal("addmm: bias shape")
-                r = beta * bias + alpha * r
-                und = und | masks[0][0]
-                uni = uni | masks[0][1]
-        key, _, isz, dt, _, _ = self._view(o)
-        v = V(r.astype(np.float32), "f", und, uni, np.ones(r.shape, bool))
-        raw = self._store_bytes(v, "float32", dt.name)
-        self._write(key, self.positions(o), raw, (und, uni, v.approx), False)
+        # imported here: reference_lib imports this module
+        from tests.fuzz import reference_lib
+        reference_lib.run(self, ins)
 
 
 def _uses_rdim(st: ir.Store, nouter: int) -> bool:

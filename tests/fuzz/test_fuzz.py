@@ -78,8 +78,8 @@ def test_fuzz_sanitized(cache: Path, tmp_path: Path) -> None:
 
 def test_every_seed_runs_equal() -> None:
     for name, (doc, entries, data) in M.seed_files().items():
-        if name in M.SEEDS_LIB:
-            continue    # no reference for their ops: tests/fuzz/test_fuzz_lib.py runs them
+        if name in M.SEEDS_LIB or name in M.SEEDS_EXPORTED:
+            continue    # tests/fuzz/test_fuzz_lib.py and test_fuzz_exported.py run them
         for seed in range(3):
             r = H.judge(M.join(doc, entries, data), seed)
             # division by a zero input is refused at run; everything else runs and matches
@@ -101,12 +101,13 @@ def test_known_findings_stay_fixed(master: int, index: int) -> None:
 
 def test_mutants_are_deterministic_and_cover_every_kind() -> None:
     files = M.seed_files()
-    master = M.LIB_FROM_MASTER       # the first master whose mutants draw every seed kind
+    master = M.EXPORTED_FROM_MASTER  # the first master whose mutants draw every seed kind
     a = [M.mutant(files, i, master) for i in range(300)]
     assert a == [M.mutant(files, i, master) for i in range(300)]
     kinds = {k for _, ks, _ in a for k in ks.split("+")}
     assert kinds == set(M.KINDS)
     assert len({d for _, _, d in a}) > 250
+    assert {n for n, _, _ in a} == set(M.ALL_SEEDS)
 
 
 # -- the reference's semantics ------------------------------------------------------------------
