@@ -180,6 +180,25 @@ static void row_direct(const float *qr, const float *kh, int64_t k_sl, const flo
   for (int64_t e = 0; e < EV; e++) out[e] = orow[e] * inv;
 }
 
+/* [*lo, *hi): the keys below kend that rows [l0, l0 + rows) of the mask `mr` (row and key
+   strides m_sl, m_sj) see, *lo rounded down to a multiple of 16; empty where none sees one.
+   A key block wholly outside adds nothing to the online softmax (its scores are -inf). */
+static void see_range(const uint8_t *mr, int64_t m_sl, int64_t m_sj, int64_t rows,
+                      int64_t l0, int64_t causal, int64_t kend, int64_t *lo, int64_t *hi) {
+  int64_t a = kend, z = 0;
+  for (int64_t i = 0; i < rows; i++, mr += m_sl) {
+    const int64_t see = causal && l0 + i + 1 < kend ? l0 + i + 1 : kend;
+    int64_t f = 0, t = see;
+    while (f < see && !mr[f * m_sj]) f++;
+    if (f == see) continue;
+    while (t > f && !mr[(t - 1) * m_sj]) t--;
+    a = f < a ? f : a;
+    z = t > z ? t : z;
+  }
+  *lo = a < z ? a & ~(int64_t)15 : 0;
+  *hi = a < z ? z : 0;
+}
+
 /* P: q, k, v, out (float32, unit stride along the head dim), the int64 parameters, the
    float64 scale, per-thread scratch, and a bool mask or null (a[21..24] its batch, head, row
    and key strides, 0 where it broadcasts: a key whose entry is false is not seen). Items
@@ -206,8 +225,12 @@ void aot_attention_f32(char **P, int64_t begin, int64_t end, int64_t threads) {
     float *qb = kT + E * sp, *sb = qb + BM * E, *ob = sb + BM * BN, *mrow = ob + BM * EV,
           *lrow = mrow + BM;
     int64_t packed = -1;
-#pragma omp for schedule(static)
-    for (int64_t it = begin; it < end; it++) {
+    /* a head's row blocks in a row on one thread (its keys are packed once), the heads
+       taken dynamically: a thread whose core another process holds takes fewer */
+#pragma omp for schedule(dynamic, 1)
+    for (int64_t head = begin / nblk; head < (end + nblk - 1) / nblk; head++)
+    for (int64_t it = head * nblk > begin ? head * nblk : begin;
+         it < (head + 1) * nblk && it < end; it++) {
       const int64_t b = it / (H * nblk), h = (it / nblk) % H, l0 = (it % nblk) * BM;
       const int64_t rows = L - l0 < BM ? L - l0 : BM, rows4 = (rows + 3) & ~(int64_t)3;
       const int64_t kend = causal ? (S < l0 + rows ? S : l0 + rows) : S;
@@ -238,8 +261,14 @@ void aot_attention_f32(char **P, int64_t begin, int64_t end, int64_t threads) {
         for (int64_t e = 0; e < E; e++) qb[i * E + e] = i < rows ? qh[i * q_sl + e] * scale : 0;
       memset(ob, 0, sizeof(float) * BM * EV);
       for (int64_t i = 0; i < BM; i++) { mrow[i] = LOWEST; lrow[i] = 0.0f; }
-      for (int64_t j0 = 0; j0 < kend; j0 += BN) {
-        const int64_t jn = kend - j0 < BN ? kend - j0 : BN, jv = round16(jn);
+      /* only the keys some row of the block sees, from a multiple of 16 (kT's aligned
+         loads): a prefill chunk's rows see no cache slot past their own, so its blocks
+         past them were all masked (half of a 128-token prompt's over 256 slots) */
+      int64_t jlo = 0, jhi = kend;
+      if (mask) see_range(mask + b * m_sb + h * m_sh + l0 * m_sl, m_sl, m_sj, rows, l0,
+                          causal, kend, &jlo, &jhi);
+      for (int64_t j0 = jlo; j0 < jhi; j0 += BN) {
+        const int64_t jn = jhi - j0 < BN ? jhi - j0 : BN, jv = round16(jn);
         for (int64_t i = 0; i < rows4; i += 4) scores4(qb + i * E, E, kT, sp, j0, jv, sb + i * BN);
         for (int64_t i = 0; i < rows4; i++) {
           float *s = sb + i * BN;

@@ -116,6 +116,26 @@ def test_bool_mask(kit, stream, calls, b, hq, hk, lq, s, mask_shape):
     assert len(calls) == 1
 
 
+@pytest.mark.parametrize("slot,length,slots,starts", [
+    (0, 128, 256, (0,)),            # a 128-token prompt over a 256-slot cache
+    (130, 100, 320, (0, 150)),      # a second chunk; a row left-padded past a key block
+    (0, 70, 200, (60, 199)),        # a row block that sees only its own slots
+])
+def test_bool_mask_of_a_prefill_chunk(kit, stream, calls, slot, length, slots, starts):
+    """A language model's prefill mask (aotrt/llm/causal.py): row i of a chunk at cache
+    slot `slot` sees the slots [start, slot + i] of its batch row, and its own; the kernel
+    reads only the key blocks some row of a block sees."""
+    b = len(starts)
+    q = kit.randn((b, 4, length, 64), "float32")
+    k, v = kit.randn((b, 2, slots, 64), "float32"), kit.randn((b, 2, slots, 64), "float32")
+    keys = np.arange(slots)[None, None, :]
+    rows = slot + np.arange(length)[None, :, None]
+    start = np.array(starts)[:, None, None]
+    mask = (((keys <= rows) & (keys >= start)) | (keys == rows))[:, None]
+    _run(kit, stream, q, k, v, mask=mask, enable_gqa=True)
+    assert len(calls) == 1
+
+
 def test_bool_mask_strided_with_a_row_that_sees_nothing(kit, stream, calls):
     """A mask read by its strides (a slice of a wider one); a row whose keys are all masked
     gives zeros, as torch does."""
