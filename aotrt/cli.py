@@ -12,7 +12,6 @@ from __future__ import annotations
 import argparse
 import importlib
 import logging
-import math
 import statistics
 import sys
 import time
@@ -133,44 +132,16 @@ def cmd_bench(args: argparse.Namespace) -> int:
 
 
 def cmd_inspect(args: argparse.Namespace) -> int:
-    """Print a program's summary (validates it; runs nothing)."""
+    """Print a program's summary: its methods (a dynamic one's symbols, their bounds and the
+    inputs they size), state and quantized layers (validates it; runs nothing)."""
     from aotrt.program import Program
+    from aotrt.program.quantized import summary_lines
 
     prog = Program.load(args.program)
     print(prog.summary())
-    for line in quantized_layers(prog):
+    for line in summary_lines(prog):
         print(line)
     return 0
-
-
-def quantized_layers(prog: Any) -> list[str]:
-    """A line per weight-only quantized layer (library op linear_wq): its packed weight's
-    name, scheme and shape; then its weights' bytes against the same weights in bfloat16."""
-    from aotrt.runtime.ops.linear_wq import describe
-
-    lines, packed, bf16 = [], 0, 0
-    constants = prog.tables.constants
-    for name, m in prog.methods.items():
-        rec = m.record
-        for i, ins in enumerate(rec.instructions):
-            if ins.op != "library" or ins.name != "linear_wq":
-                continue
-            params = ins.params
-            views = [None if t is None else rec.tensors[t] for t in ins.ins]
-            q = views[1]
-            n, k = q.sizes[0], q.sizes[1] * (2 if params.get("bits") == 4 else 1)
-            for v in views[1:4]:
-                if v is not None:
-                    packed += math.prod(v.sizes) * v.dtype.itemsize
-            bf16 += 2 * n * k
-            # the layer's name is its packed weight's (quantize.py's `<layer>.qweight`)
-            layer = constants[q.index].name if q.root == "constant" else "(computed weights)"
-            lines.append(f"  {name} #{i} {layer}: linear_wq {describe(params)}, [{n}, {k}]")
-    if lines:
-        lines.insert(0, f"quantized layers: {len(lines)}")
-        lines.append(f"quantized weights: {packed / 2**20:.2f} MiB with scales and zeros, "
-                     f"{bf16 / 2**20:.2f} MiB in bfloat16 ({packed / bf16:.2f}x)")
-    return lines
 
 
 def parser() -> argparse.ArgumentParser:

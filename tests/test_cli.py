@@ -33,6 +33,103 @@ def test_inspect_prints_the_summary(seed_file: Path, capsys: pytest.CaptureFixtu
     assert "library addmm: 1" in out and "library mm: 1" in out
 
 
+def _dynamic_state_program() -> Any:
+    """push: o[S, 4] = x[S, 4] * 2 (S in [1, 8]) and count += 1; peek: the count. The two
+    methods share the count."""
+    from aotrt.exporter.builder import ProgramBuilder
+    from aotrt.exporter.methods import merge
+    from aotrt.kernels import ir
+    from aotrt.kernels.ir import Arg, Const, Idx, Load, Op, Store
+
+    b = ProgramBuilder("push")
+    x = b.input("x", "float32", [8, 4])
+    count = b.state("count", np.zeros(1, np.int64))
+    o = b.output("o", "float32", [8, 4])
+    at = Op("add", (Op("mul", (Idx(0), Const(4, "int64")), "int64"), Idx(1)), "int64")
+    b.kernel(ir.Kernel("double", (8, 4), (), (Arg("float32", "r"), Arg("float32", "w")),
+                       (Store(1, at, Op("mul", (Load(0, at, "float32"),
+                                                Const(2.0, "float32")), "float32")),)), [x, o])
+    b.kernel(ir.Kernel("tick", (1,), (), (Arg("int64", "rw"),),
+                       (Store(0, Idx(0), Op("add", (Load(0, Idx(0), "int64"),
+                                                    Const(1, "int64")), "int64")),)), [count])
+    push = b.build()
+    push.version = 2
+    push.symbols = [{"name": "S", "min": 1, "max": 8}]
+    push.symbolic = [{"at": ["inputs", 0, "shape", 0], "expr": [[1, "S"]]},
+                     {"at": ["outputs", 0, "shape", 0], "expr": [[1, "S"]]},
+                     {"at": ["tensors", x, "sizes", 0], "expr": [[1, "S"]]},
+                     {"at": ["tensors", o, "sizes", 0], "expr": [[1, "S"]]},
+                     {"at": ["kernels", "double", "shape", 0], "expr": [[1, "S"]]}]
+    b = ProgramBuilder("peek")
+    count = b.state("count", np.zeros(1, np.int64))
+    b.copy(b.output("n", "int64", [1]), count)
+    return merge({"push": push, "peek": b.build()}, share_state=True)
+
+
+def test_inspect_shows_symbols_and_shared_state(tmp_path: Path,
+                                                capsys: pytest.CaptureFixture) -> None:
+    path = tmp_path / "dyn.aotp"
+    _dynamic_state_program().save(path)
+    assert main(["inspect", str(path)]) == 0
+    lines = [ln.strip() for ln in capsys.readouterr().out.splitlines()]
+    for want in ("state 0 count: int64[1], zeros, shared by push, peek",
+                 "symbol S: [1, 8], sizes input 0 x dim 0",
+                 "input 0 x: float32[S, 4] strides [4, 1]",
+                 "output 0 o: float32[S, 4] strides [4, 1]",
+                 "output 0 n: int64[1] strides [1]"):
+        assert want in lines, (want, lines)
+    assert not any(ln.startswith("quantized") for ln in lines)
+
+
+def test_inspect_tabulates_quantized_layers(tmp_path: Path,
+                                            capsys: pytest.CaptureFixture) -> None:
+    from tests.fuzz.seeds import stored_seed
+
+    path = tmp_path / "q.aotp"
+    stored_seed("exp_quantized").save(path)     # int4/int8 embeddings and linears
+    assert main(["inspect", str(path)]) == 0
+    lines = [ln.strip() for ln in capsys.readouterr().out.splitlines()]
+    rows = lines[lines.index("quantized layers: 4") + 1:]
+    assert [r.split() for r in rows[:5]] == [
+        ["layers", "op", "scheme", "scales", "weights", "[N,", "K]"],
+        ["1", "embedding", "int4", "g32", "float32", "[16,", "64]"],
+        ["1", "embedding", "int8", "per", "channel", "float32", "[8,", "64]"],
+        ["1", "linear_wq", "int4", "g32", "float32", "[32,", "64]"],
+        ["1", "linear_wq", "int8", "per", "channel", "bfloat16", "[8,", "32]"]]
+    # packed bytes: 512 + 2 * 128 (token table, scales, zeros), 512 + 32 (position table,
+    # scales), 1024 + 2 * 256, 256 + 16 (bfloat16 scales): 3120; in bfloat16 2 * (16 * 64
+    # + 8 * 64 + 32 * 64 + 8 * 32) = 7680
+    assert rows[5] == "packed: 3.0 KiB with scales and zeros, 7.5 KiB as bfloat16 weights " \
+                      "(0.41x)"
+    assert rows[6].startswith("constants: 3.2 KiB, 7.7 KiB with these weights in bfloat16")
+
+
+def test_inspect_counts_repeated_layers_once_a_row(tmp_path: Path,
+                                                   capsys: pytest.CaptureFixture) -> None:
+    from aotrt.exporter.builder import ProgramBuilder
+
+    b = ProgramBuilder("stack")
+    h = b.input("x", "float32", [2, 64])
+    rng = np.random.default_rng(0)
+    for i in range(3):
+        q = rng.integers(0, 256, (64, 32), dtype=np.uint8)
+        s, z = np.ones((64, 2), np.float32), np.full((64, 2), 8.0, np.float32)
+        out = b.output(f"o{i}", "float32", [2, 64])
+        b.library("linear_wq", [out], [h, b.constant(f"l{i}.qweight", q),
+                                       b.constant(f"l{i}.scales", s),
+                                       b.constant(f"l{i}.zeros", z), None],
+                  {"bits": 4, "group_size": 32})
+    path = tmp_path / "stack.aotp"
+    b.build().save(path)
+    assert main(["inspect", str(path)]) == 0
+    lines = [ln.strip() for ln in capsys.readouterr().out.splitlines()]
+    i = lines.index("quantized layers: 3")
+    assert lines[i + 2].split() == ["3", "linear_wq", "int4", "g32", "float32", "[64,", "64]"]
+    # 3 x (2048 + 512 + 512) packed against 3 x 64 x 64 x 2
+    assert lines[i + 3] == "packed: 9.0 KiB with scales and zeros, 24.0 KiB as bfloat16 " \
+                           "weights (0.38x)"
+
+
 def test_run_with_inputs_saves_outputs(seed_file: Path, tmp_path: Path,
                                        capsys: pytest.CaptureFixture) -> None:
     x = rand([12, 7], seed=3)

@@ -7,6 +7,7 @@ the stride arithmetic of its views and the library ops' signatures it is checked
 - symbols.py   bounded dynamic sizes: symbols, symbolic fields, a method at given sizes
 - strides.py   numel, row-major strides, extents, packing
 - library.py   the library ops' signatures, registered by aotrt.runtime.ops
+- quantized.py the quantized layers (linear_wq, packed tables) and their bytes, for inspect
 """
 
 from __future__ import annotations

@@ -437,11 +437,23 @@ class Program:
         return "\n".join(lines)
 
     def _method_summary(self) -> list[str]:
+        from aotrt.program.symbols import expr_text, input_dims
+
         lines = []
+        # a dynamic method's symbols, and its inputs' and outputs' sizes written in them
+        at = {tuple(e["at"]): expr_text(e["expr"]) for e in self.symbolic}
+        dims = input_dims(self)
+        for s in self.symbols:
+            uses = ", ".join(f"input {i} {self.record.inputs[i].name} dim {d}"
+                             for i, d in dims.get(s["name"], []))
+            lines.append(f"symbol {s['name']}: [{s['min']}, {s['max']}], sizes {uses}")
         for kind, specs in (("input", self.record.inputs), ("output", self.record.outputs)):
             for i, s in enumerate(specs):
-                lines.append(f"{kind} {i} {s.name}: {s.dtype.name}{list(s.shape)} "
-                             f"strides {list(s.strides)}")
+                shape, strides = ([at.get((f"{kind}s", i, f, d), str(n)) for d, n in
+                                   enumerate(v)] for f, v in (("shape", s.shape),
+                                                              ("strides", s.strides)))
+                lines.append(f"{kind} {i} {s.name}: {s.dtype.name}[{', '.join(shape)}] "
+                             f"strides [{', '.join(strides)}]")
         lines.append(f"arena: {_human(self.arena_nbytes)}")
         lines.append(f"tensors: {len(self.tensors)}")
         counts: dict[str, int] = {}

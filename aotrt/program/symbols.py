@@ -47,6 +47,19 @@ def evaluate(expr: Sequence[Sequence[Any]], values: Mapping[str, int]) -> int:
     return total
 
 
+def expr_text(expr: Sequence[Sequence[Any]]) -> str:
+    """A (validated) expression as text: 'S', '2*S*T + S - 4'."""
+    parts = []
+    for term in expr:
+        coef, syms = term[0], "*".join(term[1:])
+        if not syms:
+            parts.append(str(coef))
+        elif coef != 0:
+            parts.append(syms if coef == 1 else f"{coef}*{syms}")
+    text = " + ".join(parts) or "0"
+    return text.replace("+ -", "- ")
+
+
 def check_symbols(symbols: Any, where: str) -> dict[str, tuple[int, int]]:
     """name -> (min, max) of a method's `symbols` table; ProgramError naming the field."""
     syms = check_list(symbols, where, MAX_SYMBOLS)
@@ -212,5 +225,5 @@ def _rebuilt(kj: Any, name: str) -> ir.Kernel:
         raise fail(f"kernels[{name!r}]"[:120], str(e)) from None
 
 
-__all__ = ["MAX_SYMBOLS", "check_symbolic", "check_symbols", "evaluate", "input_dims",
-           "instantiate", "method_doc", "resolve"]
+__all__ = ["MAX_SYMBOLS", "check_symbolic", "check_symbols", "evaluate", "expr_text",
+           "input_dims", "instantiate", "method_doc", "resolve"]

@@ -149,8 +149,10 @@ def test_inspect_names_each_quantized_layer(tmp_path, capsys):
     aotrt.export(model, (torch.randint(0, 50, (1, 3)),)).save(str(path))
     assert main(["inspect", str(path)]) == 0
     out = capsys.readouterr().out
-    assert out.count("linear_wq int4, group 32") == 2
-    assert "quantized weights:" in out
+    # one table row per (op, scheme, scales, shape), its first column the count
+    rows = [ln.split() for ln in out.splitlines() if "linear_wq  int4 g32" in ln]
+    assert sum(int(r[0]) for r in rows) == 2
+    assert "packed: " in out and "as bfloat16 weights" in out
 
 
 @pytest.mark.parametrize("device", DEVICES)

@@ -18,7 +18,7 @@ from aotrt.exporter.builder import ProgramBuilder
 from aotrt.kernels import ir
 from aotrt.kernels.ir import Arg, Const, Idx, Load, Op, Store
 from aotrt.program import Program
-from aotrt.program.symbols import evaluate, instantiate
+from aotrt.program.symbols import evaluate, expr_text, instantiate
 
 F32, HI = "float32", 8
 
@@ -71,6 +71,7 @@ def test_the_file_round_trips_and_instantiates() -> None:
     assert at3.arena_nbytes == prog.arena_nbytes and not at3.symbols
     at3.validate()
     assert evaluate([[2, "S", "S"], [3, "S"], [-1]], {"S": 4}) == 43
+    assert expr_text([[2, "S", "T"], [1, "S"], [0, "T"], [-4]]) == "2*S*T + S - 4"
 
 
 @pytest.mark.parametrize("s", [1, 2, 5, HI])
