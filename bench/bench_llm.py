@@ -19,8 +19,9 @@ Each runner records, for a prompt of `--prompt` tokens (random ids, random weigh
   (cudaMemGetInfo: the same count for every runner, allocator caches included);
 - `load_s`: aotrt: aotrt.load of the saved file (kernels compiled); Hugging Face:
   from_pretrained of a saved checkpoint onto the device.
-aotrt also records `host_us`: the host time of one bound decode step (copying its inputs and
-launching), with the device idle before each call.
+aotrt also records `host_us`: the host time of one decode step as generate queues it (a
+runtime/loop.py step: inputs staged, the fed ids copied, the replay and the read-back
+queued), with the device idle before each step.
 
 On cpu every child gets OMP_NUM_THREADS, OPENBLAS_NUM_THREADS and MKL_NUM_THREADS =
 `--threads`, torch.set_num_threads, aotrt.load(threads=) and ORT's intra_op_num_threads;
@@ -300,19 +301,22 @@ def run_aotrt(args: argparse.Namespace, batch: int, weights: str | None = None
 
 
 def _host_us(m: Any, batch: int, slot: int) -> float:
-    """Median host time of a bound decode step's call (inputs copied, work launched), with
-    the device idle before each call."""
-    bound = m.method("decode").bind()
+    """Median host time of one decode step as llm.generate queues it (a Loop step: inputs
+    staged, the fed ids copied, the replay and the read-back queued), with the device idle
+    before each step."""
+    from aotrt.runtime.loop import Loop
+
     ids, start = np.zeros((batch, 1), np.int64), np.zeros(batch, np.int64)
     pos = np.array(slot, np.int64)
     times = []
-    for _ in range(50):
-        out, = bound.run(ids, pos, start)
-        np.asarray(out)                                # the device is idle after this
-        t0 = time.perf_counter()
-        bound.run(ids, pos, start)
-        times.append((time.perf_counter() - t0) * 1e6)
-        np.asarray(bound.outputs[0])
+    with Loop(m.method("decode").bind(), feed={0: 0}) as loop:
+        loop.step(ids, pos, start)
+        for _ in range(50):
+            loop.result()                              # the device is idle after this
+            t0 = time.perf_counter()
+            loop.step(None, pos, start)
+            times.append((time.perf_counter() - t0) * 1e6)
+        loop.result()
     return statistics.median(times)
 
 

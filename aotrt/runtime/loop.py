@@ -108,14 +108,23 @@ class Loop:
         self._steps += 1
 
     def _step_host(self, inputs: tuple[Any, ...]) -> None:
-        """The fallback: a bound run that waits, the fed inputs from the last outputs."""
+        """The fallback: a bound run, the fed inputs from the last outputs on the host. The
+        newest step's outputs stay in the bound Tensors (None in `_pending`) until a read
+        or the next step needs them, so a queued run is not waited for early."""
+        if any(x is None for x in inputs) or self._pending and self._pending[-1] is None:
+            self._materialize()
         full = list(inputs)
         for i, o in self._fed_into.items():
             if full[i] is None:
                 full[i] = self._last[o].reshape(self._delegate.inputs[i].shape)
-        outs = self._binding.run(*full)
-        self._last = tuple(np.array(t) for t in outs)
-        self._pending.append(self._last)
+        self._binding.run(*full)
+        self._pending.append(None)
+
+    def _materialize(self) -> None:
+        """Copy the newest step's outputs out of the bound Tensors (waits for that step)."""
+        if self._pending and self._pending[-1] is None:
+            self._last = tuple(np.array(t) for t in self._binding.outputs)
+            self._pending[-1] = self._last
 
     def _step_device(self, inputs: tuple[Any, ...]) -> None:
         """Stage the host inputs, queue the fed copies, the replay and the download."""
@@ -158,9 +167,10 @@ class Loop:
         """The outputs of the oldest unread step, as host arrays (waits for that step)."""
         if not self._pending:
             raise InvalidArgument(f"loop over {self._delegate.name}: no step is unread")
-        item = self._pending.popleft()
         if self._readback is None:
-            return item
+            self._materialize()
+            return self._pending.popleft()
+        item = self._pending.popleft()
         rb = self._readback
         rb.wait(item)
         base = rb.slot(item)
