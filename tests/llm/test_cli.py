@@ -40,6 +40,7 @@ def test_demo_gpt2_tiny_matches_hugging_face(capsys: pytest.CaptureFixture) -> N
     assert "HF eager: time to first token" in out
 
 
+@pytest.mark.slow   # 20 s on 2 cores; the sampling itself is test_sampling.py's (CI slice)
 def test_generate_samples_with_a_seed(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
     """--sample exports the sample method; top-k 1 draws the greedy tokens, a seed repeats."""
     path = tmp_path / "tiny.aotp"

@@ -30,9 +30,16 @@ def _assert_tokens_equal(prog: aotrt.Program, ref: torch.nn.Module, device: str,
     np.testing.assert_array_equal(got, want.numpy())
 
 
+#: A quantized export is about 10 s on 2 cores: the CI slice keeps one case of each test
+#: (llama int4 linears, gpt2's int4 tied and position tables, int4 bfloat16 logits); int8
+#: stays in it through tests/exporter/test_quantize.py.
+SLOW = pytest.mark.slow
+
+
 @pytest.mark.parametrize("device", DEVICES)
-@pytest.mark.parametrize("family,weights", [("gpt2", "int8"), ("llama", "int4"),
-                                            ("qwen3", "int8")])
+@pytest.mark.parametrize("family,weights", [pytest.param("gpt2", "int8", marks=SLOW),
+                                            ("llama", "int4"),
+                                            pytest.param("qwen3", "int8", marks=SLOW)])
 def test_quantized_tokens_equal_the_quantized_torch_model(family: str, weights: str,
                                                           device: str) -> None:
     model = build(family)
@@ -50,7 +57,8 @@ def test_quantized_tokens_equal_the_quantized_torch_model(family: str, weights: 
 
 
 @pytest.mark.parametrize("device", DEVICES)
-@pytest.mark.parametrize("family,weights", [("gpt2", "int4"), ("llama", "int8")])
+@pytest.mark.parametrize("family,weights", [("gpt2", "int4"),
+                                            pytest.param("llama", "int8", marks=SLOW)])
 def test_quantized_embeddings_tokens_equal_and_a_tied_table_is_stored_once(
         family: str, weights: str, device: str) -> None:
     model = build(family)
@@ -79,7 +87,7 @@ class _Logits(torch.nn.Module):
 
 
 @pytest.mark.parametrize("device", DEVICES)
-@pytest.mark.parametrize("weights", ["int4", "int8"])
+@pytest.mark.parametrize("weights", ["int4", pytest.param("int8", marks=SLOW)])
 def test_bf16_logits_agree_with_the_dequantized_model_as_eager_bf16_does(weights: str,
                                                                          device: str) -> None:
     """Issue 38's accuracy bound, on a Llama shape with outlier channels (so that per-group

@@ -606,8 +606,11 @@ def _fds() -> int:
     return len(os.listdir("/proc/self/fd"))
 
 
-def test_distinct_programs_load_and_close_leave_no_library_mapped() -> None:
-    """300 load/close cycles of distinct programs: the cache's mappings and RSS stay flat."""
+# The CI slice's counts: the mapping and leak checks are exact at any count; the full ones
+# (about 80 s and 20 s on 2 cores, mostly compiles and cycles) also watch RSS grow slowly.
+@pytest.mark.parametrize("n", [30, pytest.param(300, marks=pytest.mark.slow)])
+def test_distinct_programs_load_and_close_leave_no_library_mapped(n: int) -> None:
+    """n load/close cycles of distinct programs: the cache's mappings and RSS stay flat."""
     from concurrent.futures import ThreadPoolExecutor
 
     import aotrt.runtime.disk_cache  # noqa: F401 - cache_dir
@@ -617,7 +620,7 @@ def test_distinct_programs_load_and_close_leave_no_library_mapped() -> None:
     with aotrt.load(_const_program(-1.0)) as m:    # warm: allocator, numpy, the compiler
         m.run(x)
         assert _cache_mappings() > 0               # the probe sees a loaded library
-    progs = [_const_program(i + 0.5) for i in range(300)]
+    progs = [_const_program(i + 0.5) for i in range(n)]
 
     def build(prog: Program) -> None:
         dev.kernel_library(prog.kernels).close()
@@ -635,11 +638,12 @@ def test_distinct_programs_load_and_close_leave_no_library_mapped() -> None:
                 assert rel_err(r, x.astype(np.float64) + i + 0.5) < 1e-6
     gc.collect()
     assert _cache_mappings() == maps0
-    assert _rss_kib() - rss0 < 2048, "RSS grew by more than 2 MiB over 300 programs"
+    assert _rss_kib() - rss0 < 2048, f"RSS grew by more than 2 MiB over {n} programs"
 
 
-def test_many_cycles_of_one_program_leave_nothing_behind() -> None:
-    """2,000 load/run/close cycles: no allocation, thread, mapping or fd is left behind."""
+@pytest.mark.parametrize("cycles", [200, pytest.param(2000, marks=pytest.mark.slow)])
+def test_many_cycles_of_one_program_leave_nothing_behind(cycles: int) -> None:
+    """Many load/run/close cycles: no allocation, thread, mapping or fd is left behind."""
     dev = aotrt.runtime.device.get_device("cpu")
     prog, x = _const_program(2.5), rand([8], seed=71)
     with aotrt.load(prog) as m:
@@ -647,7 +651,7 @@ def test_many_cycles_of_one_program_leave_nothing_behind() -> None:
     gc.collect()
     live0, threads0, maps0 = len(dev.memory.live()), _live_threads(), _cache_mappings()
     fds0, rss0 = _fds(), _rss_kib()
-    for _ in range(2000):
+    for _ in range(cycles):
         m = aotrt.load(prog)
         (r,) = m.run(x)
         m.close()
