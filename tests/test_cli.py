@@ -445,6 +445,9 @@ def _aotrt(*argv: str, env: dict | None = None) -> subprocess.CompletedProcess:
                           text=True, timeout=300, env=env)
 
 
+# Two processes importing torchvision, 17 s on 2 cores: the CI slice has the one-line export
+# mistakes through test_missing_pt2_is_one_line and test_export_mistakes_are_exit_2.
+@pytest.mark.slow
 def test_unknown_factory_is_one_line(tmp_path: Path) -> None:
     """The issue's example: `aotrt export torchvision.models:nonexist`."""
     pytest.importorskip("torch")
@@ -573,6 +576,7 @@ def test_first_load_compile_shows_progress_on_a_terminal_only(seed_file: Path,
     assert list((tmp_path / "cache2").rglob("*.so"))       # it did compile
 
 
+@pytest.mark.slow   # 11 s on 2 cores; the next test shows export's progress in the CI slice
 def test_export_shows_progress_on_a_terminal(tmp_path: Path) -> None:
     pytest.importorskip("torch")
     env = dict(os.environ, AOTRT_CACHE_DIR=str(tmp_path / "cache"))

@@ -20,7 +20,9 @@ from tests.fuzz.mutate import SEEDS
 cuda_mod = pytest.importorskip("aotrt.runtime.backends.cuda.device")
 common = pytest.importorskip("aotrt.runtime.backends.cuda.ops.common")
 
-ARCHS = ("sm_90", "sm_80")
+#: The sources hold no arch-dependent code: the CI slice compiles each at sm_90 (the H100 and
+#: H200), --all at sm_80 too (about 25 s more on 2 cores).
+ARCHS = ["sm_90", pytest.param("sm_80", marks=pytest.mark.slow)]
 
 
 def _nvrtc_ok() -> bool:
