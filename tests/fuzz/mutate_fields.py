@@ -22,6 +22,8 @@ import copy
 import random
 from typing import Any
 
+from tests.fuzz.seeds import _ST_CODE
+
 #: values for a symbol bound or a coefficient that no valid file holds, or only just
 BOUND_EDGES: list[Any] = [-1, 0, 1, 2**31 - 1, 2**31, 2**32, 2**62, 2**63 - 1, 2**63, 2**64,
                           -2**63, 1.5, True, None, "S", [1]]
@@ -260,8 +262,6 @@ def _relayout(doc: dict, entries: dict, data: bytes, index: int, shape: list[int
               dtype: str | None = None) -> tuple[dict, bytes]:
     """Constant `index` resized to `shape` (its bytes cut or repeated) and retyped, in the
     document, the safetensors entries and the data alike; every constant's bytes re-laid."""
-    from tests.fuzz.seeds import _ST_CODE
-
     spec = doc["constants"][index]
     name, old_dt = spec.get("name"), spec.get("dtype")
     dt = dtype or old_dt
