@@ -181,8 +181,7 @@ def test_the_issues_module_gives_torchs_nans_with_all_defaults(dnnl) -> None:
 _PIXELS = [(0, 0), (4, 3), (10, 13), (-1, 7), (5, -1), (-1, -1)]
 
 
-@pytest.mark.parametrize("value", [float("nan"), float("inf"), float("-inf")])
-@pytest.mark.parametrize("case", [
+_NON_FINITE_CASES = [
     # (size, batch, padding, Fp32Math.conv_winograd or None (the default), epilogue,
     #  positive weights, the tile that runs)
     (32, 1, 1, None, "relu", False, 4),
@@ -192,17 +191,34 @@ _PIXELS = [(0, 0), (4, 3), (10, 13), (-1, 7), (5, -1), (-1, -1)]
     (14, 2, 1, None, "relu6", True, 2),              # 49 tiles of 2: F(2) by default
     (15, 1, 1, 2, "residual", True, 2),              # F(2), partial tiles
     (32, 2, 2, 2, "silu", False, 2),                 # padding 2
-])
+]
+_NON_FINITE = [float("nan"), float("inf"), float("-inf")]
+_BUILT: dict[tuple, tuple[torch.nn.Module, torch.Tensor, aotrt.Program]] = {}
+
+
+def _built(case: tuple) -> tuple[torch.nn.Module, torch.Tensor, aotrt.Program]:
+    """The case's block, input and program, exported once for its three values."""
+    if case not in _BUILT:
+        size, n, padding, _, epilogue, positive, _ = case
+        torch.manual_seed(size + n)
+        m = _Block(16, 16, padding, True, epilogue, positive).eval()
+        x = torch.randn(n, 16, size, size)
+        if positive:
+            x = x.abs()
+        _BUILT[case] = m, x, aotrt.export(m, (x,))
+    return _BUILT[case]
+
+
+# The CI slice takes one value per case, each value in turn (nan, inf, -inf: every branch
+# below); the other 14 pairs (about 25 s on 2 cores) are marked slow.
+@pytest.mark.parametrize("case,value", [
+    pytest.param(c, v, id=f"case{i}-{v}", marks=[] if j == i % 3 else [pytest.mark.slow])
+    for i, c in enumerate(_NON_FINITE_CASES) for j, v in enumerate(_NON_FINITE)])
 def test_non_finite_inputs_give_torchs_outputs(dnnl, monkeypatch, case, value) -> None:
     """A NaN, +inf or -inf pixel: the same NaNs and infinities (signs included) as torch
     eager, every other output finite and float32-close, through Winograd's tiles."""
     size, n, padding, tile, epilogue, positive, runs = case
-    torch.manual_seed(size + n)
-    m = _Block(16, 16, padding, True, epilogue, positive).eval()
-    x = torch.randn(n, 16, size, size)
-    if positive:
-        x = x.abs()
-    prog = aotrt.export(m, (x,))
+    m, x, prog = _built(case)
     tiles: list[int] = []
     chosen = cpu_winograd.tile_for
 
