@@ -11,7 +11,7 @@ Every path goes through `Outputs`:
 - the plain run (programs writing their outputs in place): `bases`, then `finish`;
 - a replay over static buffers with `out=`, or with the hazard checker on: `copy_out`;
 - the lean cuda graph replay: `copied` (fresh roots, one copy each, the Tensors);
-- the lean host run (replays.StaticIO.run_lean): `packed_at`/`packed_nbytes` and
+- the lean host run (replays.StaticIO.run_lean): `packed_at`/`packed_sizes` and
   `tensors(.., packed_views)` over one fresh allocation;
 - `Delegate.bind()`: `tensors` over the bound static roots, returned by every bound run.
 
@@ -67,13 +67,14 @@ class Outputs:
         self._sizes = [[max(s.nbytes, 1)] for s in self.specs]
         #: each output root's bytes
         self.nbytes = [s.nbytes for s in self.specs]
-        #: the packed layout: each root's byte offset in one allocation, and its size
+        #: the packed layout (a lean host run's): each root's byte offset in one allocation,
+        #: on cache lines of its own, and that allocation's sizes ([bytes])
         self.packed_at: list[int] = []
         at = 0
         for n in self.nbytes:
             self.packed_at.append(at)
             at += -(-n // PACK_ALIGN) * PACK_ALIGN
-        self.packed_nbytes = [max(at, 1)]
+        self.packed_sizes = [max(at, 1)]
         #: each output's view over the packed allocation (root 0)
         self.packed_views: list[OutView] = [
             (0, sizes, strides, self.packed_at[k] // dt.itemsize + off, dt)

@@ -151,7 +151,7 @@ class StaticIO:
         stream.commit()         # the worker starts; a native plan needs no GIL meanwhile
         with owner_scope(PROCESS_OWNER):
             # Every output root at its offset in one allocation (Outputs' packed layout).
-            base = shims.empty_strided(o.packed_nbytes, [1], as_dtype("uint8"), dev)
+            base = shims.empty_strided(o.packed_sizes, [1], as_dtype("uint8"), dev)
             try:
                 if self._out_moves is None:
                     moves = [(at, src.address, n) for at, src, n
