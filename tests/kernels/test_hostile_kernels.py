@@ -38,10 +38,11 @@ def _runner(device):  # noqa: ANN001, ANN202 - a fixture body
             handles = []
             try:
                 for arr, dt in inputs:
-                    h = shims.empty_strided(list(arr.shape), None, dt)
+                    h = shims.empty_strided(list(arr.shape), None, dt, device)
                     handles.append(h)
                     upload(h, arr.view(as_dtype(dt).np) if dt == "bool" else arr)
-                outs = [shims.empty_strided(list(shape), None, dt) for shape, dt in outputs]
+                outs = [shims.empty_strided(list(shape), None, dt, device)
+                        for shape, dt in outputs]
                 handles += outs
                 kernel_fn(device, kernel)(s, *handles)
                 return [h.numpy() for h in outs]
