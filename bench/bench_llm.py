@@ -124,8 +124,8 @@ def _per_token(gen: Callable[[int], Any], new: int, runs: int) -> dict[str, Any]
 def run_hf(args: argparse.Namespace, batch: int, compiled: bool, torchao: str | None = None
            ) -> dict[str, Any]:
     """Hugging Face generate, eager (dynamic cache) or static cache compiled; `torchao`
-    "int4" quantizes the linear layers first with torchao's Int4WeightOnlyConfig (group 128;
-    its cuda int4 kernel, as torchao documents for decoding)."""
+    "int4" quantizes the linear layers first with torchao's Int4WeightOnlyConfig (group 128,
+    tinygemm's tile packing: the cuda int4 kernel torchao documents for decoding)."""
     import torch
     from transformers import AutoModelForCausalLM, CompileConfig
 
@@ -141,7 +141,10 @@ def run_hf(args: argparse.Namespace, batch: int, compiled: bool, torchao: str | 
         if torchao:
             from torchao.quantization import Int4WeightOnlyConfig, quantize_
 
-            quantize_(model, Int4WeightOnlyConfig(group_size=128))
+            # tinygemm's packing (torch's own _weight_int4pack_mm): torchao 0.17's default
+            # (plain) packing needs the mslk kernels, which the GPU machine lacks.
+            quantize_(model, Int4WeightOnlyConfig(group_size=128,
+                                                  int4_packing_format="tile_packed_to_4d"))
         if args.device == "cuda":
             torch.cuda.synchronize()
         load_s = time.perf_counter() - t0
