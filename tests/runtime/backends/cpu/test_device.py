@@ -685,6 +685,7 @@ print("not reported")
     assert proc.returncode != 0 and "AddressSanitizer" in proc.stderr, proc.stderr[-2000:]
 
 
+@pytest.mark.slow   # 18 s on 2 cores; the sanitized build's check above is the CI slice's
 def test_sanitized_build_runs_a_threaded_kernel_cleanly(tmp_path):
     """ASan+UBSan with OpenMP: a kernel split across threads runs without a report and gives
     the single-threaded result."""
