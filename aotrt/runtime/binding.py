@@ -26,7 +26,11 @@ if TYPE_CHECKING:   # the delegate imports this module
 class Binding:
     """A method bound once to buffers of its own (Delegate.bind): `inputs` and `outputs`
     are Tensors over them; `run` copies what it is given in, launches, and returns
-    `outputs` (the same Tensors each time, holding the last run's values)."""
+    `outputs` (the same Tensors each time, holding the last run's values).
+
+    An input the plan placed in the arena (where its bytes are dead once read) is
+    overwritten by the run's temporaries: after a run, `run()` without inputs is refused
+    for such a binding (`inputs_kept` False), since it would compute on other values."""
 
     def __init__(self, delegate: "Delegate", inputs: tuple[Tensor, ...],
                  outputs: tuple[Tensor, ...], ins: list[Handle],
@@ -39,6 +43,11 @@ class Binding:
         self._uploads = uploads
         self._accesses = delegate._graph.accesses if uploads is not None else ()
         self._plan = delegate._graph if delegate._graph_mode else delegate._static_io
+        arena = next((h.alloc for h, t in zip(delegate._static, delegate.program.record.tensors)
+                      if h is not None and t.root == "arena"), None)
+        #: whether the bound inputs keep their values across runs (none lies in the arena)
+        self.inputs_kept = arena is None or all(h.alloc is not arena for h in ins)
+        self._ran = False
 
     @property
     def stale(self) -> bool:
@@ -138,6 +147,11 @@ def run_bound(d: Delegate, b: Binding, inputs: tuple[Any, ...]) -> tuple[Tensor,
         if b.stale:
             raise InvalidArgument(f"binding of {d.name}: the method's plan was "
                                   f"rebuilt after a failed run; bind again")
+        if not inputs and b._ran and not b.inputs_kept:
+            raise InvalidArgument(f"binding of {d.name}: its bound inputs share the arena, "
+                                  f"so the last run overwrote them; pass the inputs to "
+                                  f"every run")
+        b._ran = True
         up = b._uploads
         if inputs and up is not None and not stream.hazards.enabled and \
                 not stream.options.deferred and up.matches(inputs):
