@@ -90,11 +90,13 @@ class Report:
 def check_module(model: torch.nn.Module, make_inputs: MakeInputs, dtype: torch.dtype,
                  tol: float | None = None, runs: int = 2, seed: int = 0,
                  roundtrip: bool = True, prepare: Callable[[torch.nn.Module], None] | None = None,
-                 device: str = "cpu", layout: str = "auto", check_hazards: bool = True
-                 ) -> Report:
+                 device: str = "cpu", layout: str = "auto", check_hazards: bool = True,
+                 program: aotrt.Program | None = None) -> Report:
     """Export `model` in `dtype` (with `layout`), run it `runs` times on `device` on fresh
     inputs, compare with eager. Without `check_hazards` (and its variable unset) the runs
     take the paths users get by default: the lean run, the native plan from the second.
+    `program`: this check's export of this model made before (Report.program), run instead
+    of exporting again.
 
     Raises AssertionError (pytest's failure) naming the output and the error.
     """
@@ -105,8 +107,8 @@ def check_module(model: torch.nn.Module, make_inputs: MakeInputs, dtype: torch.d
     with torch.no_grad():
         if prepare is not None:
             prepare(model)
-        prog = aotrt.export(model, example, layout=layout)
-    if roundtrip:
+        prog = program if program is not None else aotrt.export(model, example, layout=layout)
+    if roundtrip and program is None:
         with tempfile.TemporaryDirectory() as d:
             path = Path(d) / "m.aotp"
             prog.save(path)
