@@ -743,6 +743,34 @@ class Reference:
         racy = self._conflict(kern, writes)
         for key, pos, raw, masks, _, _, _ in writes:
             self._write(key, pos, raw, masks, racy)
+        self._undef_lane_races(kern, writes)
+
+    def _undef_lane_races(self, kern: _Kernel, writes: list) -> None:
+        """Mark undefined each byte that two lanes write with different values, across the
+        kernel's stores too: which lane writes last depends on their order (threads, or a
+        store of one lane after another store of an earlier one). One lane's own stores
+        happen in program order, which `_write` follows. (Campaign mutant 32642 of master 36:
+        one store's row stride 64 made 63 wrote the other store's bytes a lane earlier.)"""
+        if len(writes) < 2:
+            return      # one store's lanes: _write marks its duplicate bytes
+        byt, lane, val = [], [], []
+        for key, pos, raw, _, it, je, isz in writes:
+            b = (self.base[key] + pos)[..., None] + np.arange(isz)
+            byt.append(b.reshape(-1))
+            lane.append(np.repeat((it * (kern.R + 1) + je).reshape(-1), isz))
+            val.append(np.asarray(raw).reshape(-1))
+        b_a, l_a, v_a = (np.concatenate(x) for x in (byt, lane, val))
+        order = np.lexsort((l_a, b_a))
+        b_s, l_s, v_s = b_a[order], l_a[order], v_a[order]
+        clash = (b_s[1:] == b_s[:-1]) & (l_s[1:] != l_s[:-1]) & (v_s[1:] != v_s[:-1])
+        if not clash.any():
+            return
+        bad = np.unique(b_s[1:][clash])
+        for key, pos, _, _, _, _, isz in writes:
+            b = (self.base[key] + pos)[..., None] + np.arange(isz)
+            hit = np.isin(b.reshape(-1), bad)
+            if hit.any():
+                self.mem[key]["undef"][(pos[..., None] + np.arange(isz)).reshape(-1)[hit]] = True
 
     def _conflict(self, kern: _Kernel, writes: list) -> bool:
         """Whether some byte the kernel writes is also read by another lane (order matters)."""

@@ -108,14 +108,32 @@ def test_exported_mutants_are_refused_or_run_equal(files: Any, tmp_path: Path) -
 
 
 #: (master, id) of campaign mutants of the exported seeds that once gave a bad outcome
-KNOWN_EXPORTED = [(36, 24796)]    # an l2 weight of 379745: scores near 1e5 into a softmax,
+KNOWN_EXPORTED = [(36, 24796),    # an l2 weight of 379745: scores near 1e5 into a softmax,
                                   # judged on a relative error bound (the reference's fault)
+                  (36, 32642)]    # a nibble store's row stride 63: two lanes' stores wrote one
+                                  # byte; the reference took a store order, not a race
 
 
 @pytest.mark.parametrize("master,index", KNOWN_EXPORTED)
 def test_known_exported_findings_stay_fixed(master: int, index: int, files: Any) -> None:
     r = H.judge(M.mutant(files, index, master)[2], index)
     assert r["outcome"] in ("refused", "ran_equal"), r
+
+
+def test_reference_marks_bytes_two_lanes_store_differently_undefined() -> None:
+    """o[i] = 1 and o[i + 1] = 2 over lanes i = 0, 1: o[1] is 2 or 1 by the lanes' order."""
+    from aotrt.exporter.builder import ProgramBuilder
+    from aotrt.kernels.ir import Arg, Const, Idx, Kernel, Op, Store
+
+    b = ProgramBuilder("t")
+    o = b.output("o", "int32", [3])
+    nxt = Op("add", (Idx(0), Const(1, "int64")), "int64")
+    b.kernel(Kernel("two", (2,), (), (Arg("int32", "w"),),
+                    (Store(0, Idx(0), Const(1, "int32")), Store(0, nxt, Const(2, "int32")))),
+             [o])
+    out, = R.Reference(b.build()).run([])
+    assert out["undef"].tolist() == [False, True, False]
+    assert out["v"][[0, 2]].tolist() == [1, 2]
 
 
 # -- the reference's linear ops ----------------------------------------------------------------
