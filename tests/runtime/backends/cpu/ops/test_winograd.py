@@ -4,6 +4,8 @@ torch, in the Python and the native plan paths."""
 
 from __future__ import annotations
 
+from typing import Iterator
+
 import numpy as np
 import pytest
 
@@ -77,8 +79,7 @@ def _rel(got: np.ndarray, ref: np.ndarray) -> float:
     return float(np.linalg.norm(got - ref) / np.linalg.norm(ref))
 
 
-@pytest.mark.parametrize("tile", [2, 4])
-@pytest.mark.parametrize("case", [
+_PROGRAM_CASES = [
     # (channels in, out, size, batch, padding, bias, epilogue)
     (16, 32, 28, 1, 1, True, "none"),
     (32, 16, 29, 2, 1, False, "relu"),           # partial tiles at the edges, a batch
@@ -87,7 +88,14 @@ def _rel(got: np.ndarray, ref: np.ndarray) -> float:
     (16, 16, 27, 1, 1, True, "residual_relu"),   # the residual in the epilogue
     (32, 32, 28, 1, 1, True, "residual"),
     (16, 32, 20, 1, 1, True, "silu"),
-])
+]
+
+
+# The CI slice runs each case with one tile, F(2) and F(4) in turn; the other seven (about
+# 10 s on 2 cores) are slow.
+@pytest.mark.parametrize("case,tile", [
+    pytest.param(c, t, id=f"case{i}-{t}", marks=[] if k == i % 2 else [pytest.mark.slow])
+    for i, c in enumerate(_PROGRAM_CASES) for k, t in enumerate([2, 4])])
 def test_programs_through_winograd_match_float64(dnnl, monkeypatch, tile, case) -> None:
     monkeypatch.setattr(cpu_winograd, "MIN_TILES", {4: 1, 2: 1})
     c, o, size, n, padding, bias, epilogue = case
@@ -194,6 +202,13 @@ _NON_FINITE_CASES = [
 ]
 _NON_FINITE = [float("nan"), float("inf"), float("-inf")]
 _BUILT: dict[tuple, tuple[torch.nn.Module, torch.Tensor, aotrt.Program]] = {}
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _forget_built() -> Iterator[None]:
+    """The programs go with this module's tests."""
+    yield
+    _BUILT.clear()
 
 
 def _built(case: tuple) -> tuple[torch.nn.Module, torch.Tensor, aotrt.Program]:
