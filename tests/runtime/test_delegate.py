@@ -89,6 +89,24 @@ def seed_program(dtype: str = "float32", module: str = "Seed") -> Program:
     return b.build()
 
 
+def failing_mm(monkeypatch: pytest.MonkeyPatch, armed: bool) -> dict[str, bool]:
+    """Make the library op `mm` raise InvalidArgument("mm: refused for the test") while
+    the returned switch's "on" is True (it starts as `armed`)."""
+    from aotrt.runtime import delegate as delegate_mod
+
+    ops = dict(delegate_mod.library_ops())
+    switch = {"on": armed}
+    real_mm = ops["mm"]
+
+    def flaky_mm(stream: Any, outs: list, ins: list, **params: Any) -> int:
+        if switch["on"]:
+            raise InvalidArgument("mm: refused for the test")
+        return real_mm(stream, outs, ins, **params)
+    ops["mm"] = flaky_mm
+    monkeypatch.setattr(delegate_mod, "library_ops", lambda: ops)
+    return switch
+
+
 def seed_reference(prog: Program, x: np.ndarray) -> list[np.ndarray]:
     c = {k: v.astype(np.float64) for k, v in prog.constants.items()}
     h = x.astype(np.float64) @ c["w1"].T

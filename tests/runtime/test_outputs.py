@@ -22,14 +22,14 @@ import pytest
 import aotrt
 from aotrt.errors import InvalidArgument
 from aotrt.exporter.builder import ProgramBuilder
-from aotrt.runtime import delegate as delegate_mod, shims
+from aotrt.runtime import shims
 from aotrt.runtime.delegate import Delegate
 from aotrt.runtime.device import cuda_available, get_device
 from aotrt.runtime.memory import PROCESS_OWNER, owner_scope
 from aotrt.runtime.replays import StaticIO
 from tests.program.test_symbols import dynamic_program
 from tests.conftest import DEVICES
-from tests.runtime.test_delegate import seed_program, seed_reference
+from tests.runtime.test_delegate import failing_mm, seed_program, seed_reference
 from tests.support import rand
 
 CUDA = [pytest.mark.cuda, pytest.mark.skipif(not cuda_available(), reason="no CUDA device here")]
@@ -300,16 +300,7 @@ def test_a_failed_run_leaves_no_output_memory_and_the_next_matches(
         path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """An op that fails mid-run: run() raises its error, the fresh output roots and every
     per-run handle go (fresh results or out=), and the next run matches."""
-    ops = dict(delegate_mod.library_ops())
-    armed = {"on": False}
-    real_mm = ops["mm"]
-
-    def flaky_mm(stream: Any, outs: list, ins: list, **params: Any) -> int:
-        if armed["on"]:
-            raise InvalidArgument("mm: refused for the test")
-        return real_mm(stream, outs, ins, **params)
-    ops["mm"] = flaky_mm
-    monkeypatch.setattr(delegate_mod, "library_ops", lambda: ops)
+    armed = failing_mm(monkeypatch, armed=False)
     prog = seed_program()
     with leaves_nothing("cpu"):
         with _load(path, prog, monkeypatch) as m:

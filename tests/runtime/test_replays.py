@@ -16,7 +16,7 @@ from aotrt.program.records import NO_PARAMS, InstructionRecord, TensorRecord
 from aotrt.runtime import shims
 from aotrt.runtime.device import StreamOptions, get_device
 from aotrt.runtime.replays import StaticIO, lean_ok
-from tests.runtime.test_delegate import rand, seed_program, seed_reference
+from tests.runtime.test_delegate import failing_mm, rand, seed_program, seed_reference
 
 
 @pytest.fixture
@@ -234,25 +234,14 @@ def test_a_plan_that_fails_to_build_leaves_nothing_and_the_next_run_builds_it(
     """An op that refuses its views while the first run plans: run() raises its error, the
     plan's buffers and views go (the delegate holds what it held before), and the next run
     plans again and matches."""
-    from aotrt.runtime import delegate as delegate_mod
-
-    ops = dict(delegate_mod.library_ops())
-    state = {"armed": True}
-    real_mm = ops["mm"]
-
-    def flaky_mm(stream, outs, ins, **params):
-        if state["armed"]:
-            raise InvalidArgument("mm: refused for the test")
-        return real_mm(stream, outs, ins, **params)
-    ops["mm"] = flaky_mm
-    monkeypatch.setattr(delegate_mod, "library_ops", lambda: ops)
+    state = failing_mm(monkeypatch, armed=True)
     prog = seed_program()
     with aotrt.load(prog, device="cpu") as m:
         static = len(m.owner.handles)
         with pytest.raises(InvalidArgument, match="refused for the test"):
             m.run(rand([12, 7], seed=93))
         assert len(m.owner.handles) == static
-        state["armed"] = False
+        state["on"] = False
         x = rand([12, 7], seed=94)
         for got, want in zip(m.run(x), seed_reference(prog, x)):
             np.testing.assert_allclose(np.asarray(got), want, rtol=1e-5, atol=1e-5)
