@@ -27,6 +27,10 @@ On cpu every child gets OMP_NUM_THREADS, OPENBLAS_NUM_THREADS and MKL_NUM_THREAD
 `--threads`, torch.set_num_threads, aotrt.load(threads=) and ORT's intra_op_num_threads;
 `device_mib` is then the process's peak RSS (VmHWM) less its RSS before the model existed,
 and the load average is recorded around each child (the machine may be shared).
+`--interleave` keeps every runner's process loaded at once and takes the timed runs in
+turn, a generate of each runner after the other (the order rotating each round), so that
+each runner meets the same load on a shared machine; the table's numbers are then those
+runs' (ttft: one new token; ms/token from runs of `--new`).
 The `ort` runner exports two ONNX graphs with torch.onnx.export (dynamo): a prefill of the
 prompt, and a decode step whose past keys and values are inputs of dynamic length and whose
 presents (the past with the new token's entries concatenated, as Optimum's exports do) are
@@ -110,15 +114,80 @@ def _median_ms(fn: Callable[[], Any], runs: int) -> tuple[float, float, float, l
     return statistics.median(times), min(times), max(times), times
 
 
-def _per_token(gen: Callable[[int], Any], new: int, runs: int) -> dict[str, Any]:
+def _per_token(gen: Callable[[int], Any], args: argparse.Namespace) -> dict[str, Any]:
+    new, runs = args.new, args.runs
     gen(new)                                           # warm: compiles, graphs, pools
     gen(1)
+    if args.serve:
+        return _serve(gen, new)
     one = _median_ms(lambda: gen(1), runs)
     full = _median_ms(lambda: gen(new), runs)
     per = [(f - one[0]) / (new - 1) for f in full[3]]
     return {"ttft_ms": one[0], "ttft_range": [one[1], one[2]],
             "ms_per_token": statistics.median(per), "ms_per_token_range": [min(per), max(per)],
             "runs": runs}
+
+
+def _serve(gen: Callable[[int], Any], new: int) -> dict[str, Any]:
+    """Time a generate whenever the driver asks (`--interleave`): "ttft" one new token,
+    "full" `new` of them; "quit" ends. Replies are stdout lines starting with "@" (export
+    tools print to stdout too)."""
+    print("@ready", flush=True)
+    for line in sys.stdin:
+        what = line.strip()
+        if what == "quit":
+            break
+        t0 = time.perf_counter()
+        gen(1 if what == "ttft" else new)
+        print(f"@t {(time.perf_counter() - t0) * 1e3}", flush=True)
+    return {}
+
+
+def _reply(proc: subprocess.Popen, runner: str) -> str:
+    """The next "@" line of a serving child."""
+    for line in proc.stdout:
+        if line.startswith("@"):
+            return line.strip()
+    raise RuntimeError(f"{runner}: the serving child ended ({proc.wait()})")
+
+
+def interleaved(args: argparse.Namespace, runners: list[str], batch: int,
+                cmd: Callable[[str], list[str]], env: dict[str, str]) -> list[dict[str, Any]]:
+    """Every runner's child loaded at once, the timed generates taken in turn."""
+    procs: dict[str, subprocess.Popen] = {}
+    load0 = os.getloadavg()[0]
+    try:
+        for runner in runners:
+            procs[runner] = subprocess.Popen(cmd(runner) + ["--serve"], stdin=subprocess.PIPE,
+                                             stdout=subprocess.PIPE, text=True, env=env)
+            _reply(procs[runner], runner)                # loaded and warm
+        times: dict[str, dict[str, list[float]]] = {r: {"ttft": [], "full": []}
+                                                    for r in runners}
+        for i in range(args.runs):
+            order = runners[i % len(runners):] + runners[:i % len(runners)]
+            for what in ("ttft", "full"):
+                for runner in order:
+                    procs[runner].stdin.write(what + "\n")
+                    procs[runner].stdin.flush()
+                    times[runner][what].append(float(_reply(procs[runner], runner).split()[1]))
+        rows = []
+        for runner, proc in procs.items():
+            out, _ = proc.communicate("quit\n")
+            row = json.loads(out.strip().splitlines()[-1])
+            one, full = times[runner]["ttft"], times[runner]["full"]
+            per = [(f - statistics.median(one)) / (args.new - 1) for f in full]
+            row.update(ttft_ms=statistics.median(one), ttft_range=[min(one), max(one)],
+                       ms_per_token=statistics.median(per),
+                       ms_per_token_range=[min(per), max(per)], runs=args.runs,
+                       ttft_runs=one, full_runs=full, interleaved=True, runner=runner,
+                       batch=batch, loadavg=[load0, os.getloadavg()[0]])
+            rows.append(row)
+            print(json.dumps(row), flush=True)
+    finally:
+        for proc in procs.values():
+            if proc.poll() is None:
+                proc.kill()
+    return rows
 
 
 def run_hf(args: argparse.Namespace, batch: int, compiled: bool, torchao: str | None = None
@@ -159,7 +228,7 @@ def run_hf(args: argparse.Namespace, batch: int, compiled: bool, torchao: str | 
             out = model.generate(ids, max_new_tokens=n, min_new_tokens=n, **kw)
         return out.cpu()
 
-    res = _per_token(gen, args.new, args.runs)
+    res = _per_token(gen, args)
     if args.device == "cuda":
         torch.cuda.synchronize()
     res.update(load_s=load_s, device_mib=(_mem_end(args.device) - base) / 2**20,
@@ -239,7 +308,7 @@ def run_ort(args: argparse.Namespace, batch: int) -> dict[str, Any]:
             toks.append(got[0])
         return np.concatenate([prompt, np.stack(toks, 1)], 1)
 
-    res = _per_token(gen, args.new, args.runs)
+    res = _per_token(gen, args)
     res.update(load_s=load_s, export_s=export_s,
                tokens=gen(min(TOKENS, args.new))[0, args.prompt:].tolist(),
                device_mib=(_mem_end(args.device) - base) / 2**20)
@@ -294,7 +363,7 @@ def run_aotrt(args: argparse.Namespace, batch: int, weights: str | None = None
         def gen(n: int) -> np.ndarray:
             return llm.generate(m, ids, max_new_tokens=n, eos_token_id=[])
 
-        res = _per_token(gen, args.new, args.runs)
+        res = _per_token(gen, args)
         res.update(load_s=load_s, export_s=export_s, file_mib=size / 2**20,
                    host_us=_host_us(m, batch, args.prompt),
                    tokens=gen(min(TOKENS, args.new))[0, args.prompt:].tolist())
@@ -351,7 +420,10 @@ def main() -> None:
                    help="the int8/int4 runners quantize the embeddings too (a tied head "
                         "shares them): llm.export(embeddings=)")
     p.add_argument("--out", type=Path)
+    p.add_argument("--interleave", action="store_true",
+                   help="every runner loaded at once, the timed runs taken in turn")
     p.add_argument("--one", choices=RUNNERS, help=argparse.SUPPRESS)
+    p.add_argument("--serve", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--export-to", type=Path, help=argparse.SUPPRESS)
     p.add_argument("--weights", default="", help=argparse.SUPPRESS)
     args = p.parse_args()
@@ -369,12 +441,18 @@ def main() -> None:
             env[k] = str(args.threads)
     rows = []
     for batch in args.batch:
-        for runner in runners:
+        def command(runner: str, batch: int = batch) -> list[str]:
             cmd = [sys.executable, __file__, "--one", runner, "--model", args.model,
                    "--device", args.device, "--dtype", args.dtype, "--batch", str(batch),
                    "--prompt", str(args.prompt), "--new", str(args.new),
                    "--runs", str(args.runs), "--threads", str(args.threads)]
-            cmd += ["--embeddings"] if args.embeddings else []
+            return cmd + (["--embeddings"] if args.embeddings else [])
+
+        if args.interleave:
+            rows += interleaved(args, runners, batch, command, env)
+            continue
+        for runner in runners:
+            cmd = command(runner)
             load0 = os.getloadavg()[0]
             proc = subprocess.run(cmd, capture_output=True, text=True, env=env)
             lines = proc.stdout.strip().splitlines()
@@ -412,6 +490,7 @@ def main() -> None:
                                         "device": args.device, "prompt": args.prompt,
                                         "new": args.new, "threads": args.threads,
                                         "embeddings": args.embeddings,
+                                        "interleave": args.interleave,
                                         "machine": _machine(), "rows": rows}, indent=1))
 
 
