@@ -29,7 +29,7 @@ def make_matmul(out: Handle, a: Handle, b: Handle, bias: Handle | None, beta: fl
     if a.ndim == 2 and b.ndim == 2 and alpha == 1.0 and beta in (0.0, 1.0):
         # mm and addmm (bmm stays on numpy); beta == 0 ignores the bias, as torch does.
         use = bias if beta == 1.0 else None
-        if _gemv_first(out.device):
+        if _gemv_first(out.device, b):
             if b.sizes[0] < 2 or b.strides[0] == 1:
                 # b [K, N] read as its transpose [N, K]: the exporter stores it column-major
                 gemv = cpu_gemv.make_gemv(out, a, b, (b.sizes[1], b.sizes[0], b.strides[1]),
@@ -63,12 +63,13 @@ def make_matmul(out: Handle, a: Handle, b: Handle, bias: Handle | None, beta: fl
     return work
 
 
-def _gemv_first(device: Any) -> bool:
-    """Whether a GEMM tries the compiled kernels first, gemv.py for a few rows and gemm.py
-    for more: where oneDNN has no brgemm matmul for the CPU (then numpy's OpenBLAS ran
-    it)."""
+def _gemv_first(device: Any, w: Handle) -> bool:
+    """Whether a GEMM with weights `w` tries the compiled kernels first, gemv.py for a few
+    rows and gemm.py for more: where oneDNN has no brgemm matmul for the CPU (then numpy's
+    OpenBLAS ran it), and never for weights a oneDNN matmul re-laid in place (their bytes
+    are in its blocked layout: only that matmul may read them, or the run is refused)."""
     dnnl = device.libraries.dnnl
-    return dnnl is None or not dnnl.gemm_pool
+    return dnnl is None or (not dnnl.gemm_pool and dnnl.relaid(w) is None)
 
 
 def _rows(h: Handle) -> tuple[tuple[int, ...], tuple[int, ...]] | None:
@@ -153,7 +154,7 @@ def make_linear(out: Handle, x: Handle, w: Handle, bias: Handle | None,
     del tf32    # the cpu has no TF32: float32 stays float32
 
     n, k = w.sizes
-    if _gemv_first(out.device):
+    if _gemv_first(out.device, w):
         if k < 2 or w.strides[1] == 1:
             gemv = cpu_gemv.make_gemv(out, x, w, (n, k, w.strides[0]), bias)
             if gemv is not None:

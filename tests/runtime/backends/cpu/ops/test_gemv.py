@@ -31,7 +31,7 @@ def taken(kit, monkeypatch):
             made.append(work)
         return work
 
-    monkeypatch.setattr(cpu_mm, "_gemv_first", lambda device: True)
+    monkeypatch.setattr(cpu_mm, "_gemv_first", lambda device, w: True)
     monkeypatch.setattr(cpu_mm.cpu_gemv, "make_gemv", counting)
     return made
 
