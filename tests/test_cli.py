@@ -427,7 +427,11 @@ def test_every_option_has_help() -> None:
             assert action.help and len(action.help) > 8, (name, action.dest)
 
 
-@pytest.mark.parametrize("command", ["demo", "export", "run", "bench", "inspect"])
+# A process each (2 s on 2 cores): the CI slice asks one exporter and one runtime command;
+# test_every_option_has_help reads every command's help in process.
+@pytest.mark.parametrize("command", [pytest.param("demo", marks=pytest.mark.slow), "export",
+                                     "run", pytest.param("bench", marks=pytest.mark.slow),
+                                     pytest.param("inspect", marks=pytest.mark.slow)])
 def test_help_of_each_command(command: str) -> None:
     proc = subprocess.run([sys.executable, "-m", "aotrt", command, "--help"],
                           capture_output=True, text=True, timeout=120)
