@@ -14,8 +14,10 @@ the cpu device's compile flags) and validates it there, naming the variable.
 
 from __future__ import annotations
 
+import contextlib
 import os
 from dataclasses import dataclass
+from typing import Iterator
 
 _FALSE = ("", "0", "false", "no")
 
@@ -50,4 +52,19 @@ def default_library_env(values: dict[str, str]) -> None:
         os.environ.update(values)
 
 
-__all__ = ["Env", "default_library_env", "env"]
+@contextlib.contextmanager
+def library_switch(name: str, value: str) -> Iterator[None]:
+    """Within the block, a library's environment switch `name` is `value` (one it reads at
+    the call, e.g. transformers' while aotrt exports); its old value (or absence) after."""
+    before = os.environ.get(name)
+    os.environ[name] = value
+    try:
+        yield
+    finally:
+        if before is None:
+            os.environ.pop(name, None)
+        else:
+            os.environ[name] = before
+
+
+__all__ = ["Env", "default_library_env", "env", "library_switch"]

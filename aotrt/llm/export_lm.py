@@ -15,12 +15,12 @@ from __future__ import annotations
 
 import contextlib
 import copy
-import os
 from typing import Any, Iterator
 
 import torch
 
 from aotrt import progress
+from aotrt.settings import library_switch
 from aotrt.errors import InvalidArgument
 from aotrt.llm.causal import CausalStep
 from aotrt.llm.spec import LlmSpec
@@ -121,15 +121,8 @@ def _grouped_sdpa() -> Iterator[None]:
     # aotrt's attention reads a key head once for its group of query heads; repeated, a
     # Llama of 4 key heads for 12 copied its whole cache twice a layer every step (2 x 786 KB
     # for 256 slots: llama-200m's 128-token prefill 24 copies, its decode step 1.7 ms).
-    before = os.environ.get(GQA_SWITCH)
-    os.environ[GQA_SWITCH] = "1"
-    try:
+    with library_switch(GQA_SWITCH, "1"):
         yield
-    finally:
-        if before is None:
-            del os.environ[GQA_SWITCH]
-        else:
-            os.environ[GQA_SWITCH] = before
 
 
 def aotrt_export(methods: dict[str, Any], **kwargs: Any) -> Program:
