@@ -9,13 +9,12 @@ import ctypes
 
 import numpy as np
 import pytest
-import torch
 
 from aotrt.runtime.device import get_device
 from aotrt.runtime.ops import addmm, linear, mm
 from aotrt.runtime.backends.cpu.ops import gemm as cpu_gemm
-from aotrt.runtime.backends.cpu.ops import gemv as cpu_gemv
 from aotrt.runtime.backends.cpu.ops import mm as cpu_mm
+from tests.runtime.backends.cpu.ops.test_gemv import check_linear
 
 
 @pytest.fixture
@@ -44,19 +43,7 @@ def taken(kit, monkeypatch):
 @pytest.mark.parametrize("with_bias", [False, True])
 @pytest.mark.parametrize("layout", ["packed", "offset", "strided"])
 def test_linear_through_the_kernel(kit, stream, taken, x_shape, with_bias, layout):
-    k, n = x_shape[-1], 301
-    x_np, w_np, b_np = (kit.randn(x_shape, "float32"), kit.randn((n, k), "float32"),
-                        kit.randn((n,), "float32"))
-    bias = kit.tensor(b_np, "offset") if with_bias else None
-    out = kit.out(x_shape[:-1] + (n,), "float32", layout)
-    x = kit.tensor(x_np, layout)
-    linear(stream, out, x, kit.tensor(w_np, layout), bias)
-    ref = torch.nn.functional.linear(kit.t64(x_np), kit.t64(w_np),
-                                     kit.t64(b_np) if with_bias else None)
-    kit.close(kit.read(out), ref, "float32")
-    # a padded [2, 40, K] x does not fold into rows: numpy runs it
-    folds = cpu_gemv._rows(x) is not None and cpu_gemv._rows(out) is not None
-    assert len(taken) == int(folds)
+    check_linear(kit, stream, taken, x_shape, 301, with_bias, layout)
 
 
 @pytest.mark.parametrize("bias_shape", [None, (45,), (1, 45)])

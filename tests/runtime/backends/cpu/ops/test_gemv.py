@@ -40,7 +40,14 @@ def taken(kit, monkeypatch):
 @pytest.mark.parametrize("with_bias", [False, True])
 @pytest.mark.parametrize("layout", ["packed", "offset", "strided"])
 def test_linear_through_the_kernel(kit, stream, taken, x_shape, with_bias, layout):
-    k, n = x_shape[-1], 101
+    check_linear(kit, stream, taken, x_shape, 101, with_bias, layout)
+
+
+def check_linear(kit, stream, taken, x_shape, n, with_bias, layout) -> None:  # noqa: ANN001
+    """linear of x [..., K] by a [n, K] weight in `layout` against torch (float64); the
+    compiled kernel (`taken`) ran exactly when x and out fold into rows (a padded [2, 3, K]
+    x does not: numpy runs it)."""
+    k = x_shape[-1]
     x_np, w_np, b_np = (kit.randn(x_shape, "float32"), kit.randn((n, k), "float32"),
                         kit.randn((n,), "float32"))
     bias = kit.tensor(b_np, "offset") if with_bias else None
@@ -50,7 +57,6 @@ def test_linear_through_the_kernel(kit, stream, taken, x_shape, with_bias, layou
     ref = torch.nn.functional.linear(kit.t64(x_np), kit.t64(w_np),
                                      kit.t64(b_np) if with_bias else None)
     kit.close(kit.read(out), ref, "float32")
-    # a padded [2, 3, K] x does not fold into rows: numpy runs it
     folds = cpu_gemv._rows(x) is not None and cpu_gemv._rows(out) is not None
     assert len(taken) == int(folds)
 
