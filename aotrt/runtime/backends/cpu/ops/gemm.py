@@ -37,8 +37,10 @@ log = logging.getLogger(__name__)
 
 SYMBOL = "aot_gemm"
 #: output columns of one block (the kernel widens it to even the blocks out over the
-#: threads): 128 lost 2-8% against whole calls on one core, 32 up to 20%
-COLUMNS = 128
+#: threads): blocks of 32, 64 and 128 and whole calls took the same CPU time on one core
+#: (GPT-2's 48 prefill GEMMs 269-276 ms, llama-200m's 84 249-257, AVX2), and small blocks
+#: leave less to wait for when another process holds a thread's core
+COLUMNS = 64
 
 SOURCE = source(__package__, "gemm.c")
 
