@@ -210,6 +210,7 @@ def linear_wq(ref: Reference, ins: dict) -> None:
     _store(ref, o, _shaped(r, o), _shaped(und, o), _shaped(uni, o))
 
 
+#: the library ops the reference runs; any other is RefUnchecked
 OPS = {"mm": mm, "addmm": mm, "linear": linear, "linear_wq": linear_wq}
 
 
