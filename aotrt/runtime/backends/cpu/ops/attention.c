@@ -3,6 +3,9 @@
 #include <string.h>
 #include <math.h>
 #include <omp.h>
+#if defined(__AVX__)
+#include <immintrin.h>
+#endif
 #pragma GCC optimize("fp-contract=fast")
 int32_t aotrt_error = 0;
 #include "../../../../kernels/math_c.h"
@@ -180,6 +183,50 @@ static void row_direct(const float *qr, const float *kh, int64_t k_sl, const flo
   for (int64_t e = 0; e < EV; e++) out[e] = orow[e] * inv;
 }
 
+#if defined(__AVX__)
+/* d's rows e (8 floats at d + e * ld) = column e of the 8 x 8 block whose row j is 8 floats
+   at s + j * ls. */
+static inline void transpose8(const float *s, int64_t ls, float *d, int64_t ld) {
+  __m256 r[8], t[8];
+  for (int j = 0; j < 8; j++) r[j] = _mm256_loadu_ps(s + j * ls);
+  for (int j = 0; j < 8; j += 2) {
+    t[j] = _mm256_unpacklo_ps(r[j], r[j + 1]);
+    t[j + 1] = _mm256_unpackhi_ps(r[j], r[j + 1]);
+  }
+  for (int j = 0; j < 8; j += 4) {
+    r[j] = _mm256_shuffle_ps(t[j], t[j + 2], 0x44);
+    r[j + 1] = _mm256_shuffle_ps(t[j], t[j + 2], 0xEE);
+    r[j + 2] = _mm256_shuffle_ps(t[j + 1], t[j + 3], 0x44);
+    r[j + 3] = _mm256_shuffle_ps(t[j + 1], t[j + 3], 0xEE);
+  }
+  for (int e = 0; e < 4; e++) {
+    _mm256_storeu_ps(d + e * ld, _mm256_permute2f128_ps(r[e], r[e + 4], 0x20));
+    _mm256_storeu_ps(d + (e + 4) * ld, _mm256_permute2f128_ps(r[e], r[e + 4], 0x31));
+  }
+}
+#endif
+
+/* Keys [j0, j1) of a head (row j at kh + j * k_sl) transposed into kT[e][j] (rows of sp
+   floats), zeros past the head's S keys; j0 a multiple of 8. A scalar transpose's strided
+   stores took a quarter of GPT-2's prefill attention (AVX2, one core). */
+static void pack_keys(const float *kh, int64_t k_sl, int64_t E, int64_t S, int64_t j0,
+                      int64_t j1, float *kT, int64_t sp) {
+  const int64_t jr = j1 < S ? j1 : S;
+  int64_t j = j0;
+#if defined(__AVX__)
+  for (; j + 8 <= jr; j += 8) {
+    int64_t e = 0;
+    for (; e + 8 <= E; e += 8) transpose8(kh + j * k_sl + e, k_sl, kT + e * sp + j, sp);
+    for (; e < E; e++)
+      for (int64_t i = j; i < j + 8; i++) kT[e * sp + i] = kh[i * k_sl + e];
+  }
+#endif
+  for (; j < jr; j++)
+    for (int64_t e = 0; e < E; e++) kT[e * sp + j] = kh[j * k_sl + e];
+  for (int64_t e = 0; e < E; e++)
+    for (int64_t i = jr > j0 ? jr : j0; i < j1; i++) kT[e * sp + i] = 0.0f;
+}
+
 /* [*lo, *hi): the keys below kend that rows [l0, l0 + rows) of the mask `mr` (row and key
    strides m_sl, m_sj) see, *lo rounded down to a multiple of 16; empty where none sees one.
    A key block wholly outside adds nothing to the online softmax (its scores are -inf). */
@@ -224,7 +271,7 @@ void aot_attention_f32(char **P, int64_t begin, int64_t end, int64_t threads) {
     float *kT = (float *)(scratch + (int64_t)omp_get_thread_num() * per_thread);
     float *qb = kT + E * sp, *sb = qb + BM * E, *ob = sb + BM * BN, *mrow = ob + BM * EV,
           *lrow = mrow + BM;
-    int64_t packed = -1;
+    int64_t packed = -1, packed_end = 0;
     /* a head's row blocks in a row on one thread (its keys are packed once), the heads
        taken dynamically: a thread whose core another process holds takes fewer */
 #pragma omp for schedule(dynamic, 1)
@@ -248,25 +295,27 @@ void aot_attention_f32(char **P, int64_t begin, int64_t end, int64_t threads) {
         }
         continue;
       }
-      if (kv != packed) {          /* this head's keys, transposed: kT[e][j] */
-        const float *kh = k + b * k_sb + (h / G) * k_sh;
-        for (int64_t j = 0; j < S; j++)
-          for (int64_t e = 0; e < E; e++) kT[e * sp + j] = kh[j * k_sl + e];
-        for (int64_t e = 0; e < E; e++)
-          for (int64_t j = S; j < sp; j++) kT[e * sp + j] = 0.0f;
-        packed = kv;
-      }
-      const float *qh = q + b * q_sb + h * q_sh + l0 * q_sl;
-      for (int64_t i = 0; i < rows4; i++)
-        for (int64_t e = 0; e < E; e++) qb[i * E + e] = i < rows ? qh[i * q_sl + e] * scale : 0;
-      memset(ob, 0, sizeof(float) * BM * EV);
-      for (int64_t i = 0; i < BM; i++) { mrow[i] = LOWEST; lrow[i] = 0.0f; }
       /* only the keys some row of the block sees, from a multiple of 16 (kT's aligned
          loads): a prefill chunk's rows see no cache slot past their own, so its blocks
          past them were all masked (half of a 128-token prompt's over 256 slots) */
       int64_t jlo = 0, jhi = kend;
       if (mask) see_range(mask + b * m_sb + h * m_sh + l0 * m_sl, m_sl, m_sj, rows, l0,
                           causal, kend, &jlo, &jhi);
+      /* this head's keys, transposed (kT[e][j]), packed as far as its blocks need them */
+      if (kv != packed) {
+        packed = kv;
+        packed_end = 0;
+      }
+      const int64_t need = round16(jhi);
+      if (need > packed_end) {
+        pack_keys(k + b * k_sb + (h / G) * k_sh, k_sl, E, S, packed_end, need, kT, sp);
+        packed_end = need;
+      }
+      const float *qh = q + b * q_sb + h * q_sh + l0 * q_sl;
+      for (int64_t i = 0; i < rows4; i++)
+        for (int64_t e = 0; e < E; e++) qb[i * E + e] = i < rows ? qh[i * q_sl + e] * scale : 0;
+      memset(ob, 0, sizeof(float) * BM * EV);
+      for (int64_t i = 0; i < BM; i++) { mrow[i] = LOWEST; lrow[i] = 0.0f; }
       for (int64_t j0 = jlo; j0 < jhi; j0 += BN) {
         const int64_t jn = jhi - j0 < BN ? jhi - j0 : BN, jv = round16(jn);
         for (int64_t i = 0; i < rows4; i += 4) scores4(qb + i * E, E, kT, sp, j0, jv, sb + i * BN);
